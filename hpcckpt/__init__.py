@@ -1,0 +1,15 @@
+"""hpcckpt: parallelism-agnostic checkpoint/restart for MPI codes written in Python.
+
+Public names only; see README.md and docs/ for the guide and the on-disk format.
+"""
+
+from .api import load, open, save
+from .checkpointer import Checkpointer
+from .errors import CheckpointError, CorruptCheckpointError, TemplateMismatchError
+from .saving import SaveResult
+from .state import Block, Ragged
+
+__version__ = "0.1.0"
+
+__all__ = ["Block", "Ragged", "save", "load", "open", "Checkpointer", "SaveResult", "CheckpointError",
+           "CorruptCheckpointError", "TemplateMismatchError", "__version__"]

@@ -1,0 +1,114 @@
+"""The few collective helpers hpcckpt needs, and the rule that keeps them safe.
+
+Every phase of a save or load runs its rank-local work inside :func:`agree`:
+an exception on one rank is caught there, every rank then enters the same small
+``allgather``, and every rank raises the same ``CheckpointError`` naming the
+ranks that failed and why.  No rank ever waits in a collective that another
+rank skipped because it raised.
+
+``comm=None`` means ``MPI.COMM_WORLD`` when mpi4py is importable and a single
+process otherwise; :class:`SerialComm` offers the handful of methods we call so
+that the rest of the code never branches on "is there MPI".
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, TypeVar
+
+from .errors import CheckpointError, CorruptCheckpointError, TemplateMismatchError
+
+T = TypeVar("T")
+
+#: Failures that keep their class when they cross ranks: a caller can tell a
+#: damaged checkpoint from a template that does not fit.  Anything else becomes
+#: a plain CheckpointError.
+_SPECIFIC = (TemplateMismatchError, CorruptCheckpointError)
+
+
+class SerialComm:
+    """A one-process stand-in for an mpi4py communicator (the methods hpcckpt uses)."""
+
+    rank = 0
+    size = 1
+
+    def Get_rank(self) -> int:
+        return 0
+
+    def Get_size(self) -> int:
+        return 1
+
+    def bcast(self, obj, root=0):
+        return obj
+
+    def gather(self, obj, root=0):
+        return [obj]
+
+    def allgather(self, obj):
+        return [obj]
+
+    def scatter(self, objs, root=0):
+        return objs[0]
+
+    def allreduce(self, obj, op=None):
+        return obj
+
+    def Barrier(self) -> None:
+        pass
+
+    barrier = Barrier
+
+
+def resolve_comm(comm=None):
+    """The communicator to use: the given one, else COMM_WORLD, else a serial stand-in."""
+    if comm is not None:
+        return comm
+    if os.environ.get("HPCCKPT_NO_MPI"):
+        return SerialComm()
+    try:
+        from mpi4py import MPI
+    except ImportError:
+        return SerialComm()
+    return MPI.COMM_WORLD
+
+
+def agree(comm, what: str, fn: Callable[[], T]) -> T:
+    """Run ``fn`` on this rank; raise the same CheckpointError on every rank if any rank failed.
+
+    ``what`` names the operation in the message ("save of 'run/step-3'").  The
+    cost is one allgather of a small tuple per call.
+    """
+    failure = None
+    result = None
+    try:
+        result = fn()
+    except Exception as exc:  # noqa: BLE001 - every failure must reach the other ranks
+        failure = _describe(exc)
+    failures = comm.allgather(failure)
+    bad = {rank: f for rank, f in enumerate(failures) if f is not None}
+    if bad:
+        raise _collective_error(what, bad, comm.Get_size())
+    return result
+
+
+def _describe(exc: BaseException) -> tuple[str, str, str]:
+    kind = next((cls.__name__ for cls in _SPECIFIC if isinstance(exc, cls)), "CheckpointError")
+    text = str(exc) if isinstance(exc, CheckpointError) else f"{type(exc).__name__}: {exc}"
+    return kind, text, type(exc).__name__
+
+
+def _collective_error(what: str, bad: dict, size: int) -> CheckpointError:
+    kinds = {kind for kind, _, _ in bad.values()}
+    cls = next((c for c in _SPECIFIC if kinds == {c.__name__}), CheckpointError)
+    shown = sorted(bad.items())[:4]
+    parts = [text if size == 1 else f"rank {rank}: {text}" for rank, (_, text, _) in shown]
+    more = f" (and {len(bad) - len(shown)} more ranks)" if len(bad) > len(shown) else ""
+    where = "" if size == 1 else f" on {len(bad)} of {size} ranks"
+    err = cls(f"{what} failed{where}: " + "; ".join(parts) + more)
+    err.failures = {rank: text for rank, (_, text, _) in bad.items()}
+    return err
+
+
+def on_root(comm, fn: Callable[[], Any], root: int = 0):
+    """Run ``fn`` on the root only (None elsewhere); the caller wraps it in :func:`agree`."""
+    return fn() if comm.Get_rank() == root else None

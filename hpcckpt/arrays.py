@@ -1,0 +1,38 @@
+"""Zero-copy byte views of numpy arrays, and the pieces a local array is written in."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import numpy as np
+
+from .regions import contiguous_pieces
+
+
+def byte_view(arr: np.ndarray) -> np.ndarray:
+    """A flat uint8 view of a C-contiguous array, without copying (works for every dtype)."""
+    return arr.reshape(-1).view(np.uint8)
+
+
+def local_pieces(local: np.ndarray, max_bytes: int) -> Iterator[tuple[tuple[int, ...], tuple[int, ...], np.ndarray]]:
+    """(local start, extent, C-contiguous array) for each piece of at most ``max_bytes``.
+
+    For a C-contiguous ``local`` every piece is a view of the caller's memory;
+    for Fortran-ordered or strided arrays each piece is copied, so the extra
+    memory is one piece, never the whole array.
+    """
+    for start, stop in contiguous_pieces(local.shape, local.dtype.itemsize, max_bytes):
+        sel = tuple(slice(a, b) for a, b in zip(start, stop))
+        extent = tuple(b - a for a, b in zip(start, stop))
+        yield start, extent, np.ascontiguousarray(local[sel])
+
+
+def global_pieces(items: dict[str, tuple[np.ndarray, tuple]], max_bytes: int):
+    """(variable, global start, count, array) for every piece of every local array, in a stable order.
+
+    ``items[name] = (local array, global start of its box)``.
+    """
+    for variable in sorted(items):
+        local, box_start = items[variable]
+        for start, extent, arr in local_pieces(local, max_bytes):
+            yield variable, tuple(b + s for b, s in zip(box_start, start)), extent, arr

@@ -1,0 +1,104 @@
+"""The versions under a Checkpointer root: naming, listing, retention and garbage collection.
+
+A version lives in ``ROOT/step-<12 digits>`` and is committed exactly when its
+``metadata.json`` exists.  Saving a step that already has a committed version
+(as happens after a restart) writes ``step-<12 digits>.r<N>``; the newest
+revision of a step supersedes the older ones.  Anything else in the root is
+left alone.  One writer per root at a time (one job); readers may run any time.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import warnings
+from dataclasses import dataclass
+
+from .errors import CheckpointError
+from .metadata import METADATA_FILE
+
+_NAME = re.compile(r"^step-(\d{12})(?:\.r(\d{1,6}))?$")
+MAX_STEP = 10**12 - 1
+
+
+@dataclass(frozen=True)
+class VersionEntry:
+    """One version directory under a root."""
+
+    name: str
+    path: str
+    step: int
+    revision: int
+    committed: bool
+
+    @property
+    def order(self) -> tuple[int, int]:
+        return self.step, self.revision
+
+
+def check_step(step) -> int:
+    if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step <= MAX_STEP:
+        raise CheckpointError(f"step must be an integer in [0, {MAX_STEP}], got {step!r}")
+    return step
+
+
+def version_name(step: int, revision: int = 0) -> str:
+    return f"step-{step:012d}" + (f".r{revision}" if revision else "")
+
+
+def list_versions(root: str) -> list[VersionEntry]:
+    """All version directories under ``root``, oldest first (an absent root has none)."""
+    try:
+        names = os.listdir(root)
+    except FileNotFoundError:
+        return []
+    out = []
+    for name in names:
+        m = _NAME.match(name)
+        path = os.path.join(root, name)
+        if m and os.path.isdir(path):
+            out.append(VersionEntry(name, path, int(m.group(1)), int(m.group(2) or 0),
+                                    os.path.isfile(os.path.join(path, METADATA_FILE))))
+    return sorted(out, key=lambda e: e.order)
+
+
+def current(entries: list[VersionEntry]) -> list[VersionEntry]:
+    """The committed versions that count: the newest revision of each step, oldest step first."""
+    by_step: dict[int, VersionEntry] = {}
+    for e in entries:
+        if e.committed:
+            by_step[e.step] = e  # entries are sorted, so the newest revision wins
+    return [by_step[s] for s in sorted(by_step)]
+
+
+def new_version_name(entries: list[VersionEntry], step: int) -> str:
+    """A fresh directory name for ``step`` that sorts after every existing revision of it."""
+    revisions = [e.revision for e in entries if e.step == step]
+    return version_name(step, max(revisions) + 1 if revisions else 0)
+
+
+def removable(entries: list[VersionEntry], keep: int | None) -> list[VersionEntry]:
+    """What garbage collection removes: uncommitted leftovers, superseded revisions, and beyond ``keep``."""
+    live = current(entries)
+    kept = {e.name for e in (live[-keep:] if keep else live)}
+    return [e for e in entries if e.name not in kept]
+
+
+def remove_versions(entries: list[VersionEntry]) -> list[str]:
+    """Delete the given version directories; warn (do not fail) for any that resist."""
+    removed = []
+    for e in entries:
+        try:
+            shutil.rmtree(e.path)
+            removed.append(e.name)
+        except OSError as exc:
+            warnings.warn(f"hpcckpt: could not remove {e.path}: {exc}", stacklevel=2)
+    return removed
+
+
+def gc(root: str, keep: int | None = None) -> list[str]:
+    """Remove uncommitted leftovers and superseded revisions (and, with ``keep``, older versions)."""
+    if keep is not None and keep < 1:
+        raise CheckpointError(f"keep must be at least 1, got {keep}")
+    return remove_versions(removable(list_versions(root), keep))

@@ -1,0 +1,106 @@
+"""Numbered versions under one root: the object an application's time loop talks to."""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+from ._mpi import agree, on_root, resolve_comm
+from .catalog import check_step, current, list_versions, new_version_name, remove_versions, removable
+from .errors import CheckpointError, CorruptCheckpointError
+from .loading import load_version
+from .saving import SaveOptions, SaveResult, save_version
+
+
+class Checkpointer:
+    """Saves numbered versions of a state under ``root`` and restores the newest valid one.
+
+    ``keep=N`` retains the newest N committed versions (older ones are deleted
+    after each successful save); ``options`` are the defaults for every save
+    (see :class:`hpcckpt.saving.SaveOptions`).  All methods are collective over
+    ``comm``: every rank calls them in the same order.
+    """
+
+    def __init__(self, root, comm=None, keep: int | None = None, **options):
+        self.root = os.fspath(root)
+        self.comm = resolve_comm(comm)
+        if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 1):
+            raise CheckpointError(f"keep must be a positive integer or None, got {keep!r}")
+        self.keep = keep
+        self.options = SaveOptions.from_kwargs(**options)
+        self.last_restored: str | None = None
+        self._closed = False
+        agree(self.comm, f"creating {self.root!r}", lambda: on_root(self.comm, lambda: os.makedirs(self.root, exist_ok=True)))
+
+    def _live(self) -> list:
+        self._check_open()
+        live = agree(self.comm, f"listing {self.root!r}", lambda: on_root(self.comm, lambda: current(list_versions(self.root))))
+        return self.comm.bcast(live, root=0)
+
+    def latest(self) -> int | None:
+        """The newest committed step, or None (the same answer on every rank)."""
+        live = self._live()
+        return live[-1].step if live else None
+
+    def steps(self) -> list[int]:
+        """Every committed step, oldest first."""
+        return [e.step for e in self._live()]
+
+    def save(self, state, step: int, **options) -> SaveResult:
+        """Write ``state`` as version ``step``, commit it, then apply retention; collective."""
+        self._check_open()
+        what = f"save of step {step!r} under {self.root!r}"
+        opts = SaveOptions.from_kwargs(**{**self.options.__dict__, **options})
+        name = agree(self.comm, what, lambda: on_root(self.comm, lambda: self._prepare(check_step(step))))
+        name = self.comm.bcast(name, root=0)
+        result = save_version(state, os.path.join(self.root, name), self.comm, opts, step=step)
+        agree(self.comm, what, lambda: on_root(self.comm, lambda: remove_versions(
+            removable(list_versions(self.root), self.keep))))
+        return result
+
+    def _prepare(self, step: int) -> str:
+        """Clear leftovers of interrupted saves (rank 0) and pick the new version's directory name."""
+        entries = list_versions(self.root)
+        remove_versions([e for e in entries if not e.committed])
+        return new_version_name(list_versions(self.root), step)
+
+    def restore(self, state, step: int | None = None, strict: bool = True) -> dict:
+        """Load the newest valid version (or the given step) into ``state``; collective.
+
+        A version whose data is truncated or fails a checksum is skipped with a
+        warning naming the file, and the next older one is tried; every rank
+        restores the same version.  A template that does not fit raises at once.
+        """
+        live = self._live()
+        if step is not None:
+            live = [e for e in live if e.step == step]
+            if not live:
+                raise CheckpointError(f"no committed version of step {step} under {self.root!r}")
+        if not live:
+            raise CheckpointError(f"no committed checkpoint under {self.root!r}")
+        skipped = []
+        for entry in reversed(live):
+            try:
+                out = load_version(state, entry.path, self.comm, strict=strict)
+            except CorruptCheckpointError as exc:
+                skipped.append(entry.name)
+                if self.comm.Get_rank() == 0:
+                    warnings.warn(f"hpcckpt: skipping damaged version {entry.path}: {exc}", stacklevel=2)
+                continue
+            self.last_restored = entry.path
+            return out
+        raise CheckpointError(f"no valid checkpoint under {self.root!r}: every version is damaged ({skipped})")
+
+    def close(self) -> None:
+        """Finish: later calls raise.  (Collective, so that future asynchronous saves can drain here.)"""
+        self._closed = True
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise CheckpointError(f"the Checkpointer for {self.root!r} is closed")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

@@ -1,0 +1,135 @@
+"""The collective load of one version into a template, on any number of ranks.
+
+metadata (rank 0 reads and validates it once, then broadcasts) -> template check
+(names, kinds, dtypes, shapes, tiling, Ragged row counts; every mismatch names
+the variable on every rank) -> reads (each rank reads only the chunks that
+overlap its own boxes, straight into its buffers where it can) -> the returned
+dict.  Every phase runs under ``agree``: one rank's failure is every rank's
+CheckpointError, and a damaged checkpoint is a CorruptCheckpointError on all
+ranks so that ``Checkpointer.restore`` can fall back to an older version in step.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ._mpi import agree, on_root
+from .encoding import decode_value
+from .errors import TemplateMismatchError
+from .metadata import Metadata, Variable
+from .monitor import PhaseTimer
+from .planning import plan_rows
+from .reader import ChunkReader, read_metadata
+from .regions import tiling_problem
+from .state import Block, Ragged, block_box, split_state
+
+
+def load_version(state, directory: str, comm, strict: bool = True, timer: PhaseTimer | None = None) -> dict:
+    """Fill the Blocks of ``state`` in place from ``directory``; return the restored state dict."""
+    timer = timer or PhaseTimer()
+    what = f"load of {directory!r}"
+    with timer.phase("metadata"):
+        meta = agree(comm, what, lambda: on_root(comm, lambda: read_metadata(directory)))
+        meta = comm.bcast(meta, root=0)
+    with timer.phase("plan"):
+        local = agree(comm, what, lambda: _check_template(state, meta, strict))
+        requests = comm.gather(local["requests"], root=0)
+        ranges = agree(comm, what, lambda: on_root(comm, lambda: _plan(requests, meta)))
+        rows = comm.scatter(ranges, root=0)
+    with timer.phase("read"):
+        loaded = agree(comm, what, lambda: _read(directory, meta, local, rows))
+    with timer.phase("values"):
+        values = agree(comm, what, lambda: {name: decode_value(meta.values[name], repr(name))
+                                            for name in local["replicated"]})
+    out = {}
+    for name, value in state.items():
+        out[name] = value if isinstance(value, Block) else loaded.get(name, values.get(name))
+    return out
+
+
+def _check_template(state, meta: Metadata, strict: bool) -> dict:
+    """Rank-local checks of the template against the metadata; the requests rank 0 plans with."""
+    distributed, replicated = split_state(state)
+    stored = set(meta.variables) | set(meta.values)
+    missing = sorted((set(distributed) | set(replicated)) - stored)
+    if missing:
+        raise TemplateMismatchError(f"variable {missing[0]!r} is not in the checkpoint (it holds {sorted(stored)})")
+    unknown = sorted(stored - set(distributed) - set(replicated))
+    if strict and unknown:
+        raise TemplateMismatchError(
+            f"the checkpoint holds {unknown[0]!r}, which the template does not name (pass strict=False to skip it)")
+    requests = {}
+    for name, value in distributed.items():
+        if name not in meta.variables:
+            raise TemplateMismatchError(f"variable {name!r} is a replicated value in the checkpoint, "
+                                        f"not a {type(value).__name__}")
+        var = meta.variables[name]
+        requests[name] = _check_block(name, value, var) if isinstance(value, Block) else _check_ragged(name, value, var)
+    for name in replicated:
+        if name in meta.variables:
+            raise TemplateMismatchError(f"variable {name!r} is a distributed array in the checkpoint; "
+                                        "the template must give a Block or Ragged for it")
+    return {"distributed": distributed, "replicated": sorted(replicated), "requests": requests}
+
+
+def _check_block(name: str, block: Block, var: Variable):
+    start, stop = block_box(name, block)
+    if tuple(block.global_shape) != var.shape:
+        raise TemplateMismatchError(f"variable {name!r}: the template's global shape {tuple(block.global_shape)} "
+                                    f"differs from the stored {var.shape}")
+    if block.local.dtype != var.dtype:
+        raise TemplateMismatchError(f"variable {name!r}: the template's dtype {block.local.dtype} differs from the "
+                                    f"stored {var.dtype}")
+    if not block.local.flags.writeable:
+        raise TemplateMismatchError(f"variable {name!r}: the template's local array is read-only")
+    return ("block", start, stop)
+
+
+def _check_ragged(name: str, ragged: Ragged, var: Variable):
+    if ragged.local is not None:
+        arr = np.asarray(ragged.local)
+        if arr.dtype != var.dtype or tuple(arr.shape[1:]) != var.shape[1:]:
+            raise TemplateMismatchError(
+                f"variable {name!r}: the template's rows ({arr.dtype}, trailing shape {arr.shape[1:]}) differ from "
+                f"the stored ({var.dtype}, trailing shape {var.shape[1:]})")
+    if ragged.rows is not None and (not isinstance(ragged.rows, (int, np.integer)) or isinstance(ragged.rows, bool)):
+        raise TemplateMismatchError(f"variable {name!r}: Ragged(rows=...) must be an integer, got {ragged.rows!r}")
+    if not var.shape:
+        raise TemplateMismatchError(f"variable {name!r} is a 0-d array; a Ragged template needs rows")
+    return ("ragged", None if ragged.rows is None else int(ragged.rows))
+
+
+def _plan(requests: list[dict], meta: Metadata) -> list[dict]:
+    """Check the template's blocks tile each array and split Ragged rows; row ranges per rank."""
+    ranges: list[dict] = [{} for _ in requests]
+    for name in sorted(requests[0]):
+        var = meta.variables[name]
+        kinds = {r[name][0] for r in requests}
+        if len(kinds) != 1:
+            raise TemplateMismatchError(f"variable {name!r} is a Block on some ranks and Ragged on others")
+        if kinds == {"block"}:
+            starts = np.asarray([r[name][1] for r in requests], np.int64).reshape(len(requests), len(var.shape))
+            stops = np.asarray([r[name][2] for r in requests], np.int64).reshape(len(requests), len(var.shape))
+            problem = tiling_problem(starts, stops, var.shape, label="the block of rank")
+            if problem is not None:
+                raise TemplateMismatchError(f"variable {name!r}: the template's blocks do not tile the array: {problem}")
+        else:
+            for rank, rng in enumerate(plan_rows([r[name][1] for r in requests], var.shape[0], name)):
+                ranges[rank][name] = rng
+    return ranges
+
+
+def _read(directory: str, meta: Metadata, local: dict, rows: dict) -> dict:
+    loaded = {}
+    with ChunkReader(directory, meta) as reader:
+        for name, value in sorted(local["distributed"].items()):
+            var = meta.variables[name]
+            if isinstance(value, Block):
+                _, start, stop = local["requests"][name]
+                reader.read_into(var, start, stop, value.local)
+            else:
+                lo, hi = rows[name]
+                out = np.empty((hi - lo,) + var.shape[1:], dtype=var.dtype)
+                reader.read_into(var, (lo,) + (0,) * (len(var.shape) - 1), (hi,) + var.shape[1:], out)
+                loaded[name] = Ragged(out)
+    return loaded

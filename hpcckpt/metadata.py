@@ -1,0 +1,251 @@
+"""The on-disk index of one checkpoint version: dataclasses, JSON (de)serialisation, validation.
+
+The metadata speaks only in global terms: for each variable its kind, global
+shape, dtype and codec, and a table of chunks, each a global box mapped to
+(file, byte offset, stored length, checksum).  Nothing names a rank, so any
+number of ranks can read it back.  docs/format.md specifies it for readers in
+other languages.
+
+Everything read from disk is untrusted: :func:`parse` validates types, ranges
+and paths (vectorised, so an index of 100,000 chunks parses in well under a
+second) before any caller allocates or reads a byte.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .encoding import dtype_from_json, dtype_to_json
+from .errors import CorruptCheckpointError
+
+FORMAT_NAME = "hpcckpt"
+FORMAT_VERSION = 1
+METADATA_FILE = "metadata.json"
+CHECKSUM_ALGORITHM = "xxh3_64"
+#: Refuse metadata files larger than this before reading them.
+MAX_METADATA_BYTES = 1 << 31
+_MAX_NDIM = 32
+_MAX_BYTES = 1 << 62
+KINDS = ("block", "ragged")
+
+
+@dataclass
+class ChunkTable:
+    """Columns of a variable's chunk index (one row per chunk, all int64 except checksums)."""
+
+    file: np.ndarray
+    offset: np.ndarray
+    nbytes: np.ndarray
+    checksum: list[str]
+    start: np.ndarray  # (n, ndim)
+    count: np.ndarray  # (n, ndim)
+
+    def __len__(self) -> int:
+        return len(self.file)
+
+    @property
+    def stop(self) -> np.ndarray:
+        return self.start + self.count
+
+    @classmethod
+    def empty(cls, ndim: int) -> "ChunkTable":
+        z = np.zeros(0, dtype=np.int64)
+        return cls(z, z.copy(), z.copy(), [], np.zeros((0, ndim), np.int64), np.zeros((0, ndim), np.int64))
+
+    @classmethod
+    def from_rows(cls, rows: list[tuple], ndim: int) -> "ChunkTable":
+        """Build from ``(file, offset, nbytes, checksum, start, count)`` tuples."""
+        if not rows:
+            return cls.empty(ndim)
+        file, offset, nbytes, checksum, start, count = zip(*rows)
+        return cls(np.asarray(file, np.int64), np.asarray(offset, np.int64), np.asarray(nbytes, np.int64),
+                   list(checksum), np.asarray(start, np.int64).reshape(-1, ndim),
+                   np.asarray(count, np.int64).reshape(-1, ndim))
+
+    def to_json(self) -> dict:
+        return {"file": self.file.tolist(), "offset": self.offset.tolist(), "nbytes": self.nbytes.tolist(),
+                "checksum": list(self.checksum), "start": self.start.ravel().tolist(),
+                "count": self.count.ravel().tolist()}
+
+
+@dataclass
+class Variable:
+    """One distributed variable: a global array and where its chunks are stored."""
+
+    name: str
+    kind: str
+    dtype: np.dtype
+    shape: tuple[int, ...]
+    chunks: ChunkTable
+    codec: dict = field(default_factory=lambda: {"id": "none"})
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the decoded global array."""
+        n = self.dtype.itemsize
+        for s in self.shape:
+            n *= s
+        return n
+
+    @property
+    def stored_bytes(self) -> int:
+        return int(self.chunks.nbytes.sum())
+
+    def to_json(self) -> dict:
+        return {"kind": self.kind, "dtype": dtype_to_json(self.dtype), "shape": list(self.shape),
+                "codec": self.codec, "chunks": self.chunks.to_json()}
+
+
+@dataclass
+class Metadata:
+    """A committed version: its variables, replicated values, data files and provenance."""
+
+    step: int | None
+    files: list[str]
+    variables: dict[str, Variable]
+    values: dict[str, Any]  # JSON-encoded replicated values (see encoding.encode_value)
+    nranks: int
+    created: str
+    extra: dict = field(default_factory=dict)  # room for later features (strategy, incremental base...)
+
+    def to_json_bytes(self) -> bytes:
+        doc = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "checksum": CHECKSUM_ALGORITHM,
+               "step": self.step, "created": self.created, "nranks": self.nranks, "files": self.files,
+               "variables": {name: v.to_json() for name, v in self.variables.items()},
+               "values": self.values, "extra": self.extra}
+        return json.dumps(doc, separators=(",", ":"), allow_nan=False).encode()
+
+
+def parse(raw: bytes, source: str = "metadata") -> Metadata:
+    """Parse and validate untrusted metadata bytes; CorruptCheckpointError on anything malformed."""
+    try:
+        doc = json.loads(raw, parse_constant=_reject_constant)
+    except (ValueError, RecursionError) as exc:
+        raise CorruptCheckpointError(f"{source}: not valid JSON ({exc})") from None
+    try:
+        return _parse_doc(doc)
+    except CorruptCheckpointError as exc:
+        raise CorruptCheckpointError(f"{source}: {exc}") from None
+    except (TypeError, KeyError, ValueError, OverflowError) as exc:
+        raise CorruptCheckpointError(f"{source}: malformed metadata ({type(exc).__name__}: {exc})") from None
+
+
+def _reject_constant(name):
+    raise ValueError(f"{name} is not allowed")
+
+
+def _parse_doc(doc) -> Metadata:
+    _expect(isinstance(doc, dict), "the top level must be an object")
+    _expect(doc.get("format") == FORMAT_NAME, "this is not an hpcckpt checkpoint")
+    version = doc.get("format_version")
+    _expect(type(version) is int, "format_version missing")
+    _expect(version == FORMAT_VERSION, f"format version {version} is not supported (this hpcckpt reads {FORMAT_VERSION})")
+    _expect(doc.get("checksum") == CHECKSUM_ALGORITHM, f"unknown checksum algorithm {doc.get('checksum')!r}")
+    step = doc.get("step")
+    _expect(step is None or type(step) is int, "step must be an integer or null")
+    files = doc["files"]
+    _expect(isinstance(files, list), "files must be a list")
+    for name in files:
+        check_relative_path(name)
+    nranks = doc["nranks"]
+    _expect(type(nranks) is int and nranks >= 1, "nranks must be a positive integer")
+    _expect(isinstance(doc["created"], str), "created must be a string")
+    values = doc["values"]
+    _expect(isinstance(values, dict), "values must be an object")
+    extra = doc.get("extra", {})
+    _expect(isinstance(extra, dict), "extra must be an object")
+    variables_doc = doc["variables"]
+    _expect(isinstance(variables_doc, dict), "variables must be an object")
+    variables = {}
+    for name, vdoc in variables_doc.items():
+        _expect(name and len(name) <= 1024, f"invalid variable name {name[:40]!r}")
+        _expect(name not in values, f"{name!r} is both a variable and a replicated value")
+        variables[name] = _parse_variable(name, vdoc, len(files))
+    return Metadata(step=step, files=files, variables=variables, values=values, nranks=nranks,
+                    created=doc["created"], extra=extra)
+
+
+def _parse_variable(name: str, doc, nfiles: int) -> Variable:
+    _expect(isinstance(doc, dict), f"variable {name!r} must be an object")
+    kind = doc["kind"]
+    _expect(kind in KINDS, f"variable {name!r} has unknown kind {kind!r}")
+    dtype = dtype_from_json(doc["dtype"])
+    shape = doc["shape"]
+    _expect(isinstance(shape, list) and len(shape) <= _MAX_NDIM
+            and all(type(s) is int and s >= 0 for s in shape), f"variable {name!r} has an invalid shape")
+    _expect(kind != "ragged" or len(shape) >= 1, f"ragged variable {name!r} needs at least one axis")
+    expected = 1
+    for s in shape:
+        expected *= s
+    _expect(expected * dtype.itemsize <= _MAX_BYTES, f"variable {name!r} is implausibly large")
+    codec = doc.get("codec", {"id": "none"})
+    _expect(isinstance(codec, dict) and codec.get("id") == "none",
+            f"variable {name!r} uses codec {codec!r}, which this version of hpcckpt cannot decode")
+    chunks = _parse_chunks(name, doc["chunks"], len(shape), nfiles)
+    if len(chunks):
+        _expect(bool(np.all(chunks.start + chunks.count <= np.asarray(shape, np.int64))) if shape else True,
+                f"variable {name!r} has a chunk outside its global shape")
+        volumes = np.prod(chunks.count, axis=1) if shape else np.ones(len(chunks), np.int64)
+        _expect(bool(np.all(chunks.nbytes == volumes * dtype.itemsize)),
+                f"variable {name!r} has a chunk whose length does not match its extent")
+        covered = int(volumes.sum())
+    else:
+        covered = 0
+    _expect(covered == expected, f"variable {name!r}: chunks cover {covered} of {expected} elements")
+    return Variable(name=name, kind=kind, dtype=dtype, shape=tuple(shape), chunks=chunks, codec=codec)
+
+
+def _parse_chunks(name: str, doc, ndim: int, nfiles: int) -> ChunkTable:
+    _expect(isinstance(doc, dict), f"chunks of {name!r} must be an object")
+    cols = {key: doc[key] for key in ("file", "offset", "nbytes", "checksum", "start", "count")}
+    n = len(cols["file"])
+    for key in ("file", "offset", "nbytes", "checksum"):
+        _expect(isinstance(cols[key], list) and len(cols[key]) == n, f"chunks of {name!r}: column {key!r} is malformed")
+    for key in ("start", "count"):
+        _expect(isinstance(cols[key], list) and len(cols[key]) == n * ndim,
+                f"chunks of {name!r}: column {key!r} is malformed")
+    ints = {key: _int_column(name, key, cols[key]) for key in ("file", "offset", "nbytes", "start", "count")}
+    _expect(bool(np.all((ints["file"] >= 0) & (ints["file"] < nfiles))), f"chunks of {name!r} name a file that is not listed")
+    checksum = cols["checksum"]
+    _expect(all(type(c) is str and len(c) == 16 for c in checksum), f"chunks of {name!r} have malformed checksums")
+    try:
+        for c in checksum:
+            int(c, 16)
+    except ValueError:
+        raise CorruptCheckpointError(f"chunks of {name!r} have malformed checksums") from None
+    return ChunkTable(ints["file"], ints["offset"], ints["nbytes"], checksum,
+                      ints["start"].reshape(n, ndim), ints["count"].reshape(n, ndim))
+
+
+def _int_column(name: str, key: str, values: list) -> np.ndarray:
+    arr = np.asarray(values) if values else np.zeros(0, np.int64)
+    _expect(arr.dtype.kind in "iu" and arr.ndim == 1, f"chunks of {name!r}: column {key!r} must hold integers")
+    arr = arr.astype(np.int64, casting="safe") if arr.dtype.kind == "i" else _from_unsigned(arr)
+    _expect(bool(np.all(arr >= 0)), f"chunks of {name!r}: column {key!r} has negative values")
+    return arr
+
+
+def _from_unsigned(arr: np.ndarray) -> np.ndarray:
+    _expect(bool(np.all(arr < (1 << 62))), "an integer column is out of range")
+    return arr.astype(np.int64)
+
+
+def check_relative_path(name) -> str:
+    """A data file name must be a plain relative POSIX path inside the checkpoint directory."""
+    _expect(isinstance(name, str) and 0 < len(name) <= 4096, "a file name must be a non-empty string")
+    _expect("\x00" not in name and "\\" not in name, f"file name {name[:80]!r} has forbidden characters")
+    _expect(not name.startswith("/"), f"file name {name[:80]!r} is absolute")
+    parts = name.split("/")
+    _expect(all(p not in ("", ".", "..") for p in parts) and posixpath.normpath(name) == name,
+            f"file name {name[:80]!r} leaves the checkpoint directory or is not normalised")
+    return name
+
+
+def _expect(condition: bool, message: str) -> None:
+    if not condition:
+        raise CorruptCheckpointError(message)

@@ -1,0 +1,234 @@
+"""Reading stored chunks into any global region: the core of load, ``open`` and ``verify``.
+
+For a target box, the reader finds the overlapping chunks (vectorised), checks
+that they cover the box exactly once, and fetches each chunk:
+
+* a chunk that lies wholly inside the target and maps onto contiguous target
+  memory is read straight into the caller's buffer (no copy) and checksummed
+  there;
+* any other chunk is read into one reused scratch buffer, checksummed, and the
+  overlapping part copied out.
+
+So a load on the same decomposition moves each byte once, and a reshard load
+reads at most one chunk per boundary beyond what it needs.  Every chunk is
+verified on every read; a truncated file or a bad checksum raises
+CorruptCheckpointError naming the file.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from .arrays import byte_view
+from .checksum import checksum
+from .encoding import decode_value
+from .errors import CheckpointError, CorruptCheckpointError
+from .metadata import MAX_METADATA_BYTES, METADATA_FILE, Metadata, Variable, parse
+from .regions import intersect, overlapping, tiling_problem, volume
+from .storage.posix import confined_path, read_exact
+
+
+def read_metadata(directory: str) -> Metadata:
+    """Read and validate ``directory/metadata.json``; CheckpointError if there is no committed version."""
+    path = os.path.join(directory, METADATA_FILE)
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size > MAX_METADATA_BYTES:
+                raise CorruptCheckpointError(f"{path} is {size} bytes, larger than any real metadata")
+            raw = f.read()
+    except FileNotFoundError:
+        raise CheckpointError(f"no committed checkpoint at {directory!r} ({METADATA_FILE} is missing)") from None
+    except IsADirectoryError:
+        raise CorruptCheckpointError(f"{path} is a directory") from None
+    except PermissionError as exc:
+        raise CheckpointError(f"cannot read {path}: {exc.strerror}") from None
+    return parse(raw, source=path)
+
+
+class ChunkReader:
+    """Reads and verifies chunks of one version; keeps its files open until :meth:`close`."""
+
+    def __init__(self, directory: str, meta: Metadata):
+        self.directory = directory
+        self.meta = meta
+        self._files: dict[int, tuple[int, int, str]] = {}  # index -> (fd, size, path)
+        self._scratch = np.empty(0, np.uint8)
+
+    def close(self) -> None:
+        for fd, _, _ in self._files.values():
+            os.close(fd)
+        self._files.clear()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def _file(self, index: int) -> tuple[int, int, str]:
+        if index not in self._files:
+            path = confined_path(self.directory, self.meta.files[index])
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except FileNotFoundError:
+                raise CorruptCheckpointError(f"data file {path} is missing") from None
+            except OSError as exc:
+                raise CheckpointError(f"cannot open {path}: {exc.strerror}") from None
+            self._files[index] = (fd, os.fstat(fd).st_size, path)
+        return self._files[index]
+
+    def _fetch(self, var: Variable, k: int, into: np.ndarray | None) -> np.ndarray:
+        """Read chunk ``k`` of ``var`` into ``into`` (a contiguous target) or the scratch buffer; verify it."""
+        chunks = var.chunks
+        fd, size, path = self._file(int(chunks.file[k]))
+        offset, nbytes = int(chunks.offset[k]), int(chunks.nbytes[k])
+        if offset + nbytes > size:
+            raise CorruptCheckpointError(
+                f"{path} is truncated: a chunk of {var.name!r} needs bytes {offset}..{offset + nbytes}, "
+                f"the file has {size}")
+        if into is None:
+            if self._scratch.nbytes < nbytes:
+                self._scratch = np.empty(nbytes, np.uint8)
+            buf = self._scratch[:nbytes]
+        else:
+            buf = byte_view(into)
+        read_exact(fd, offset, buf, path)
+        digest = checksum(buf)
+        if digest != chunks.checksum[k]:
+            raise CorruptCheckpointError(
+                f"{path}: the chunk of {var.name!r} at offset {offset} fails its checksum "
+                f"(stored {chunks.checksum[k]}, read {digest})")
+        return buf
+
+    def read_into(self, var: Variable, start, stop, out: np.ndarray) -> None:
+        """Fill ``out`` (shape ``stop - start``, dtype ``var.dtype``) with the global box ``[start, stop)``."""
+        start = tuple(int(s) for s in start)
+        stop = tuple(int(s) for s in stop)
+        if volume(b - a for a, b in zip(start, stop)) == 0:
+            return
+        starts, stops = var.chunks.start, var.chunks.stop
+        idx = overlapping(starts, stops, start, stop)
+        self._check_cover(var, starts[idx], stops[idx], start, stop)
+        for k in idx.tolist():
+            c_start, c_stop = tuple(starts[k].tolist()), tuple(stops[k].tolist())
+            lo, hi = intersect(c_start, c_stop, start, stop) if start else ((), ())
+            sel = tuple(slice(a - s, b - s) for a, b, s in zip(lo, hi, start))
+            dest = out[sel] if sel else out  # out[()] of a 0-d array would be a scalar, not a view
+            if (lo, hi) == (c_start, c_stop) and dest.flags.c_contiguous:
+                self._fetch(var, k, into=dest)
+                continue
+            chunk = self._fetch(var, k, into=None).view(var.dtype).reshape(tuple(b - a for a, b in zip(c_start, c_stop)))
+            dest[...] = chunk[tuple(slice(a - c, b - c) for a, b, c in zip(lo, hi, c_start))]
+
+    @staticmethod
+    def _check_cover(var: Variable, starts, stops, start, stop) -> None:
+        """The chunks found must cover the target exactly once (malformed metadata could overlap or leave gaps)."""
+        if not start:
+            if len(starts) != 1:
+                raise CorruptCheckpointError(f"variable {var.name!r} has {len(starts)} chunks for a 0-d array")
+            return
+        lo = np.maximum(starts, np.asarray(start)) - np.asarray(start)
+        hi = np.minimum(stops, np.asarray(stop)) - np.asarray(start)
+        problem = tiling_problem(lo, hi, [b - a for a, b in zip(start, stop)], label="chunk")
+        if problem is not None:
+            raise CorruptCheckpointError(f"the chunks of {var.name!r} do not cover the region read: {problem}")
+
+    def verify_variable(self, var: Variable, progress=None) -> list[str]:
+        """Read every chunk of ``var`` and report each problem (one line each) instead of raising."""
+        problems = []
+        tiling = tiling_problem(var.chunks.start, var.chunks.stop, var.shape, label="chunk")
+        if tiling is not None:
+            problems.append(f"variable {var.name!r}: chunks do not tile the array: {tiling}")
+        for k in range(len(var.chunks)):
+            try:
+                self._fetch(var, k, into=None)
+            except CheckpointError as exc:
+                problems.append(str(exc))
+            if progress is not None:
+                progress(int(var.chunks.nbytes[k]))
+        return problems
+
+
+class CheckpointView:
+    """A read-only view of one committed checkpoint, usable from a single plain Python process.
+
+    ``variables`` maps names to their stored description (kind, global shape,
+    dtype, chunks), ``values`` holds the replicated values, ``read(name, region)``
+    returns any global region of a variable as a new numpy array.
+    """
+
+    def __init__(self, path: str):
+        self.path = os.fspath(path)
+        self.meta = read_metadata(self.path)
+        self.values = {name: decode_value(v, repr(name)) for name, v in self.meta.values.items()}
+        self._reader = ChunkReader(self.path, self.meta)
+
+    @property
+    def step(self) -> int | None:
+        return self.meta.step
+
+    @property
+    def variables(self) -> dict[str, Variable]:
+        return self.meta.variables
+
+    def read(self, name: str, region=None) -> np.ndarray:
+        """The global ``region`` of variable ``name``: None for all, or a tuple of slices/ints, or (start, stop) pairs."""
+        if name not in self.meta.variables:
+            raise CheckpointError(f"no variable {name!r} in {self.path} (it has {sorted(self.meta.variables)})")
+        var = self.meta.variables[name]
+        start, stop, squeeze = _region_box(region, var.shape, name)
+        out = np.empty(tuple(b - a for a, b in zip(start, stop)), dtype=var.dtype)
+        self._reader.read_into(var, start, stop, out)
+        return out.reshape(tuple(n for i, n in enumerate(out.shape) if i not in squeeze)) if squeeze else out
+
+    def verify(self, progress=None) -> list[str]:
+        """Check every chunk's presence, length and checksum; the list of problems found (empty when sound)."""
+        problems = []
+        for var in self.meta.variables.values():
+            problems.extend(self._reader.verify_variable(var, progress))
+        return problems
+
+    def close(self) -> None:
+        self._reader.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _region_box(region, shape, name):
+    """Turn a user's region into (start, stop, axes to squeeze), clipping like numpy slicing."""
+    if region is None:
+        return (0,) * len(shape), tuple(shape), ()
+    if not isinstance(region, tuple):
+        region = (region,) if isinstance(region, (slice, int, np.integer)) else tuple(region)
+    if len(region) > len(shape):
+        raise CheckpointError(f"region has {len(region)} axes but {name!r} has {len(shape)}")
+    start, stop, squeeze = [], [], []
+    for axis, n in enumerate(shape):
+        r = region[axis] if axis < len(region) else slice(None)
+        if isinstance(r, slice):
+            a, b, step = r.indices(n)
+            if step != 1:
+                raise CheckpointError("regions are contiguous boxes: slice steps other than 1 are not supported")
+            b = max(a, b)
+        elif isinstance(r, (int, np.integer)):
+            a = int(r) + n if r < 0 else int(r)
+            if not 0 <= a < n:
+                raise CheckpointError(f"index {r} is out of bounds for axis {axis} of {name!r} (size {n})")
+            b = a + 1
+            squeeze.append(axis)
+        elif isinstance(r, (tuple, list)) and len(r) == 2:
+            a, b = int(r[0]), int(r[1])
+            if not 0 <= a <= b <= n:
+                raise CheckpointError(f"range {tuple(r)} is outside axis {axis} of {name!r} (size {n})")
+        else:
+            raise CheckpointError(f"cannot use {r!r} as a region of axis {axis}")
+        start.append(a)
+        stop.append(b)
+    return tuple(start), tuple(stop), tuple(squeeze)

@@ -1,0 +1,127 @@
+"""How an application describes its distributed state: Block, Ragged and plain values.
+
+A state is a flat dict.  ``Block`` and ``Ragged`` values are distributed (each
+rank holds a part of one global array); every other value is replicated and
+stored once, from rank 0.  This module turns those objects into small,
+JSON-able summaries that rank 0 plans with (see planning.py); it does no I/O
+and no MPI.  Construction never raises for bad data: problems are found inside
+the collective save/load, where every rank learns of them together.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import numpy as np
+
+from .encoding import dtype_to_json
+from .errors import TemplateMismatchError
+
+
+class Block:
+    """This rank's rectangular part of a global N-d array.
+
+    ``local`` is a numpy array (any layout: C, Fortran or strided views),
+    ``offset`` the global index of its first element, ``global_shape`` the
+    shape of the whole array.  Blocks of all ranks must tile the global array
+    without overlap; a rank may hold an empty block.  ``Block(a)`` alone means
+    the rank holds the whole array (for single-process use).  On load the
+    block is filled in place.
+    """
+
+    def __init__(self, local, offset=None, global_shape=None):
+        self.local = local
+        shape = getattr(local, "shape", ())
+        self.offset = tuple(offset) if offset is not None else (0,) * len(shape)
+        self.global_shape = tuple(global_shape) if global_shape is not None else tuple(shape)
+
+    def __repr__(self) -> str:
+        shape = getattr(self.local, "shape", None)
+        return f"Block(local shape {shape}, offset={self.offset}, global_shape={self.global_shape})"
+
+
+class Ragged:
+    """This rank's rows (first axis) of a global table, concatenated in rank order.
+
+    At save, ``local`` holds the rows (None for none).  At load, ``Ragged()``
+    asks for an even split of the rows and ``Ragged(rows=k)`` for k rows; the
+    counts of all ranks must add up to the stored total.  Load returns a new
+    ``Ragged`` whose ``local`` holds the loaded rows.
+    """
+
+    def __init__(self, local=None, rows=None):
+        self.local = local
+        self.rows = rows
+
+    def __repr__(self) -> str:
+        shape = getattr(self.local, "shape", None)
+        return f"Ragged(local shape {shape}, rows={self.rows})"
+
+
+def is_distributed(value: Any) -> bool:
+    return isinstance(value, (Block, Ragged))
+
+
+def _check_array(name: str, arr, what: str) -> np.ndarray:
+    if not isinstance(arr, np.ndarray):
+        raise TemplateMismatchError(f"variable {name!r}: {what} must be a numpy array, got {type(arr).__name__}")
+    if arr.dtype.hasobject:
+        raise TemplateMismatchError(f"variable {name!r}: dtype {arr.dtype} holds Python objects (not storable)")
+    return arr
+
+
+def _int_tuple(name: str, what: str, values) -> tuple[int, ...]:
+    try:
+        return tuple(operator.index(v) for v in values)
+    except TypeError:
+        raise TemplateMismatchError(f"variable {name!r}: {what} must be a sequence of integers") from None
+
+
+def block_box(name: str, block: Block) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The global box ``[start, stop)`` this rank's block covers, after local validation."""
+    arr = _check_array(name, block.local, "the local part of a Block")
+    offset = _int_tuple(name, "offset", block.offset)
+    gshape = _int_tuple(name, "global_shape", block.global_shape)
+    if not (len(offset) == len(gshape) == arr.ndim):
+        raise TemplateMismatchError(
+            f"variable {name!r}: local array has {arr.ndim} dimensions, offset {len(offset)}, "
+            f"global_shape {len(gshape)}")
+    stop = tuple(o + s for o, s in zip(offset, arr.shape))
+    if any(o < 0 for o in offset) or any(g < 0 for g in gshape) or (arr.size and any(
+            e > g for e, g in zip(stop, gshape))):
+        raise TemplateMismatchError(
+            f"variable {name!r}: block at offset {offset} with shape {arr.shape} does not fit in "
+            f"global shape {gshape}")
+    if arr.size == 0:  # an empty block places nothing; normalise it so tiling checks ignore it
+        offset = tuple(min(o, g) for o, g in zip(offset, gshape))
+        stop = offset
+    return offset, stop
+
+
+def summarize_for_save(name: str, value) -> dict:
+    """The small description of one distributed variable that rank 0 plans the save with."""
+    if isinstance(value, Block):
+        start, stop = block_box(name, value)
+        return {"kind": "block", "dtype": dtype_to_json(value.local.dtype), "shape": list(value.global_shape),
+                "start": list(start), "stop": list(stop)}
+    local = value.local
+    if local is None:
+        return {"kind": "ragged", "dtype": None, "trailing": None, "rows": 0}
+    arr = _check_array(name, np.asarray(local), "the local rows of a Ragged")
+    if arr.ndim == 0:
+        raise TemplateMismatchError(f"variable {name!r}: Ragged rows need at least one axis")
+    return {"kind": "ragged", "dtype": dtype_to_json(arr.dtype), "trailing": list(arr.shape[1:]),
+            "rows": int(arr.shape[0])}
+
+
+def split_state(state) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Split a state dict into (distributed variables, replicated values)."""
+    if not isinstance(state, dict):
+        raise TemplateMismatchError(f"the state must be a dict, got {type(state).__name__}")
+    distributed, replicated = {}, {}
+    for name, value in state.items():
+        if not isinstance(name, str) or not name or len(name) > 1024:
+            raise TemplateMismatchError(f"state keys must be non-empty strings, got {name!r}")
+        (distributed if is_distributed(value) else replicated)[name] = value
+    return distributed, replicated

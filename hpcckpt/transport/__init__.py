@@ -1,0 +1,1 @@
+"""Transports: how the chunks of all ranks reach the storage.  Only file-per-rank for now."""
