@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import os
+import time
 import warnings
 
 from ._mpi import agree, on_root, resolve_comm
 from .catalog import check_step, current, list_versions, new_version_name, remove_versions, removable
 from .errors import CheckpointError, CorruptCheckpointError
 from .loading import load_version
+from .pacing import Pacer
 from .saving import SaveOptions, SaveResult, save_version
 
 
@@ -19,9 +21,20 @@ class Checkpointer:
     after each successful save); ``options`` are the defaults for every save
     (see :class:`hpcckpt.saving.SaveOptions`).  All methods are collective over
     ``comm``: every rank calls them in the same order.
+
+    When to save can be left to :meth:`maybe_save`: ``policy`` (an
+    ``hpcckpt.policy`` object; default ``Learned``: Daly's interval with the
+    failure rate learned from the history kept under ``root``, ``mtbf`` seconds
+    as its prior), ``deadline`` (epoch seconds; default SLURM_JOB_END_TIME),
+    ``handle_signals`` (SIGUSR1/SIGTERM request a final checkpoint; handlers
+    installed now if True, at the first ``should_save``/``maybe_save`` if None,
+    never if False) and ``track_failures`` (record job starts and clean ends
+    under ``root``; call :meth:`close` at the end, or the run counts as failed).
     """
 
-    def __init__(self, root, comm=None, keep: int | None = None, **options):
+    def __init__(self, root, comm=None, keep: int | None = None, *, policy=None, mtbf: float | None = None,
+                 deadline: float | None = None, handle_signals: bool | None = None,
+                 track_failures: bool = True, **options):
         self.root = os.fspath(root)
         self.comm = resolve_comm(comm)
         if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 1):
@@ -31,6 +44,9 @@ class Checkpointer:
         self.last_restored: str | None = None
         self._closed = False
         agree(self.comm, f"creating {self.root!r}", lambda: on_root(self.comm, lambda: os.makedirs(self.root, exist_ok=True)))
+        self.pacer = agree(self.comm, f"starting the checkpoint policy under {self.root!r}", lambda: Pacer(
+            self.comm, self.root, policy=policy, mtbf=mtbf, deadline=deadline, handle_signals=handle_signals,
+            track_failures=track_failures))
 
     def _live(self) -> list:
         self._check_open()
@@ -53,10 +69,28 @@ class Checkpointer:
         opts = SaveOptions.from_kwargs(**{**self.options.__dict__, **options})
         name = agree(self.comm, what, lambda: on_root(self.comm, lambda: self._prepare(check_step(step))))
         name = self.comm.bcast(name, root=0)
+        t0 = time.perf_counter()
         result = save_version(state, os.path.join(self.root, name), self.comm, opts, step=step)
+        self.pacer.record_save(step, time.perf_counter() - t0)
         agree(self.comm, what, lambda: on_root(self.comm, lambda: remove_versions(
             removable(list_versions(self.root), self.keep))))
         return result
+
+    def should_save(self, step: int) -> bool:
+        """Collective: whether to checkpoint at this step (interval due, deadline near, or a signal).
+
+        Rank 0's clock decides; a signal on any rank counts; one small allreduce.
+        """
+        self._check_open()
+        return self.pacer.decide(step) is not None
+
+    def maybe_save(self, state, step: int, **options) -> SaveResult | None:
+        """Save if :meth:`should_save` says so; the SaveResult, or None when no save was due."""
+        return self.save(state, step, **options) if self.should_save(step) else None
+
+    def should_exit(self) -> bool:
+        """True on every rank once a decision was taken for a signal or the deadline: stop cleanly now."""
+        return self.pacer.final_reason is not None
 
     def _prepare(self, step: int) -> str:
         """Clear leftovers of interrupted saves (rank 0) and pick the new version's directory name."""
@@ -92,8 +126,11 @@ class Checkpointer:
         raise CheckpointError(f"no valid checkpoint under {self.root!r}: every version is damaged ({skipped})")
 
     def close(self) -> None:
-        """Finish: later calls raise.  (Collective, so that future asynchronous saves can drain here.)"""
+        """Collective: record a clean end in the failure history, restore signal handlers; later calls raise."""
+        if self._closed:
+            return
         self._closed = True
+        self.pacer.close()
 
     def _check_open(self) -> None:
         if self._closed:

@@ -1,0 +1,96 @@
+"""When a Checkpointer saves: the collective side of the interval policy (hpcckpt.policy).
+
+The decision logic itself is pure (policy.Schedule); this module adds what needs
+a communicator, a clock and the process: rank 0's clock decides, a signal
+caught on any rank counts for all, the failure history under the checkpoint
+root is updated by rank 0 only, and the answer costs one small allreduce.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import warnings
+
+from ._mpi import agree, on_root
+from .policy import FailureHistory, Learned, Schedule, SignalFlag, end_time_from_env
+from .policy.policies import Policy
+
+#: Codes of the decision allreduce (MAX wins): a signal beats a deadline beats the interval.
+_NONE, _INTERVAL, _DEADLINE, _SIGNAL = 0, 1, 2, 3
+_REASONS = {_NONE: None, _INTERVAL: "interval", _DEADLINE: "deadline", _SIGNAL: "signal"}
+
+
+class Pacer:
+    """The per-job state behind ``Checkpointer.should_save/maybe_save/should_exit``.
+
+    ``policy``: a policy object (default ``Learned`` with ``mtbf`` as prior),
+    ``deadline``: epoch seconds (default SLURM_JOB_END_TIME), ``handle_signals``:
+    install SIGUSR1/SIGTERM handlers now (True), at the first decision (None) or
+    never (False); ``track_failures``: keep the failure history under ``root``.
+    """
+
+    def __init__(self, comm, root: str, policy: Policy | None = None, mtbf: float | None = None,
+                 deadline: float | None = None, handle_signals: bool | None = None,
+                 track_failures: bool = True):
+        self.comm = comm
+        self.root = root
+        self.signals = SignalFlag()
+        self.handle_signals = handle_signals
+        self.final_reason: str | None = None
+        self.history = None
+        self.schedule = None
+        if handle_signals:
+            self.signals.install()
+        if comm.Get_rank() == 0:
+            if track_failures:
+                self.history = FailureHistory.load(root)
+                self.history.job_start(time.time(), job_id=os.environ.get("SLURM_JOB_ID"),
+                                       restart_count=_restart_count())
+            policy = policy if policy is not None else Learned(prior_mtbf=mtbf, history=self.history)
+            end = deadline if deadline is not None else end_time_from_env()
+            self.schedule = Schedule(policy, mtbf=mtbf if not isinstance(policy, Learned) else None,
+                                     deadline=end, start_time=time.time())
+
+    def decide(self, step: int) -> str | None:
+        """Collective: why to save now ('signal', 'deadline', 'interval') or None, the same on every rank."""
+        if self.handle_signals is None and not self.signals.installed:
+            self.signals.install()
+        mine = _SIGNAL if self.signals.is_set else _NONE
+        if self.schedule is not None:  # rank 0
+            try:
+                d = self.schedule.decide(time.time(), step, signalled=False)
+                mine = max(mine, {"deadline": _DEADLINE, "interval": _INTERVAL}.get(d.reason, _NONE))
+            except Exception as exc:  # noqa: BLE001 - a policy bug must not leave the other ranks waiting
+                warnings.warn(f"hpcckpt: the checkpoint policy failed ({exc}); not saving at step {step}")
+        code = mine if self.comm.Get_size() == 1 else self.comm.allreduce(mine, op=_mpi_max())
+        reason = _REASONS[code]
+        if reason in ("signal", "deadline"):
+            self.final_reason = reason
+        return reason
+
+    def record_save(self, step: int, blocking_seconds: float) -> None:
+        """Feed the measured blocking cost of a save (rank 0's) to the schedule and the history."""
+        if self.schedule is not None:
+            now = time.time()
+            self.schedule.record_save(now, step, blocking_seconds)
+            if self.history is not None:
+                self.history.heartbeat(now)
+
+    def close(self) -> None:
+        """Record a clean end of this run (the job stopped on purpose) and restore the signal handlers."""
+        self.signals.uninstall()
+        agree(self.comm, f"closing the failure history under {self.root!r}", lambda: on_root(
+            self.comm, lambda: self.history and self.history.clean_end(time.time(), self.final_reason or "completed")))
+
+
+def _mpi_max():
+    from mpi4py import MPI
+
+    return MPI.MAX
+
+
+def _restart_count() -> int | None:
+    """SLURM_RESTART_COUNT as an int (None outside SLURM or when unparsable)."""
+    raw = os.environ.get("SLURM_RESTART_COUNT", "")
+    return int(raw) if raw.strip().isdigit() else None
