@@ -70,7 +70,7 @@ class Checkpointer:
         name = agree(self.comm, what, lambda: on_root(self.comm, lambda: self._prepare(check_step(step))))
         name = self.comm.bcast(name, root=0)
         t0 = time.perf_counter()
-        result = save_version(state, os.path.join(self.root, name), self.comm, opts, step=step)
+        result = save_version(state, os.path.join(self.root, name), self.comm, opts, step=step, io_root=self.root)
         self.pacer.record_save(step, time.perf_counter() - t0)
         agree(self.comm, what, lambda: on_root(self.comm, lambda: remove_versions(
             removable(list_versions(self.root), self.keep))))

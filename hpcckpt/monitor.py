@@ -11,6 +11,9 @@ class PhaseTimer:
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = {}
+        self.timeline: list[tuple[str, float, float]] = []  # (phase, start, end) in s since the timer began
+        self.started = time.time()
+        self._t0 = time.perf_counter()
 
     @contextmanager
     def phase(self, name: str):
@@ -18,4 +21,7 @@ class PhaseTimer:
         try:
             yield
         finally:
-            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - t0
+            t1 = time.perf_counter()
+            self.seconds[name] = self.seconds.get(name, 0.0) + t1 - t0
+            if len(self.timeline) < 64:  # per-piece phases (hash) repeat: keep the record small
+                self.timeline.append((name, t0 - self._t0, t1 - self._t0))

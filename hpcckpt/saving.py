@@ -17,7 +17,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ._mpi import agree, on_root
-from .arrays import global_pieces
+from .arrays import byte_view, global_pieces
+from .checksum import checksum
+from .codecs.pipeline import EncodedPieces, check_codec_option, codec_summary, decide_codecs
 from .encoding import dtype_from_json, encode_value
 from .errors import CheckpointError
 from .metadata import METADATA_FILE, ChunkTable, Metadata, Variable
@@ -25,20 +27,40 @@ from .monitor import PhaseTimer
 from .planning import plan_save
 from .state import split_state, summarize_for_save
 from .storage.posix import atomic_write, fsync_path
-from .transport.file_per_rank import write_rank_file
+from .transport import WRITERS, Piece, TransportContext
+from .transport import io_history
+from .transport.auto import choose_strategy
+from .transport.topology import node_layout
 
 DATA_DIR = "data"
 #: Default largest chunk: small enough that a reshard load reads little beyond
 #: what it needs, large enough that 100 GiB is fewer than 10,000 chunks.
 DEFAULT_CHUNK_BYTES = 16 << 20
+STRATEGIES = ("auto", *WRITERS)
 
 
 @dataclass(frozen=True)
 class SaveOptions:
-    """Options of a save (``hpcckpt.save(..., **options)`` and ``Checkpointer(..., **options)``)."""
+    """Options of a save (``hpcckpt.save(..., **options)`` and ``Checkpointer(..., **options)``).
+
+    ``strategy``: "auto" (default), "file-per-rank", "aggregated" or "shared-file"
+    (docs/io.md); ``aggregators``: aggregator count (default one per node);
+    ``aggregator_buffer``: the most bytes an aggregator holds at once;
+    ``max_writers``: at most this many ranks write at the same time;
+    ``ranks_per_node``: simulate nodes of this many ranks (also the environment
+    variable HPCCKPT_RANKS_PER_NODE); ``mpiio_hints``: MPI-IO hints for shared-file.
+    """
 
     chunk_bytes: int = DEFAULT_CHUNK_BYTES
     fsync: bool = True
+    strategy: str = "auto"
+    aggregators: int | None = None
+    aggregator_buffer: int = 64 << 20
+    max_writers: int | None = None
+    ranks_per_node: int | None = None
+    mpiio_hints: dict = field(default_factory=dict)
+    codec: object = "none"  # the default codec of variables that name none (docs/compression.md)
+    codec_threads: int | None = None  # compression threads per rank (default: min(4, cores))
 
     @classmethod
     def from_kwargs(cls, **kwargs) -> "SaveOptions":
@@ -47,8 +69,19 @@ class SaveOptions:
         if unknown:
             raise CheckpointError(f"unknown save option(s) {unknown}; known: {sorted(known)}")
         opts = cls(**kwargs)
-        if not isinstance(opts.chunk_bytes, int) or opts.chunk_bytes < 1:
-            raise CheckpointError(f"chunk_bytes must be a positive integer, got {opts.chunk_bytes!r}")
+        for name in ("chunk_bytes", "aggregator_buffer"):
+            value = getattr(opts, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise CheckpointError(f"{name} must be a positive integer, got {value!r}")
+        for name in ("aggregators", "max_writers", "ranks_per_node"):
+            value = getattr(opts, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise CheckpointError(f"{name} must be a positive integer or None, got {value!r}")
+        if opts.strategy not in STRATEGIES:
+            raise CheckpointError(f"unknown strategy {opts.strategy!r}; choose one of {list(STRATEGIES)}")
+        if not isinstance(opts.mpiio_hints, dict):
+            raise CheckpointError("mpiio_hints must be a dict of hint name -> value")
+        check_codec_option(opts.codec, opts.codec_threads)
         return opts
 
 
@@ -65,74 +98,120 @@ class SaveResult:
 
 
 def save_version(state, directory: str, comm, options: SaveOptions, step: int | None = None,
-                 extra: dict | None = None) -> SaveResult:
-    """Collectively write ``state`` into the (new or leftover-only) ``directory`` and commit it."""
+                 extra: dict | None = None, io_root: str | None = None) -> SaveResult:
+    """Collectively write ``state`` into the (new) ``directory`` and commit it.
+
+    ``io_root``: where bandwidth measurements for ``strategy="auto"`` are kept
+    (a Checkpointer's root), or None.
+    """
     rank = comm.Get_rank()
     timer = PhaseTimer()
     what = f"save of {directory!r}"
-
-    with timer.phase("describe"):
-        local = agree(comm, what, lambda: _describe(state, rank))
+    with timer.phase("plan"):
+        local = agree(comm, what, lambda: _describe(state, rank, options))
         summaries = comm.gather(local["summaries"], root=0)
-        plan = agree(comm, what, lambda: on_root(comm, lambda: _plan_and_prepare(summaries, directory)))
+        plan = agree(comm, what, lambda: on_root(comm, lambda: _plan_and_prepare(summaries, directory, options)))
         boxes = comm.scatter(plan[1] if plan else None, root=0)
+        codec_configs = comm.bcast(plan[2] if plan else None, root=0)
+        ctx, strategy = _transport(comm, directory, options, local["arrays"], io_root)
     try:
         with timer.phase("write"):
-            written = agree(comm, what, lambda: _write(local["arrays"], boxes, directory, rank, options))
+            pieces = _pieces(local["arrays"], boxes, options.chunk_bytes, timer,
+                             EncodedPieces.for_save(codec_configs, local["summaries"], options.codec_threads))
+            written = agree(comm, what, lambda: WRITERS[strategy](ctx, pieces))
+        stats = comm.gather({"seconds": timer.seconds, "timeline": timer.timeline, "bytes": written.nbytes}, root=0)
         with timer.phase("commit"):
-            tables = comm.gather(written, root=0)
+            tables = comm.gather(written.rows, root=0)
+            extra = {**(extra or {}), "strategy": strategy, "stats": on_root(comm, lambda: _stats(stats))}
             total = agree(comm, what, lambda: on_root(comm, lambda: _commit(
-                directory, plan[0], tables, local["values"], comm.Get_size(), step, extra or {}, options.fsync)))
+                directory, plan[0], tables, local["values"], comm.Get_size(), step, extra, options.fsync,
+                plan[2])))
             total = comm.bcast(total, root=0)
     except CheckpointError:
         if rank == 0:  # the directory is new (planning created it): drop the partial version
             shutil.rmtree(directory, ignore_errors=True)
         raise
-    return SaveResult(path=directory, step=step, bytes_written=total[0], nchunks=total[1], timings=timer.seconds)
+    if rank == 0:
+        io_history.record(io_root, strategy, comm.Get_size(), total[0], max(s["seconds"]["write"] for s in stats))
+    return SaveResult(path=directory, step=step, bytes_written=total[0], nchunks=total[1], timings=timer.seconds,
+                      strategy=strategy)
 
 
-def _describe(state, rank: int) -> dict:
-    distributed, replicated = split_state(state)
-    summaries = {name: summarize_for_save(name, value) for name, value in distributed.items()}
-    arrays = {name: value.local for name, value in distributed.items()}
-    values = {name: encode_value(v, repr(name)) for name, v in replicated.items()} if rank == 0 else None
-    return {"summaries": summaries, "arrays": arrays, "values": values}
+def _transport(comm, directory: str, options: SaveOptions, arrays: dict, io_root: str | None):
+    """The transport context and the strategy (auto resolved the same way on every rank)."""
+    needs_layout = options.strategy in ("auto", "aggregated")
+    layout = node_layout(comm, options.ranks_per_node) if needs_layout else None
+    strategy = options.strategy
+    if strategy == "auto":
+        local_bytes = sum(np.asarray(a).nbytes for a in arrays.values() if a is not None)
+        total = comm.allreduce(local_bytes)
+        history = comm.bcast(io_history.read(io_root) if comm.Get_rank() == 0 else None, root=0)
+        strategy = choose_strategy(comm.Get_size(), total / comm.Get_size(), layout.max_ranks_per_node, history)
+    ctx = TransportContext(comm=comm, directory=directory, layout=layout, max_writers=options.max_writers,
+                           aggregators=options.aggregators, aggregator_buffer=options.aggregator_buffer,
+                           mpiio_hints=options.mpiio_hints, fsync=options.fsync)
+    return ctx, strategy
 
 
-def _plan_and_prepare(summaries, directory: str):
-    variables, boxes = plan_save(summaries)
-    os.makedirs(os.path.join(directory, DATA_DIR), exist_ok=False)
-    return variables, boxes
-
-
-def _write(arrays: dict, boxes: dict, directory: str, rank: int, options: SaveOptions):
+def _pieces(arrays: dict, boxes: dict, chunk_bytes: int, timer: PhaseTimer, encoder: EncodedPieces):
+    """This rank's chunks as checksummed Pieces (encoded by their codec), produced lazily as the transport consumes them."""
     items = {}
     for name, local in arrays.items():
         arr = np.asarray(local) if local is not None else None
         if arr is not None and arr.size:
             items[name] = (arr, boxes[name][0])
-    name = f"{DATA_DIR}/part-{rank:06d}.bin"
-    return write_rank_file(directory, name, global_pieces(items, options.chunk_bytes), fsync=options.fsync)
+    for variable, start, count, arr in encoder.wrap(global_pieces(items, chunk_bytes), timer):
+        payload = byte_view(arr)
+        with timer.phase("hash"):
+            digest = checksum(payload)
+        yield Piece(variable, start, count, payload, digest)
 
 
-def _commit(directory: str, variables, tables, values, nranks: int, step, extra: dict, fsync: bool):
+def _stats(per_rank: list[dict]) -> dict:
+    """The per-rank phase timings and bytes stored with the version (small: a few numbers per rank)."""
+    phases = sorted({p for s in per_rank for p in s["seconds"]})
+    return {"phases": {p: [round(s["seconds"].get(p, 0.0), 6) for s in per_rank] for p in phases},
+            "bytes": [s["bytes"] for s in per_rank],
+            "timeline": [[[name, round(a, 6), round(b, 6)] for name, a, b in s["timeline"]] for s in per_rank]}
+
+
+def _describe(state, rank: int, options: SaveOptions) -> dict:
+    distributed, replicated = split_state(state)
+    summaries = {name: summarize_for_save(name, value) for name, value in distributed.items()}
+    for name, value in distributed.items():
+        summaries[name]["codec"] = codec_summary(value, summaries[name], options.codec)
+    arrays = {name: value.local for name, value in distributed.items()}
+    values = {name: encode_value(v, repr(name)) for name, v in replicated.items()} if rank == 0 else None
+    return {"summaries": summaries, "arrays": arrays, "values": values}
+
+
+def _plan_and_prepare(summaries, directory: str, options: SaveOptions):
+    variables, boxes = plan_save(summaries)
+    codecs = decide_codecs(variables, summaries, options.codec_threads)
+    os.makedirs(os.path.join(directory, DATA_DIR), exist_ok=False)
+    return variables, boxes, codecs
+
+
+def _commit(directory: str, variables, tables, values, nranks: int, step, extra: dict, fsync: bool,
+            codecs: dict | None = None):
     files: list[str] = []
+    index: dict[str, int] = {}
     rows: dict[str, list] = {name: [] for name in variables}
     total = nchunks = 0
-    for written in tables:
-        if written.name is None:
-            continue
-        index = len(files)
-        files.append(written.name)
-        total += written.nbytes
-        nchunks += len(written.rows)
-        for variable, offset, nbytes, digest, start, count in written.rows:
-            rows[variable].append((index, offset, nbytes, digest, start, count))
+    for rank_rows in tables:
+        for variable, file, offset, nbytes, digest, start, count in rank_rows:
+            if file not in index:
+                index[file] = len(files)
+                files.append(file)
+            rows[variable].append((index[file], offset, nbytes, digest, start, count))
+            total += nbytes
+            nchunks += 1
     meta = Metadata(
         step=step, files=files, nranks=nranks,
         created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         variables={name: Variable(name=name, kind=plan.kind, dtype=dtype_from_json(plan.dtype), shape=plan.shape,
-                                  chunks=ChunkTable.from_rows(rows[name], len(plan.shape)))
+                                  chunks=ChunkTable.from_rows(rows[name], len(plan.shape)),
+                                  codec=(codecs or {}).get(name, {"id": "none"}))
                    for name, plan in variables.items()},
         values=values, extra=extra)
     if fsync:

@@ -8,42 +8,48 @@ number of ranks.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
 
-from ..arrays import byte_view
-from ..checksum import checksum
 from ..storage.posix import create_exclusive, write_all
+from .base import TransportContext, Written
+from .throttle import write_turn
 
 
-@dataclass
-class WrittenFile:
-    """What one rank wrote: the file name (None if it had nothing) and one row per chunk."""
+class SequentialFile:
+    """A new data file written front to back; opened lazily so that a rank with nothing creates nothing."""
 
-    name: str | None
-    rows: list[tuple] = field(default_factory=list)  # (variable, offset, nbytes, checksum, start, count)
-    nbytes: int = 0
+    def __init__(self, directory: str, name: str, fsync: bool):
+        self.directory, self.name, self.fsync = directory, name, fsync
+        self.fd: int | None = None
+        self.offset = 0
 
+    def append(self, buffer) -> int:
+        """Write ``buffer`` at the end; return the offset it starts at."""
+        if self.fd is None:
+            self.fd = create_exclusive(os.path.join(self.directory, self.name))
+        start = self.offset
+        self.offset += write_all(self.fd, buffer)
+        return start
 
-def write_rank_file(directory: str, name: str, pieces, fsync: bool = True) -> WrittenFile:
-    """Write ``pieces`` ((variable, global start, count, C-contiguous array) tuples) into ``directory/name``.
-
-    Each piece is checksummed and written from the caller's memory; the file
-    is fsynced before returning.  A rank without pieces creates no file.
-    """
-    out = WrittenFile(name=None)
-    fd = None
-    try:
-        for variable, start, count, arr in pieces:
-            data = byte_view(arr)
-            if fd is None:
-                fd = create_exclusive(os.path.join(directory, name))
-                out.name = name
-            out.rows.append((variable, out.nbytes, int(data.nbytes), checksum(data), tuple(start), tuple(count)))
-            out.nbytes += write_all(fd, data)
-        if fd is not None and fsync:
-            os.fsync(fd)
-    finally:
+    def close(self) -> None:
+        """fsync (if asked) and close; safe to call twice and after a failure."""
+        fd, self.fd = self.fd, None
         if fd is not None:
-            os.close(fd)
-    return out
+            try:
+                if self.fsync:
+                    os.fsync(fd)
+            finally:
+                os.close(fd)
 
+
+def write_file_per_rank(ctx: TransportContext, pieces) -> Written:
+    """Write this rank's pieces into ``data/part-<rank>.bin``, one wave of ``max_writers`` at a time."""
+    rank = ctx.comm.Get_rank()
+    out = Written()
+    target = SequentialFile(ctx.directory, f"data/part-{rank:06d}.bin", ctx.fsync)
+    with write_turn(ctx.comm, list(range(ctx.comm.Get_size())), ctx.max_writers):
+        try:
+            for piece in pieces:
+                out.add(piece.header(), target.name, target.append(piece.payload))
+        finally:
+            target.close()
+    return out
