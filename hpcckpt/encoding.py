@@ -77,15 +77,15 @@ def _tuplify(descr):
 
 def encode_value(value: Any, where: str = "value") -> Any:
     """The JSON form of a replicated value; CheckpointError for what cannot be stored as data."""
+    if isinstance(value, np.generic):  # first: np.float64 is a float and np.str_ a str, but they keep their type
+        arr = np.asarray(value)
+        return {TAG: "scalar", "dtype": dtype_to_json(arr.dtype), "data": _b64(arr)}
     if value is None or isinstance(value, (bool, str)):
         return value
-    if isinstance(value, int) and not isinstance(value, np.integer):
+    if isinstance(value, int):
         return value
     if isinstance(value, float):
         return value if math.isfinite(value) else {TAG: "float", "value": repr(value)}
-    if isinstance(value, np.generic):
-        arr = np.asarray(value)
-        return {TAG: "scalar", "dtype": dtype_to_json(arr.dtype), "data": _b64(arr)}
     if isinstance(value, np.ndarray):
         if value.nbytes > MAX_VALUE_ARRAY_BYTES:
             raise CheckpointError(f"{where}: a {value.nbytes}-byte array is too large for a replicated value; "

@@ -60,8 +60,8 @@ def tiling_problem(starts: np.ndarray, stops: np.ndarray, shape: Sequence[int], 
     ("the block of rank" gives "the block of rank 3 [0:5, 0:4] ...").
     """
     shape_arr = np.asarray(shape, dtype=np.int64)
-    starts = np.asarray(starts, dtype=np.int64).reshape(-1, len(shape_arr))
-    stops = np.asarray(stops, dtype=np.int64).reshape(-1, len(shape_arr))
+    starts = _as_boxes(starts, len(shape_arr))
+    stops = _as_boxes(stops, len(shape_arr))
     if len(starts) and (np.any(starts < 0) or np.any(stops < starts) or np.any(stops > shape_arr)):
         bad = int(np.nonzero(np.any((starts < 0) | (stops < starts) | (stops > shape_arr), axis=1))[0][0])
         return f"{label} {bad} [{_fmt(starts[bad], stops[bad])}] lies outside the global shape {tuple(shape_arr.tolist())}"
@@ -82,6 +82,14 @@ def tiling_problem(starts: np.ndarray, stops: np.ndarray, shape: Sequence[int], 
     if covered != total:
         return f"together they cover {covered} of {total} elements: there is a gap"
     return None
+
+
+def _as_boxes(values, ndim: int) -> np.ndarray:
+    """``values`` as an ``(n, ndim)`` int64 array (``reshape(-1, 0)`` cannot infer n for 0-d arrays)."""
+    arr = np.asarray(values, dtype=np.int64)
+    if arr.ndim == 2:
+        return arr.reshape(arr.shape[0], ndim)
+    return arr.reshape(-1, ndim) if ndim else arr.reshape(0, 0)
 
 
 def _first_overlap(starts: np.ndarray, stops: np.ndarray) -> tuple[int, int] | None:

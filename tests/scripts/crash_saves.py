@@ -1,0 +1,106 @@
+"""A loop of Checkpointer saves that a test kills with SIGKILL (driven by tests/test_crash.py).
+
+    mpiexec -n N python crash_saves.py ROOT MODE NSTEPS [KILL_RANK KILL_AT]
+
+MODE "save": restore the newest committed step if there is one (checking its
+data), then save steps start..start+NSTEPS-1 with data derived from the step;
+print "SAVED k" (rank 0) after each save returns.  Each rank writes its pid to
+ROOT/../pids/<rank> first so that the test can kill it from outside.  With
+KILL_RANK/KILL_AT, that rank SIGKILLs itself just before its KILL_AT-th
+file-system call among write/fsync/replace/rename/unlink/rmdir/mkdir (inside a
+data write, before an fsync, before the metadata rename, during retention...).
+
+MODE "restore": restore the newest committed step, check its data exactly,
+print "RESTORED k", then save step k+1 (which must clean leftovers) and print
+"SAVED k+1".
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+import numpy as np
+
+SHAPE = (64, 96)
+
+
+def global_data(step: int) -> np.ndarray:
+    return (np.arange(SHAPE[0] * SHAPE[1], dtype=np.float64).reshape(SHAPE) * 1.5 + step * 1e6)
+
+
+def rows(n: int, r: int):
+    return r * SHAPE[0] // n, (r + 1) * SHAPE[0] // n
+
+
+def state_for(comm, step: int):
+    import hpcckpt
+
+    lo, hi = rows(comm.Get_size(), comm.Get_rank())
+    g = global_data(step)
+    return {"u": hpcckpt.Block(g[lo:hi].copy(), (lo, 0), SHAPE),
+            "p": hpcckpt.Ragged(np.full((comm.Get_rank() + 1, 3), step, np.int64)), "step": step}
+
+
+def restore(comm, ck) -> int | None:
+    import hpcckpt
+
+    step = ck.latest()
+    if step is None:
+        return None
+    lo, hi = rows(comm.Get_size(), comm.Get_rank())
+    out = np.zeros((hi - lo, SHAPE[1]))
+    got = ck.restore({"u": hpcckpt.Block(out, (lo, 0), SHAPE), "p": hpcckpt.Ragged(), "step": None})
+    assert got["step"] == step, (got["step"], step)
+    assert np.array_equal(out, global_data(step)[lo:hi]), f"rank {comm.Get_rank()}: data of step {step} differ"
+    assert np.all(got["p"].local == step), "ragged rows of another step"
+    return step
+
+
+def arm_kill(at: int) -> None:
+    calls = {"n": 0}
+
+    def wrap(fn):
+        def wrapped(*args, **kwargs):
+            calls["n"] += 1
+            if calls["n"] >= at:
+                os.kill(os.getpid(), signal.SIGKILL)
+            return fn(*args, **kwargs)
+        return wrapped
+
+    for name in ("write", "pwrite", "fsync", "replace", "rename", "unlink", "rmdir", "mkdir"):
+        if hasattr(os, name):
+            setattr(os, name, wrap(getattr(os, name)))
+
+
+def main(argv) -> int:
+    from mpi4py import MPI
+
+    import hpcckpt
+
+    comm = MPI.COMM_WORLD
+    root, mode, nsteps = argv[1], argv[2], int(argv[3])
+    pid_dir = os.path.join(os.path.dirname(os.path.abspath(root)), "pids")
+    os.makedirs(pid_dir, exist_ok=True)
+    with open(os.path.join(pid_dir, str(comm.Get_rank())), "w") as f:
+        f.write(str(os.getpid()))
+    comm.Barrier()
+    ck = hpcckpt.Checkpointer(root, comm=comm, keep=2, chunk_bytes=8192, strategy="file-per-rank")
+    step = restore(comm, ck)
+    if mode == "restore":
+        if comm.Get_rank() == 0:
+            print(f"RESTORED {step}", flush=True)
+    if len(argv) > 5 and comm.Get_rank() == int(argv[4]):
+        arm_kill(int(argv[5]))
+    start = 0 if step is None else step + 1
+    for k in range(start, start + nsteps):
+        ck.save(state_for(comm, k), step=k)
+        if comm.Get_rank() == 0:
+            print(f"SAVED {k}", flush=True)
+    ck.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

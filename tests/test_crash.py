@@ -1,0 +1,145 @@
+"""SIGKILL one rank at random moments of a loop of saves, then restart (maybe on another rank count).
+
+Two ways to kill: the victim rank kills itself just before its k-th file-system
+call (a seeded schedule: inside a data write, before an fsync, before the
+metadata rename, during retention), or the test kills a random rank's pid after
+a random delay.  Afterwards: mpiexec has terminated (MPICH's hydra aborts the
+job), the newest committed version is one whose save finished or was being
+committed, its data are exactly that step's, the partial version is invisible,
+and the next save cleans the leftovers.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import hpcckpt
+from hpcckpt.catalog import current, list_versions
+from mpitools import ROOT, mpiexec_path, run_mpi
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SCRIPT = os.path.join(HERE, "scripts", "crash_saves.py")
+BASE = int(os.environ.get("HPCCKPT_TEST_SEED", "0"))
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def global_data(step):
+    return np.arange(64 * 96, dtype=np.float64).reshape(64, 96) * 1.5 + step * 1e6
+
+
+def presave(root: str, nsteps: int) -> None:
+    spec = importlib.util.spec_from_file_location("crash_saves", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    comm = hpcckpt._mpi.SerialComm()
+    ck = hpcckpt.Checkpointer(root, comm=comm, keep=2, chunk_bytes=8192)
+    for k in range(nsteps):
+        ck.save(mod.state_for(comm, k), step=k)
+
+
+def saved_steps(stdout: str) -> list[int]:
+    return [int(line.split()[1]) for line in stdout.splitlines() if line.startswith("SAVED ")]
+
+
+def check_after_crash(root: str, last_saved: int | None) -> int | None:
+    """The committed versions are sound; the newest is the last finished save or the one being committed."""
+    entries = list_versions(root)
+    live = current(entries)
+    latest = live[-1].step if live else None
+    allowed = {None, 0} if last_saved is None else {last_saved, last_saved + 1}
+    assert latest in allowed, (latest, last_saved, entries)
+    if latest is not None:
+        with hpcckpt.open(live[-1].path) as view:
+            assert view.verify() == []
+            assert view.values["step"] == latest
+            assert np.array_equal(view.read("u"), global_data(latest))
+    ck = hpcckpt.Checkpointer(root, comm=hpcckpt._mpi.SerialComm())
+    assert ck.latest() == latest  # partial versions never count
+    return latest
+
+
+def restart(root: str, nranks: int, latest: int | None) -> None:
+    proc = run_mpi(nranks, SCRIPT, root, "restore", 1, timeout=120)
+    assert f"RESTORED {latest}" in proc.stdout, proc.stdout
+    new = 0 if latest is None else latest + 1
+    assert saved_steps(proc.stdout) == [new]
+    entries = list_versions(root)
+    assert all(e.committed for e in entries), entries  # the save cleaned every leftover
+    assert current(entries)[-1].step == new
+
+
+def _run_until_killed(cmd, env, timeout):
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"mpiexec did not terminate after a SIGKILL within {timeout} s: {exc.stdout!r} {exc.stderr!r}")
+
+
+def _env():
+    return dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+
+
+@pytest.mark.parametrize("seed", [BASE + k for k in range(5)])
+def test_kill_at_seeded_io_call(tmp_path, seed):
+    rng = random.Random(seed)
+    nranks = rng.choice([2, 3])
+    victim = rng.randrange(nranks)
+    kill_at = rng.randint(1, 60)
+    root = str(tmp_path / "root")
+    # two versions saved before (here, by one plain process), so that there is something to protect
+    presave(root, 2)
+    cmd = [mpiexec_path(), "-n", str(nranks), sys.executable, SCRIPT, root, "save", 6, victim, kill_at]
+    proc = _run_until_killed(list(map(str, cmd)), _env(), timeout=90)
+    saved = saved_steps(proc.stdout)
+    if proc.returncode == 0:  # the schedule fell after the last save: nothing was killed
+        assert saved == list(range(2, 8))
+    last = saved[-1] if saved else 1
+    latest = check_after_crash(root, last)
+    print(f"{nranks} ranks, rank {victim} killed at call {kill_at}: exit {proc.returncode}, saved {saved}, "
+          f"latest {latest}, partial {[e.name for e in list_versions(root) if not e.committed]}")
+    assert latest >= 1  # the versions committed before the crashed run are still there
+    restart(root, rng.choice([1, 2, 3, 4]), latest)
+
+
+@pytest.mark.parametrize("seed", [BASE + k for k in range(2)])
+def test_kill_random_rank_after_random_delay(tmp_path, seed):
+    rng = random.Random(1000 + seed)
+    nranks = rng.choice([2, 3])
+    root = str(tmp_path / "root")
+    pid_dir = tmp_path / "pids"
+    cmd = [mpiexec_path(), "-n", str(nranks), sys.executable, SCRIPT, root, "save", 400]
+    proc = subprocess.Popen(list(map(str, cmd)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=_env(), cwd=ROOT)
+    try:
+        deadline = time.time() + 60
+        while time.time() < deadline and not (pid_dir.exists() and len(os.listdir(pid_dir)) == nranks):
+            time.sleep(0.05)
+        assert len(os.listdir(pid_dir)) == nranks, "the ranks never started"
+        time.sleep(rng.uniform(1.0, 3.0))  # startup plus a few saves
+        victim = rng.randrange(nranks)
+        os.kill(int((pid_dir / str(victim)).read_text()), signal.SIGKILL)
+        out, err = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        pytest.fail(f"mpiexec did not terminate after SIGKILL of a rank: {out!r} {err!r}")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode != 0, "the job finished 400 saves before the kill; make the delay shorter"
+    saved = saved_steps(out)
+    latest = check_after_crash(root, saved[-1] if saved else None)
+    print(f"{nranks} ranks, rank {victim} killed: saved {saved[-3:]}, latest {latest}, "
+          f"partial {[e.name for e in list_versions(root) if not e.committed]}")
+    restart(root, rng.choice([1, 2, 3, 4]), latest)

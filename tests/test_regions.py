@@ -1,0 +1,200 @@
+"""Pure box arithmetic (hpcckpt.regions): property tests against brute-force references."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hpcckpt.regions import contiguous_pieces, even_rows, intersect, overlapping, tiling_problem, volume
+from decompositions import covered_count, decompositions, shapes
+
+SETTINGS = settings(max_examples=150, deadline=None)
+
+
+@st.composite
+def box_in(draw, shape):
+    start, stop = [], []
+    for n in shape:
+        a = draw(st.integers(0, n))
+        b = draw(st.integers(a, n))
+        start.append(a)
+        stop.append(b)
+    return tuple(start), tuple(stop)
+
+
+def cells(box):
+    start, stop = box
+    return set(itertools.product(*[range(a, b) for a, b in zip(start, stop)]))
+
+
+@SETTINGS
+@given(st.data())
+def test_intersect_matches_cell_sets(data):
+    shape = data.draw(shapes(min_ndim=1, max_ndim=3, max_side=5))
+    a, b = data.draw(box_in(shape)), data.draw(box_in(shape))
+    got = intersect(a[0], a[1], b[0], b[1])
+    expected = cells(a) & cells(b)
+    if not expected:
+        assert got is None
+    else:
+        assert cells(got) == expected
+        assert all(lo < hi for lo, hi in zip(*got))
+
+
+def test_intersect_examples():
+    assert intersect((0, 0), (4, 4), (2, 3), (6, 9)) == ((2, 3), (4, 4))
+    assert intersect((0,), (2,), (2,), (4,)) is None  # touching is not overlapping
+    assert intersect((), (), (), ()) == ((), ())  # 0-d: the single element
+
+
+@SETTINGS
+@given(st.data())
+def test_overlapping_matches_brute_force(data):
+    shape = data.draw(shapes(min_ndim=1, max_ndim=3, max_side=5))
+    boxes = data.draw(st.lists(box_in(shape), max_size=8))
+    query = data.draw(box_in(shape))
+    starts = np.asarray([b[0] for b in boxes], np.int64).reshape(len(boxes), len(shape))
+    stops = np.asarray([b[1] for b in boxes], np.int64).reshape(len(boxes), len(shape))
+    got = overlapping(starts, stops, *query).tolist()
+    expected = [i for i, b in enumerate(boxes) if cells(b) & cells(query)]
+    assert got == expected
+
+
+def test_overlapping_zero_d_and_empty_inputs():
+    assert overlapping(np.zeros((0, 2), np.int64), np.zeros((0, 2), np.int64), (0, 0), (1, 1)).tolist() == []
+    assert overlapping(np.zeros((1, 0), np.int64), np.zeros((1, 0), np.int64), (), ()).tolist() == [0]
+
+
+def _arrays(boxes, ndim):
+    starts = np.asarray([b[0] for b in boxes], np.int64).reshape(len(boxes), ndim)
+    stops = np.asarray([b[1] for b in boxes], np.int64).reshape(len(boxes), ndim)
+    return starts, stops
+
+
+@SETTINGS
+@given(decompositions())
+def test_tiling_accepts_every_grid_decomposition(dec):
+    shape, boxes = dec
+    assert tiling_problem(*_arrays(boxes, len(shape)), shape) is None
+
+
+@SETTINGS
+@given(decompositions(), st.data())
+def test_tiling_detects_gaps(dec, data):
+    shape, boxes = dec
+    nonempty = [i for i, b in enumerate(boxes) if volume(np.subtract(b[1], b[0]))]
+    if not nonempty:
+        return
+    drop = data.draw(st.sampled_from(nonempty))
+    rest = [b for i, b in enumerate(boxes) if i != drop]
+    problem = tiling_problem(*_arrays(rest, len(shape)), shape)
+    assert problem is not None and "gap" in problem
+
+
+@SETTINGS
+@given(decompositions(), st.data())
+def test_tiling_detects_overlaps(dec, data):
+    shape, boxes = dec
+    if volume(shape) == 0:
+        return
+    extra = data.draw(box_in(shape))
+    if not cells(extra):
+        return
+    boxes = boxes + [extra]
+    problem = tiling_problem(*_arrays(boxes, len(shape)), shape, label="the block of rank")
+    assert problem is not None and "overlap" in problem
+    assert f"the block of rank {len(boxes) - 1}" in problem
+
+
+@SETTINGS
+@given(st.data())
+def test_tiling_matches_painting_reference(data):
+    """Arbitrary boxes (maybe out of bounds): tiling_problem is None exactly when painting gives all ones."""
+    shape = data.draw(shapes(min_ndim=1, max_ndim=3, max_side=4))
+    raw = data.draw(st.lists(st.tuples(st.lists(st.integers(-1, 5), min_size=len(shape), max_size=len(shape)),
+                                       st.lists(st.integers(-1, 5), min_size=len(shape), max_size=len(shape))),
+                             max_size=6))
+    boxes = [(tuple(a), tuple(b)) for a, b in raw]
+    problem = tiling_problem(*_arrays(boxes, len(shape)), shape)
+    in_bounds = all(all(0 <= x <= y <= n for x, y, n in zip(a, b, shape)) for a, b in boxes)
+    exact = in_bounds and bool(np.all(covered_count(shape, boxes) == 1))
+    assert (problem is None) == exact, (shape, boxes, problem)
+    if not in_bounds:
+        assert "outside" in problem
+
+
+def test_tiling_messages():
+    shape = (4, 4)
+    assert "outside the global shape (4, 4)" in tiling_problem(*_arrays([((0, 0), (5, 4))], 2), shape)
+    assert "outside" in tiling_problem(*_arrays([((-1, 0), (4, 4))], 2), shape)
+    assert "outside" in tiling_problem(*_arrays([((2, 0), (1, 4))], 2), shape)  # stop < start
+    msg = tiling_problem(*_arrays([((0, 0), (3, 4)), ((2, 0), (4, 4))], 2), shape, label="the block of rank")
+    assert msg == "the block of rank 0 [0:3, 0:4] and the block of rank 1 [2:4, 0:4] overlap"
+    assert tiling_problem(*_arrays([((0, 0), (2, 4))], 2), shape) == \
+        "together they cover 8 of 16 elements: there is a gap"
+    # empty boxes anywhere inside the bounds are fine, even "inside" another box
+    assert tiling_problem(*_arrays([((0, 0), (4, 4)), ((2, 2), (2, 2)), ((4, 4), (4, 4))], 2), shape) is None
+    # no boxes at all tile an empty array
+    assert tiling_problem(np.zeros((0, 2)), np.zeros((0, 2)), (0, 3)) is None
+    assert tiling_problem(np.zeros((0, 2)), np.zeros((0, 2)), (1, 3)) is not None
+    # 0-d arrays: exactly one (non-empty) box
+    assert tiling_problem(np.zeros((1, 0)), np.zeros((1, 0)), ()) is None
+    assert "overlap" in tiling_problem(np.zeros((2, 0)), np.zeros((2, 0)), ())
+    assert "gap" in tiling_problem(np.zeros((0, 0)), np.zeros((0, 0)), ())
+
+
+@SETTINGS
+@given(shapes(min_ndim=0, max_ndim=4, max_side=5), st.sampled_from([1, 2, 3, 8, 16]), st.integers(1, 300))
+def test_contiguous_pieces_tile_the_box(extent, itemsize, max_bytes):
+    pieces = list(contiguous_pieces(extent, itemsize, max_bytes))
+    n = volume(extent)
+    if n == 0:
+        assert pieces == []
+        return
+    # pieces are disjoint and cover the box
+    assert tiling_problem(*_arrays(pieces, len(extent)), extent) is None
+    strides = np.array([volume(extent[i + 1:]) for i in range(len(extent))], np.int64)
+    positions = []
+    for start, stop in pieces:
+        count = tuple(b - a for a, b in zip(start, stop))
+        size = volume(count)
+        assert size >= 1
+        assert size * itemsize <= max_bytes or size == 1
+        # contiguous in C order: the flat indices of its elements form one run
+        flat = sorted(int(np.dot(c, strides)) for c in itertools.product(*[range(a, b) for a, b in zip(start, stop)]))
+        assert flat == list(range(flat[0], flat[0] + size))
+        positions.append(flat[0])
+    assert positions == sorted(positions)  # pieces come in memory order
+
+
+def test_contiguous_pieces_examples():
+    # a whole small array is one piece
+    assert list(contiguous_pieces((3, 4), 8, 1000)) == [((0, 0), (3, 4))]
+    # rows that fit: runs of whole rows
+    assert list(contiguous_pieces((5, 4), 8, 64)) == [((0, 0), (2, 4)), ((2, 0), (4, 4)), ((4, 0), (5, 4))]
+    # one element bigger than max_bytes still forms a piece
+    assert list(contiguous_pieces((2,), 16, 4)) == [((0,), (1,)), ((1,), (2,))]
+    # 0-d: one element
+    assert list(contiguous_pieces((), 8, 1)) == [((), ())]
+    assert list(contiguous_pieces((0, 5), 8, 8)) == []
+
+
+@given(st.integers(0, 10**6), st.integers(1, 64))
+def test_even_rows_partition(total, nparts):
+    ranges = [even_rows(total, nparts, p) for p in range(nparts)]
+    assert ranges[0][0] == 0 and ranges[-1][1] == total
+    for (a, b), (c, _) in zip(ranges, ranges[1:]):
+        assert b == c
+    sizes = [b - a for a, b in ranges]
+    assert max(sizes) - min(sizes) <= 1
+    for p, (a, b) in enumerate(ranges):
+        assert (a, b) == (p * total // nparts, (p + 1) * total // nparts)
+
+
+@pytest.mark.parametrize("extent", [(0,), (3, 0, 2), ()])
+def test_volume(extent):
+    assert volume(extent) == int(np.prod(extent))
