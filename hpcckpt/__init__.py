@@ -4,12 +4,15 @@ Public names only; see README.md and docs/ for the guide and the on-disk format.
 """
 
 from .api import load, open, save
+from .log import configure_from_env as _configure_logging
 from .checkpointer import Checkpointer
 from .errors import CheckpointError, CorruptCheckpointError, TemplateMismatchError
 from .saving import SaveResult
 from .state import Block, Ragged
 
 __version__ = "0.1.0"
+
+_configure_logging()
 
 __all__ = ["Block", "Ragged", "save", "load", "open", "Checkpointer", "SaveResult", "CheckpointError",
            "CorruptCheckpointError", "TemplateMismatchError", "__version__"]

@@ -51,8 +51,15 @@ def load(state, path, comm=None, *, strict: bool = True) -> dict:
     Works whatever decomposition and number of ranks the data was saved with.
     Returns the state with Ragged rows and replicated values restored.
     ``strict=False`` allows the checkpoint to hold variables the template omits.
+    A plain HDF5 file as ``path`` fills the template from its datasets and root
+    attributes of the same names (docs/hdf5.md).
     """
-    return load_version(state, os.fspath(path), resolve_comm(comm), strict=strict)
+    path = os.fspath(path)
+    if os.path.isfile(path):  # checkpoints are directories: a file is HDF5 input produced elsewhere
+        from .hdf5 import load_hdf5
+
+        return load_hdf5(state, path, resolve_comm(comm), strict=strict)
+    return load_version(state, path, resolve_comm(comm), strict=strict)
 
 
 def open(path) -> CheckpointView:  # noqa: A001 - the public name the issue asks for

@@ -82,6 +82,10 @@ def removable(entries: list[VersionEntry], keep: int | None) -> list[VersionEntr
     """What garbage collection removes: uncommitted leftovers, superseded revisions, and beyond ``keep``."""
     live = current(entries)
     kept = {e.name for e in (live[-keep:] if keep else live)}
+    if any(e.committed and e.name not in kept for e in entries):
+        from .chain import protected
+
+        kept = protected(entries, kept)  # never the data a kept incremental version references
     return [e for e in entries if e.name not in kept]
 
 

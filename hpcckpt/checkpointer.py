@@ -40,16 +40,31 @@ class Checkpointer:
         if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 1):
             raise CheckpointError(f"keep must be a positive integer or None, got {keep!r}")
         self.keep = keep
+        from .asynchronous import engine_wanted, pop_engine_options  # asynchronous / multi-level saves (issue 7)
+
+        engine_options = pop_engine_options(options)
         self.options = SaveOptions.from_kwargs(**options)
+        if engine_wanted(engine_options) and (self.options.incremental or self.options.base is not None):
+            raise CheckpointError("incremental saves do not combine with asynchronous or multi-level saves yet")
+        self._chain_base: str | None = None  # what the next incremental save builds on (hpcckpt/incremental.py)
         self.last_restored: str | None = None
         self._closed = False
         agree(self.comm, f"creating {self.root!r}", lambda: on_root(self.comm, lambda: os.makedirs(self.root, exist_ok=True)))
         self.pacer = agree(self.comm, f"starting the checkpoint policy under {self.root!r}", lambda: Pacer(
             self.comm, self.root, policy=policy, mtbf=mtbf, deadline=deadline, handle_signals=handle_signals,
             track_failures=track_failures))
+        self._engine = None
+        if engine_wanted(engine_options):
+            from .asynchronous import Engine
+
+            self._engine = Engine(self, **engine_options)
 
     def _live(self) -> list:
         self._check_open()
+        if self._engine is not None:
+            live = self._engine.live()  # commits a pending asynchronous save first
+            if live is not None:
+                return live
         live = agree(self.comm, f"listing {self.root!r}", lambda: on_root(self.comm, lambda: current(list_versions(self.root))))
         return self.comm.bcast(live, root=0)
 
@@ -65,12 +80,19 @@ class Checkpointer:
     def save(self, state, step: int, **options) -> SaveResult:
         """Write ``state`` as version ``step``, commit it, then apply retention; collective."""
         self._check_open()
+        if self._engine is not None:
+            return self._engine.save(state, step, **options)
         what = f"save of step {step!r} under {self.root!r}"
         opts = SaveOptions.from_kwargs(**{**self.options.__dict__, **options})
         name = agree(self.comm, what, lambda: on_root(self.comm, lambda: self._prepare(check_step(step))))
         name = self.comm.bcast(name, root=0)
         t0 = time.perf_counter()
+        if opts.incremental and opts.base is None:
+            from .incremental import checkpointer_base
+
+            opts = checkpointer_base(self, opts)
         result = save_version(state, os.path.join(self.root, name), self.comm, opts, step=step, io_root=self.root)
+        self._chain_base = result.path
         self.pacer.record_save(step, time.perf_counter() - t0)
         agree(self.comm, what, lambda: on_root(self.comm, lambda: remove_versions(
             removable(list_versions(self.root), self.keep))))
@@ -82,6 +104,8 @@ class Checkpointer:
         Rank 0's clock decides; a signal on any rank counts; one small allreduce.
         """
         self._check_open()
+        if self._engine is not None:
+            self._engine.poll()  # commits a finished asynchronous save without waiting for an unfinished one
         return self.pacer.decide(step) is not None
 
     def maybe_save(self, state, step: int, **options) -> SaveResult | None:
@@ -105,6 +129,9 @@ class Checkpointer:
         warning naming the file, and the next older one is tried; every rank
         restores the same version.  A template that does not fit raises at once.
         """
+        if self._engine is not None and self._engine.levels.enabled:
+            self._check_open()
+            return self._engine.restore(state, step, strict)
         live = self._live()
         if step is not None:
             live = [e for e in live if e.step == step]
@@ -117,11 +144,13 @@ class Checkpointer:
             try:
                 out = load_version(state, entry.path, self.comm, strict=strict)
             except CorruptCheckpointError as exc:
+                if step is not None:  # the caller asked for this version: no silent fallback
+                    raise
                 skipped.append(entry.name)
                 if self.comm.Get_rank() == 0:
                     warnings.warn(f"hpcckpt: skipping damaged version {entry.path}: {exc}", stacklevel=2)
                 continue
-            self.last_restored = entry.path
+            self.last_restored = self._chain_base = entry.path
             return out
         raise CheckpointError(f"no valid checkpoint under {self.root!r}: every version is damaged ({skipped})")
 
@@ -130,7 +159,21 @@ class Checkpointer:
         if self._closed:
             return
         self._closed = True
-        self.pacer.close()
+        try:
+            if self._engine is not None:
+                self._engine.close()  # commits a pending save and waits for a flush in progress
+        finally:
+            self.pacer.close()
+
+    def wait(self):
+        """Collective: commit the asynchronous save in flight and wait for a flush; its SaveResult (or None)."""
+        self._check_open()
+        return self._engine.wait() if self._engine is not None else None
+
+    @property
+    def skipped(self) -> int:
+        """Saves skipped because one was in flight (``skip_if_busy=True``)."""
+        return self._engine.skipped if self._engine is not None else 0
 
     def _check_open(self) -> None:
         if self._closed:

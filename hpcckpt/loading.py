@@ -14,11 +14,13 @@ from __future__ import annotations
 import numpy as np
 
 from ._mpi import agree, on_root
+from .arrays import byte_view
 from .encoding import decode_value
+from .log import logger
 from .errors import TemplateMismatchError
 from .metadata import Metadata, Variable
 from .monitor import PhaseTimer
-from .planning import plan_rows
+from .planning import common_names, plan_rows, plan_shared_reads
 from .reader import ChunkReader, read_metadata
 from .regions import tiling_problem
 from .state import Block, Ragged, block_box, split_state
@@ -37,13 +39,26 @@ def load_version(state, directory: str, comm, strict: bool = True, timer: PhaseT
         ranges = agree(comm, what, lambda: on_root(comm, lambda: _plan(requests, meta)))
         rows = comm.scatter(ranges, root=0)
     with timer.phase("read"):
-        loaded = agree(comm, what, lambda: _read(directory, meta, local, rows))
+        targets = agree(comm, what, lambda: _targets(meta, local, rows))
+        boxes = comm.allgather({name: (t[0], t[1]) for name, t in targets.items()})
+        shared = {name: plan_shared_reads(meta.variables[name].chunks.start, meta.variables[name].chunks.stop,
+                                          [b.get(name) for b in boxes]) for name in sorted(targets)}
+        outgoing = agree(comm, what, lambda: _read_local(directory, meta, targets, shared, comm.Get_rank()))
+        _exchange(comm, meta, targets, shared, outgoing)
+    if comm.Get_rank() == 0:
+        logger.info("loaded %s on %d ranks: %s", directory, comm.Get_size(),
+                    ", ".join(f"{k} {v:.3f} s" for k, v in timer.seconds.items()))
     with timer.phase("values"):
         values = agree(comm, what, lambda: {name: decode_value(meta.values[name], repr(name))
                                             for name in local["replicated"]})
     out = {}
     for name, value in state.items():
-        out[name] = value if isinstance(value, Block) else loaded.get(name, values.get(name))
+        if isinstance(value, Block):
+            out[name] = value
+        elif isinstance(value, Ragged):
+            out[name] = Ragged(targets[name][2])
+        else:
+            out[name] = values[name]
     return out
 
 
@@ -102,7 +117,7 @@ def _check_ragged(name: str, ragged: Ragged, var: Variable):
 def _plan(requests: list[dict], meta: Metadata) -> list[dict]:
     """Check the template's blocks tile each array and split Ragged rows; row ranges per rank."""
     ranges: list[dict] = [{} for _ in requests]
-    for name in sorted(requests[0]):
+    for name in sorted(common_names(requests, "template's distributed")):
         var = meta.variables[name]
         kinds = {r[name][0] for r in requests}
         if len(kinds) != 1:
@@ -119,17 +134,66 @@ def _plan(requests: list[dict], meta: Metadata) -> list[dict]:
     return ranges
 
 
-def _read(directory: str, meta: Metadata, local: dict, rows: dict) -> dict:
-    loaded = {}
+def _targets(meta: Metadata, local: dict, rows: dict) -> dict:
+    """This rank's target per variable: (global start, global stop, array to fill)."""
+    targets = {}
+    for name, value in sorted(local["distributed"].items()):
+        var = meta.variables[name]
+        if isinstance(value, Block):
+            _, start, stop = local["requests"][name]
+            targets[name] = (tuple(start), tuple(stop), value.local)
+        else:
+            lo, hi = rows[name]
+            out = np.empty((hi - lo,) + var.shape[1:], dtype=var.dtype)
+            targets[name] = ((lo,) + (0,) * (len(var.shape) - 1), (hi,) + var.shape[1:], out)
+    return targets
+
+
+def _read_local(directory: str, meta: Metadata, targets: dict, shared: dict, rank: int) -> list:
+    """Read every chunk this rank needs alone, and the shared chunks it was chosen to read.
+
+    Returns the parts owed to other ranks as ``(rank, contiguous array)`` in plan order.
+    """
+    outgoing = []
     with ChunkReader(directory, meta) as reader:
-        for name, value in sorted(local["distributed"].items()):
+        for name, (start, stop, out) in targets.items():
             var = meta.variables[name]
-            if isinstance(value, Block):
-                _, start, stop = local["requests"][name]
-                reader.read_into(var, start, stop, value.local)
-            else:
-                lo, hi = rows[name]
-                out = np.empty((hi - lo,) + var.shape[1:], dtype=var.dtype)
-                reader.read_into(var, (lo,) + (0,) * (len(var.shape) - 1), (hi,) + var.shape[1:], out)
-                loaded[name] = Ragged(out)
-    return loaded
+            reader.read_into(var, start, stop, out, skip=shared[name])
+            for k, (reader_rank, parts) in sorted(shared[name].items()):
+                if reader_rank != rank:
+                    continue
+                chunk = reader.chunk_array(var, k)
+                c0 = var.chunks.start[k]
+                for dest, lo, hi in parts:
+                    part = chunk[tuple(slice(a - c, b - c) for a, b, c in zip(lo, hi, c0))]
+                    if dest == rank:
+                        out[tuple(slice(a - s, b - s) for a, b, s in zip(lo, hi, start))] = part
+                    else:
+                        outgoing.append((dest, part.copy()))  # a copy: chunk is the reader's reused scratch
+    return outgoing
+
+
+def _exchange(comm, meta: Metadata, targets: dict, shared: dict, outgoing: list) -> None:
+    """Move the shared parts from their readers to the ranks that need them (non-blocking, in plan order)."""
+    if comm.Get_size() == 1:
+        return
+    rank = comm.Get_rank()
+    incoming = []
+    requests = []
+    for name, (start, _, out) in targets.items():
+        for k, (reader_rank, parts) in sorted(shared[name].items()):
+            for dest, lo, hi in parts:
+                if dest == rank and reader_rank != rank:
+                    buf = np.empty(tuple(b - a for a, b in zip(lo, hi)), dtype=meta.variables[name].dtype)
+                    requests.append(comm.Irecv(byte_view(buf), source=reader_rank, tag=_PART_TAG))
+                    incoming.append((out, tuple(slice(a - s, b - s) for a, b, s in zip(lo, hi, start)), buf))
+    for dest, part in outgoing:
+        requests.append(comm.Isend(byte_view(part), dest=dest, tag=_PART_TAG))
+    from mpi4py import MPI
+
+    MPI.Request.Waitall(requests)  # all parts were read and verified before: nothing here can fail half-way
+    for out, sel, buf in incoming:
+        out[sel] = buf
+
+
+_PART_TAG = 7311

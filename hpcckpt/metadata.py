@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import json
 import posixpath
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from .codecs.core import check_config as check_codec_config, max_stored_bytes
 from .encoding import dtype_from_json, dtype_to_json
 from .errors import CorruptCheckpointError
 
@@ -32,6 +34,7 @@ MAX_METADATA_BYTES = 1 << 31
 _MAX_NDIM = 32
 _MAX_BYTES = 1 << 62
 KINDS = ("block", "ragged")
+_HEX_DIGITS = frozenset("0123456789abcdef")
 
 
 @dataclass
@@ -44,6 +47,8 @@ class ChunkTable:
     checksum: list[str]
     start: np.ndarray  # (n, ndim)
     count: np.ndarray  # (n, ndim)
+    #: optional: xxh3_128 of each chunk's decoded bytes, 32 hex digits (incremental saves; docs/incremental.md)
+    hash: list[str] | None = None
 
     def __len__(self) -> int:
         return len(self.file)
@@ -64,13 +69,13 @@ class ChunkTable:
             return cls.empty(ndim)
         file, offset, nbytes, checksum, start, count = zip(*rows)
         return cls(np.asarray(file, np.int64), np.asarray(offset, np.int64), np.asarray(nbytes, np.int64),
-                   list(checksum), np.asarray(start, np.int64).reshape(-1, ndim),
-                   np.asarray(count, np.int64).reshape(-1, ndim))
+                   list(checksum), np.asarray(start, np.int64).reshape(len(rows), ndim),
+                   np.asarray(count, np.int64).reshape(len(rows), ndim))
 
     def to_json(self) -> dict:
         return {"file": self.file.tolist(), "offset": self.offset.tolist(), "nbytes": self.nbytes.tolist(),
                 "checksum": list(self.checksum), "start": self.start.ravel().tolist(),
-                "count": self.count.ravel().tolist()}
+                "count": self.count.ravel().tolist(), **({"hash": list(self.hash)} if self.hash is not None else {})}
 
 
 @dataclass
@@ -184,15 +189,21 @@ def _parse_variable(name: str, doc, nfiles: int) -> Variable:
         expected *= s
     _expect(expected * dtype.itemsize <= _MAX_BYTES, f"variable {name!r} is implausibly large")
     codec = doc.get("codec", {"id": "none"})
-    _expect(isinstance(codec, dict) and codec.get("id") == "none",
-            f"variable {name!r} uses codec {codec!r}, which this version of hpcckpt cannot decode")
+    try:  # a whitelist: only known codec ids with type- and range-checked parameters (never imports or pickle)
+        codec = check_codec_config(codec, dtype)
+    except CorruptCheckpointError as exc:
+        raise CorruptCheckpointError(f"variable {name!r}: {exc}") from None
     chunks = _parse_chunks(name, doc["chunks"], len(shape), nfiles)
     if len(chunks):
         _expect(bool(np.all(chunks.start + chunks.count <= np.asarray(shape, np.int64))) if shape else True,
                 f"variable {name!r} has a chunk outside its global shape")
         volumes = np.prod(chunks.count, axis=1) if shape else np.ones(len(chunks), np.int64)
-        _expect(bool(np.all(chunks.nbytes == volumes * dtype.itemsize)),
-                f"variable {name!r} has a chunk whose length does not match its extent")
+        if codec["id"] == "none":
+            _expect(bool(np.all(chunks.nbytes == volumes * dtype.itemsize)),
+                    f"variable {name!r} has a chunk whose length does not match its extent")
+        else:  # stored = compressed bytes; their decoded size is checked against the extent on every read
+            _expect(bool(np.all(chunks.nbytes <= max_stored_bytes(volumes * dtype.itemsize))),
+                    f"variable {name!r} has a compressed chunk longer than any codec makes it")
         covered = int(volumes.sum())
     else:
         covered = 0
@@ -212,14 +223,16 @@ def _parse_chunks(name: str, doc, ndim: int, nfiles: int) -> ChunkTable:
     ints = {key: _int_column(name, key, cols[key]) for key in ("file", "offset", "nbytes", "start", "count")}
     _expect(bool(np.all((ints["file"] >= 0) & (ints["file"] < nfiles))), f"chunks of {name!r} name a file that is not listed")
     checksum = cols["checksum"]
-    _expect(all(type(c) is str and len(c) == 16 for c in checksum), f"chunks of {name!r} have malformed checksums")
-    try:
-        for c in checksum:
-            int(c, 16)
-    except ValueError:
-        raise CorruptCheckpointError(f"chunks of {name!r} have malformed checksums") from None
+    # exactly 16 lower-case hex digits (int(c, 16) would also take "0x..", "+..", "_" and non-ASCII digits)
+    _expect(all(type(c) is str and len(c) == 16 and _HEX_DIGITS.issuperset(c) for c in checksum),
+            f"chunks of {name!r} have malformed checksums")
+    hashes = doc.get("hash")
+    if hashes is not None:  # optional column (incremental saves): 32 lower-case hex digits per chunk
+        _expect(isinstance(hashes, list) and len(hashes) == n
+                and all(type(h) is str and len(h) == 32 and _HEX_DIGITS.issuperset(h) for h in hashes),
+                f"chunks of {name!r}: column 'hash' is malformed")
     return ChunkTable(ints["file"], ints["offset"], ints["nbytes"], checksum,
-                      ints["start"].reshape(n, ndim), ints["count"].reshape(n, ndim))
+                      ints["start"].reshape(n, ndim), ints["count"].reshape(n, ndim), hashes)
 
 
 def _int_column(name: str, key: str, values: list) -> np.ndarray:
@@ -235,9 +248,29 @@ def _from_unsigned(arr: np.ndarray) -> np.ndarray:
     return arr.astype(np.int64)
 
 
+#: A reference to a data file of a sibling version (incremental saves, docs/incremental.md):
+#: ``@NAME/relative/path`` where NAME is a single plain directory name under the same root.
+_REF_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+-]{0,254}$")
+
+
+def split_reference(name: str) -> tuple[str, str] | None:
+    """``(version name, path inside it)`` for a reference ``@NAME/path``, None for a file of this version."""
+    if not name.startswith("@"):
+        return None
+    version, _, rest = name[1:].partition("/")
+    return version, rest
+
+
 def check_relative_path(name) -> str:
-    """A data file name must be a plain relative POSIX path inside the checkpoint directory."""
+    """A data file name must be a plain relative POSIX path inside the checkpoint directory,
+    or ``@NAME/path``: such a path inside the sibling version NAME (same parent directory)."""
     _expect(isinstance(name, str) and 0 < len(name) <= 4096, "a file name must be a non-empty string")
+    ref = split_reference(name)
+    if ref is not None:
+        _expect(bool(_REF_NAME.match(ref[0])) and bool(ref[1]) and not ref[1].startswith("@"),
+                f"file name {name[:80]!r} is not a valid reference to another version")
+        check_relative_path(ref[1])
+        return name
     _expect("\x00" not in name and "\\" not in name, f"file name {name[:80]!r} has forbidden characters")
     _expect(not name.startswith("/"), f"file name {name[:80]!r} is absolute")
     parts = name.split("/")

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .errors import TemplateMismatchError
-from .regions import even_rows, tiling_problem
+from .regions import even_rows, intersect, overlapping, tiling_problem, volume
 
 
 @dataclass(frozen=True)
@@ -33,7 +33,7 @@ def plan_save(summaries: list[dict[str, dict]]) -> tuple[dict[str, VariablePlan]
     ``summaries[r][name]`` is rank r's summary.  Returns ``(variables, boxes)``
     with ``boxes[r][name] = (start, stop)``.
     """
-    names = _common_names(summaries, "state")
+    names = common_names(summaries, "state")
     variables: dict[str, VariablePlan] = {}
     boxes: list[dict[str, tuple]] = [{} for _ in summaries]
     for name in sorted(names):
@@ -48,7 +48,7 @@ def plan_save(summaries: list[dict[str, dict]]) -> tuple[dict[str, VariablePlan]
     return variables, boxes
 
 
-def _common_names(summaries: list[dict], what: str) -> set[str]:
+def common_names(summaries: list[dict], what: str) -> set[str]:
     names = set(summaries[0])
     for rank, s in enumerate(summaries):
         if set(s) != names:
@@ -115,3 +115,31 @@ def plan_rows(requests: list[int | None], total: int, name: str) -> list[tuple[i
         out.append((lo, lo + r))
         lo += r
     return out
+
+
+def plan_shared_reads(chunk_starts: np.ndarray, chunk_stops: np.ndarray,
+                      boxes: list[tuple | None]) -> dict[int, tuple[int, list[tuple[int, tuple, tuple]]]]:
+    """Which rank reads each chunk that several ranks need, and what each of them gets.
+
+    ``boxes[r]`` is rank r's target box ``(start, stop)`` (None or empty for
+    nothing).  Returns ``{chunk: (reader, [(rank, lo, hi), ...])}`` for every
+    chunk overlapped by two or more ranks, where ``[lo, hi)`` is the global
+    part rank gets.  The reader is the rank with the largest part (lowest rank
+    on ties), so each byte is read once and the least data moves.  Chunks that
+    one rank alone needs are not listed: that rank reads them itself.
+    """
+    users: dict[int, list[tuple[int, tuple, tuple]]] = {}
+    for rank, box in enumerate(boxes):
+        if box is None:
+            continue
+        start, stop = box
+        for k in overlapping(chunk_starts, chunk_stops, start, stop).tolist():
+            lo, hi = intersect(chunk_starts[k], chunk_stops[k], start, stop) if len(start) else ((), ())
+            users.setdefault(k, []).append((rank, lo, hi))
+    plan = {}
+    for k, parts in users.items():
+        if len(parts) > 1:
+            sizes = [volume(b - a for a, b in zip(lo, hi)) for _, lo, hi in parts]
+            reader = parts[max(range(len(parts)), key=lambda i: (sizes[i], -parts[i][0]))][0]
+            plan[k] = (reader, parts)
+    return plan

@@ -22,7 +22,7 @@ import os
 import numpy as np
 
 from .arrays import byte_view
-from .checksum import checksum
+from .checksum import hexdigest, new_hasher
 from .encoding import decode_value
 from .errors import CheckpointError, CorruptCheckpointError
 from .metadata import MAX_METADATA_BYTES, METADATA_FILE, Metadata, Variable, parse
@@ -43,6 +43,8 @@ def read_metadata(directory: str) -> Metadata:
         raise CheckpointError(f"no committed checkpoint at {directory!r} ({METADATA_FILE} is missing)") from None
     except IsADirectoryError:
         raise CorruptCheckpointError(f"{path} is a directory") from None
+    except NotADirectoryError:
+        raise CheckpointError(f"{directory!r} is not a checkpoint directory") from None
     except PermissionError as exc:
         raise CheckpointError(f"cannot read {path}: {exc.strerror}") from None
     return parse(raw, source=path)
@@ -56,6 +58,8 @@ class ChunkReader:
         self.meta = meta
         self._files: dict[int, tuple[int, int, str]] = {}  # index -> (fd, size, path)
         self._scratch = np.empty(0, np.uint8)
+        self._decoded = np.empty(0, np.uint8)  # decoded chunks that are copied out partially
+        self._codecs: dict = {}  # variable name -> codec object (compressed variables only)
 
     def close(self) -> None:
         for fd, _, _ in self._files.values():
@@ -89,22 +93,50 @@ class ChunkReader:
             raise CorruptCheckpointError(
                 f"{path} is truncated: a chunk of {var.name!r} needs bytes {offset}..{offset + nbytes}, "
                 f"the file has {size}")
-        if into is None:
+        coded = var.codec.get("id") != "none"
+        if into is None or coded:
             if self._scratch.nbytes < nbytes:
                 self._scratch = np.empty(nbytes, np.uint8)
             buf = self._scratch[:nbytes]
         else:
             buf = byte_view(into)
-        read_exact(fd, offset, buf, path)
-        digest = checksum(buf)
+        hasher = new_hasher()
+        read_exact(fd, offset, buf, path, hasher)
+        digest = hexdigest(hasher)
         if digest != chunks.checksum[k]:
             raise CorruptCheckpointError(
                 f"{path}: the chunk of {var.name!r} at offset {offset} fails its checksum "
                 f"(stored {chunks.checksum[k]}, read {digest})")
+        if coded:  # the checksum covers the stored (compressed) bytes; decode into the target or scratch
+            return self._decode(var, k, buf, into, path)
         return buf
 
-    def read_into(self, var: Variable, start, stop, out: np.ndarray) -> None:
-        """Fill ``out`` (shape ``stop - start``, dtype ``var.dtype``) with the global box ``[start, stop)``."""
+    def _decode(self, var: Variable, k: int, stored: np.ndarray, into: np.ndarray | None, path: str) -> np.ndarray:
+        """Decode a verified compressed chunk into ``into`` or the decode scratch buffer (exact size checked)."""
+        from .codecs import from_config
+
+        if var.name not in self._codecs:
+            self._codecs[var.name] = from_config(var.codec, var.dtype)
+        raw = int(np.prod(var.chunks.count[k])) * var.dtype.itemsize
+        if into is None:
+            if self._decoded.nbytes < raw:
+                self._decoded = np.empty(raw, np.uint8)
+            out = self._decoded[:raw]
+        else:
+            out = byte_view(into)
+        try:
+            self._codecs[var.name].decode(stored, out)
+        except CorruptCheckpointError as exc:
+            raise CorruptCheckpointError(f"{path}: the chunk of {var.name!r} at offset "
+                                         f"{int(var.chunks.offset[k])} cannot be decoded: {exc}") from None
+        return out
+
+    def read_into(self, var: Variable, start, stop, out: np.ndarray, skip=()) -> None:
+        """Fill ``out`` (shape ``stop - start``, dtype ``var.dtype``) with the global box ``[start, stop)``.
+
+        Chunks whose index is in ``skip`` are left out (a collective load gets
+        those parts from the rank that reads them).
+        """
         start = tuple(int(s) for s in start)
         stop = tuple(int(s) for s in stop)
         if volume(b - a for a, b in zip(start, stop)) == 0:
@@ -113,15 +145,29 @@ class ChunkReader:
         idx = overlapping(starts, stops, start, stop)
         self._check_cover(var, starts[idx], stops[idx], start, stop)
         for k in idx.tolist():
-            c_start, c_stop = tuple(starts[k].tolist()), tuple(stops[k].tolist())
-            lo, hi = intersect(c_start, c_stop, start, stop) if start else ((), ())
-            sel = tuple(slice(a - s, b - s) for a, b, s in zip(lo, hi, start))
-            dest = out[sel] if sel else out  # out[()] of a 0-d array would be a scalar, not a view
-            if (lo, hi) == (c_start, c_stop) and dest.flags.c_contiguous:
-                self._fetch(var, k, into=dest)
-                continue
-            chunk = self._fetch(var, k, into=None).view(var.dtype).reshape(tuple(b - a for a, b in zip(c_start, c_stop)))
-            dest[...] = chunk[tuple(slice(a - c, b - c) for a, b, c in zip(lo, hi, c_start))]
+            if k not in skip:
+                self.fill_from_chunk(var, k, start, out)
+
+    def fill_from_chunk(self, var: Variable, k: int, start, out: np.ndarray) -> None:
+        """Copy the part of chunk ``k`` that overlaps the box starting at ``start`` with ``out``'s shape.
+
+        A chunk wholly inside the box that maps to contiguous memory of ``out``
+        is read straight into it; any other goes through the scratch buffer.
+        """
+        c_start, c_stop = tuple(var.chunks.start[k].tolist()), tuple(var.chunks.stop[k].tolist())
+        stop = tuple(s + n for s, n in zip(start, out.shape))
+        lo, hi = intersect(c_start, c_stop, start, stop) if start else ((), ())
+        sel = tuple(slice(a - s, b - s) for a, b, s in zip(lo, hi, start))
+        dest = out[sel] if sel else out  # out[()] of a 0-d array would be a scalar, not a view
+        if (lo, hi) == (c_start, c_stop) and dest.flags.c_contiguous:
+            self._fetch(var, k, into=dest)
+            return
+        dest[...] = self.chunk_array(var, k)[tuple(slice(a - c, b - c) for a, b, c in zip(lo, hi, c_start))]
+
+    def chunk_array(self, var: Variable, k: int) -> np.ndarray:
+        """Chunk ``k`` of ``var`` as an array of its extent, verified (a view of the reused scratch buffer)."""
+        extent = tuple(int(n) for n in var.chunks.count[k])
+        return self._fetch(var, k, into=None).view(var.dtype).reshape(extent)
 
     @staticmethod
     def _check_cover(var: Variable, starts, stops, start, stop) -> None:

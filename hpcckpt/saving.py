@@ -21,16 +21,18 @@ from .arrays import byte_view, global_pieces
 from .checksum import checksum
 from .codecs.pipeline import EncodedPieces, check_codec_option, codec_summary, decide_codecs
 from .encoding import dtype_from_json, encode_value
+from .log import logger
 from .errors import CheckpointError
 from .metadata import METADATA_FILE, ChunkTable, Metadata, Variable
 from .monitor import PhaseTimer
 from .planning import plan_save
 from .state import split_state, summarize_for_save
+from .stats import straggler
 from .storage.posix import atomic_write, fsync_path
 from .transport import WRITERS, Piece, TransportContext
 from .transport import io_history
 from .transport.auto import choose_strategy
-from .transport.topology import node_layout
+from .transport.topology import node_layout, ranks_per_node_setting
 
 DATA_DIR = "data"
 #: Default largest chunk: small enough that a reshard load reads little beyond
@@ -61,6 +63,13 @@ class SaveOptions:
     mpiio_hints: dict = field(default_factory=dict)
     codec: object = "none"  # the default codec of variables that name none (docs/compression.md)
     codec_threads: int | None = None  # compression threads per rank (default: min(4, cores))
+    # incremental saves (docs/incremental.md, hpcckpt/incremental.py): only blocks not already stored are written
+    incremental: bool = False
+    base: str | None = None  # the version to build on (a sibling directory); implies incremental
+    block_bytes: int = 1 << 20  # the global block grid of incremental saves (replaces chunk_bytes)
+    max_chain: int = 10  # a full version once this many incremental versions follow one another
+    full_threshold: float = 0.5  # a full version when more than this fraction of the bytes changed
+    dedup: bool = True  # identical blocks within a version are stored once
 
     @classmethod
     def from_kwargs(cls, **kwargs) -> "SaveOptions":
@@ -82,6 +91,9 @@ class SaveOptions:
         if not isinstance(opts.mpiio_hints, dict):
             raise CheckpointError("mpiio_hints must be a dict of hint name -> value")
         check_codec_option(opts.codec, opts.codec_threads)
+        from .incremental import check_options
+
+        check_options(opts)
         return opts
 
 
@@ -104,6 +116,10 @@ def save_version(state, directory: str, comm, options: SaveOptions, step: int | 
     ``io_root``: where bandwidth measurements for ``strategy="auto"`` are kept
     (a Checkpointer's root), or None.
     """
+    if options.incremental or options.base is not None:
+        from .incremental import save_incremental
+
+        return save_incremental(state, directory, comm, options, step=step, extra=extra, io_root=io_root)
     rank = comm.Get_rank()
     timer = PhaseTimer()
     what = f"save of {directory!r}"
@@ -113,11 +129,12 @@ def save_version(state, directory: str, comm, options: SaveOptions, step: int | 
         plan = agree(comm, what, lambda: on_root(comm, lambda: _plan_and_prepare(summaries, directory, options)))
         boxes = comm.scatter(plan[1] if plan else None, root=0)
         codec_configs = comm.bcast(plan[2] if plan else None, root=0)
-        ctx, strategy = _transport(comm, directory, options, local["arrays"], io_root)
     try:
+        ctx, strategy = _transport(comm, what, directory, options, local["arrays"], io_root)
         with timer.phase("write"):
             pieces = _pieces(local["arrays"], boxes, options.chunk_bytes, timer,
-                             EncodedPieces.for_save(codec_configs, local["summaries"], options.codec_threads))
+                             EncodedPieces.for_save(codec_configs, local["summaries"], options.codec_threads),
+                             hash_here=strategy != "file-per-rank")
             written = agree(comm, what, lambda: WRITERS[strategy](ctx, pieces))
         stats = comm.gather({"seconds": timer.seconds, "timeline": timer.timeline, "bytes": written.nbytes}, root=0)
         with timer.phase("commit"):
@@ -132,14 +149,21 @@ def save_version(state, directory: str, comm, options: SaveOptions, step: int | 
             shutil.rmtree(directory, ignore_errors=True)
         raise
     if rank == 0:
-        io_history.record(io_root, strategy, comm.Get_size(), total[0], max(s["seconds"]["write"] for s in stats))
+        write_seconds = max(s["seconds"]["write"] for s in stats)
+        io_history.record(io_root, strategy, comm.Get_size(), total[0], write_seconds)
+        summary = _stats(stats)
+        logger.info("saved %s: %d bytes in %d chunks, %s, write %.3f s (%.2f GB/s); %s", directory, total[0],
+                    total[1], strategy, write_seconds, total[0] / max(write_seconds, 1e-9) / 1e9,
+                    straggler(summary))
     return SaveResult(path=directory, step=step, bytes_written=total[0], nchunks=total[1], timings=timer.seconds,
                       strategy=strategy)
 
 
-def _transport(comm, directory: str, options: SaveOptions, arrays: dict, io_root: str | None):
+def _transport(comm, what: str, directory: str, options: SaveOptions, arrays: dict, io_root: str | None):
     """The transport context and the strategy (auto resolved the same way on every rank)."""
     needs_layout = options.strategy in ("auto", "aggregated")
+    # the only rank-local step that can fail (a bad HPCCKPT_RANKS_PER_NODE) runs under agree
+    agree(comm, what, lambda: ranks_per_node_setting(options.ranks_per_node))
     layout = node_layout(comm, options.ranks_per_node) if needs_layout else None
     strategy = options.strategy
     if strategy == "auto":
@@ -153,8 +177,12 @@ def _transport(comm, directory: str, options: SaveOptions, arrays: dict, io_root
     return ctx, strategy
 
 
-def _pieces(arrays: dict, boxes: dict, chunk_bytes: int, timer: PhaseTimer, encoder: EncodedPieces):
-    """This rank's chunks as checksummed Pieces (encoded by their codec), produced lazily as the transport consumes them."""
+def _pieces(arrays: dict, boxes: dict, chunk_bytes: int, timer: PhaseTimer, encoder: EncodedPieces,
+            hash_here: bool = True):
+    """This rank's chunks as Pieces (encoded by their codec), produced lazily as the transport consumes them.
+
+    ``hash_here=False`` leaves the checksum to a transport that hashes while it writes.
+    """
     items = {}
     for name, local in arrays.items():
         arr = np.asarray(local) if local is not None else None
@@ -162,6 +190,9 @@ def _pieces(arrays: dict, boxes: dict, chunk_bytes: int, timer: PhaseTimer, enco
             items[name] = (arr, boxes[name][0])
     for variable, start, count, arr in encoder.wrap(global_pieces(items, chunk_bytes), timer):
         payload = byte_view(arr)
+        if not hash_here:
+            yield Piece(variable, start, count, payload, None)
+            continue
         with timer.phase("hash"):
             digest = checksum(payload)
         yield Piece(variable, start, count, payload, digest)

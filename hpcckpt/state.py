@@ -27,11 +27,14 @@ class Block:
     shape of the whole array.  Blocks of all ranks must tile the global array
     without overlap; a rank may hold an empty block.  ``Block(a)`` alone means
     the rank holds the whole array (for single-process use).  On load the
-    block is filled in place.
+    block is filled in place.  ``codec`` compresses this variable (a name such
+    as "lz4", "zstd", "auto", or ``hpcckpt.codecs.Lossy(...)``; see
+    docs/compression.md); None uses the save's ``codec`` option.
     """
 
-    def __init__(self, local, offset=None, global_shape=None):
+    def __init__(self, local, offset=None, global_shape=None, codec=None):
         self.local = local
+        self.codec = codec  # None: the save's default (see hpcckpt.codecs)
         shape = getattr(local, "shape", ())
         self.offset = tuple(offset) if offset is not None else (0,) * len(shape)
         self.global_shape = tuple(global_shape) if global_shape is not None else tuple(shape)
@@ -50,9 +53,10 @@ class Ragged:
     ``Ragged`` whose ``local`` holds the loaded rows.
     """
 
-    def __init__(self, local=None, rows=None):
+    def __init__(self, local=None, rows=None, codec=None):
         self.local = local
         self.rows = rows
+        self.codec = codec  # None: the save's default (see hpcckpt.codecs)
 
     def __repr__(self) -> str:
         shape = getattr(self.local, "shape", None)

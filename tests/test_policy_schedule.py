@@ -32,7 +32,8 @@ def test_fixed_steps_and_seconds():
     assert p.interval(None, None) == 10
     assert not p.due(0, 0, 9, 0, None, None)
     assert p.due(0, 0, 10, 0, None, None)
-    assert p.due(0, 0, 25, 15, None, None) and not p.due(0, 0, 24, 15, None, None)
+    assert p.due(0, 0, 30, 20, None, None) and not p.due(0, 0, 25, 15, None, None)  # multiples of n
+    assert p.due(0, 0, 20, None, None, None) and not p.due(0, 0, 20, 20, None, None)  # never twice a step
     q = FixedSeconds(60)
     assert not q.due(159.9, 100.0, 0, 0, None, None) and q.due(160.0, 100.0, 0, 0, None, None)
     for bad in (0, -1, 1.5, True):
@@ -101,10 +102,10 @@ def test_schedule_interval_uses_measured_cost():
 
 
 def test_schedule_fixed_steps():
-    s = Schedule(FixedSteps(3), start_step=10)
-    assert [s.due(float(t), t) for t in range(10, 17)] == [False, False, False, True, True, True, True]
-    s.record_save(13.0, 13, 1.0)
-    assert [s.due(float(t), t) for t in range(14, 17)] == [False, False, True]
+    s = Schedule(FixedSteps(3), start_step=10)  # a restart at step 10 keeps the multiples of 3
+    assert [s.due(float(t), t) for t in range(10, 17)] == [False, False, True, False, False, True, False]
+    s.record_save(12.0, 12, 1.0)
+    assert [s.due(float(t), t) for t in range(12, 19)] == [False, False, False, True, False, False, True]
 
 
 def test_schedule_mtbf_sources():

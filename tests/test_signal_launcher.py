@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from conftest import ROOT, mpiexec_path, run_mpi
+from mpitools import ROOT, mpiexec_path, run_mpi
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "signal_loop.py")
 

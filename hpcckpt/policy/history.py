@@ -142,8 +142,15 @@ class FailureHistory:
         if path is None or not os.path.exists(path):
             return h
         try:
-            with open(path, "r", encoding="utf-8") as f:
-                data = json.load(f)
+            with open(path, "rb") as f:
+                text = f.read()
+        except OSError as exc:  # unreadable now (EACCES, EIO): keep the file, work in memory only
+            warnings.warn(f"hpcckpt: cannot read the failure history {path} ({exc}); not updating it this run",
+                          RuntimeWarning, stacklevel=2)
+            h.directory = None
+            return h
+        try:
+            data = json.loads(text)
             if not isinstance(data, dict) or data.get("format") != _FORMAT:
                 raise ValueError("not an hpcckpt failure history")
             if data.get("version") != _VERSION:
@@ -155,16 +162,16 @@ class FailureHistory:
             for a, b in zip(h.runs, h.runs[1:]):
                 if a.is_open:
                     raise ValueError("an open run is followed by another run")
-        except (OSError, ValueError, TypeError, UnicodeDecodeError) as exc:  # JSONDecodeError is a ValueError
+        except (ValueError, TypeError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
             warnings.warn(
                 f"hpcckpt: ignoring malformed failure history {path} ({exc}); starting a fresh one",
                 RuntimeWarning,
                 stacklevel=2,
             )
             try:
-                os.replace(path, path + ".bad")
-            except OSError:
-                pass
+                os.replace(path, path + ".bad")  # keep the evidence next to the fresh history
+            except OSError as move_error:
+                warnings.warn(f"hpcckpt: could not set {path} aside: {move_error}", RuntimeWarning, stacklevel=2)
             h.runs = []
         return h
 

@@ -65,7 +65,11 @@ class Policy:
 
 
 class FixedSteps(Policy):
-    """Checkpoint every ``n`` steps (``interval`` returns steps, not seconds)."""
+    """Checkpoint at every step that is a multiple of ``n`` (``interval`` returns steps, not seconds).
+
+    Multiples, not "n steps after the last save": a run restarted from step 150
+    with n=50 saves at 200, 250, ... exactly like the run it continues.
+    """
 
     def __init__(self, n: int):
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
@@ -76,7 +80,7 @@ class FixedSteps(Policy):
         return self.n
 
     def due(self, now, last_save_time, step, last_save_step, cost=None, mtbf=None) -> bool:
-        return (step - (last_save_step or 0)) >= self.n
+        return step % self.n == 0 and (last_save_step is None or step > last_save_step)
 
     def __repr__(self) -> str:
         return f"FixedSteps({self.n})"

@@ -11,36 +11,57 @@ from __future__ import annotations
 import os
 from typing import Iterable
 
+from ..checksum import PIECE
 from ..errors import CorruptCheckpointError
-from ..metadata import check_relative_path
+from ..metadata import METADATA_FILE, check_relative_path, split_reference
 
 #: Largest single os.write/os.preadv call (Linux moves at most ~2 GiB per call anyway).
 _MAX_IO = 1 << 30
 
 
-def write_all(fd: int, buffer) -> int:
-    """Write every byte of ``buffer`` to ``fd`` (looping over short writes); return the count."""
-    view = memoryview(buffer).cast("B") if memoryview(buffer).format != "B" else memoryview(buffer)
-    done = 0
+def write_all(fd: int, buffer, hasher=None) -> int:
+    """Write every byte of ``buffer`` to ``fd`` (looping over short writes); return the count.
+
+    With ``hasher`` (checksum.new_hasher), the bytes are also hashed, a cache-sized
+    step at a time right after they are written, instead of in a second pass.
+    """
+    view = _bytes(buffer)
     total = len(view)
-    while done < total:
-        done += os.write(fd, view[done:done + _MAX_IO])
+    step = PIECE if hasher is not None else _MAX_IO
+    for lo in range(0, total, step):
+        hi = min(lo + step, total)
+        done = lo
+        while done < hi:
+            done += os.write(fd, view[done:hi])
+        if hasher is not None:
+            hasher.update(view[lo:hi])
     return total
 
 
-def read_exact(fd: int, offset: int, buffer, name: str) -> None:
-    """Fill ``buffer`` from ``fd`` at ``offset``; CorruptCheckpointError if the file ends first."""
+def _bytes(buffer) -> memoryview:
     view = memoryview(buffer)
-    if view.format != "B" or view.ndim != 1:
-        view = view.cast("B")
-    done = 0
+    return view if view.format == "B" and view.ndim == 1 else view.cast("B")
+
+
+def read_exact(fd: int, offset: int, buffer, name: str, hasher=None) -> None:
+    """Fill ``buffer`` from ``fd`` at ``offset``; CorruptCheckpointError if the file ends first.
+
+    With ``hasher``, each cache-sized step is hashed right after it is read.
+    """
+    view = _bytes(buffer)
     total = len(view)
-    while done < total:
-        n = os.preadv(fd, [view[done:done + _MAX_IO]], offset + done)
-        if n == 0:
-            raise CorruptCheckpointError(f"{name} is truncated: wanted {total} bytes at offset {offset}, "
-                                         f"the file ends after {done}")
-        done += n
+    step = PIECE if hasher is not None else _MAX_IO
+    for lo in range(0, total, step):
+        hi = min(lo + step, total)
+        done = lo
+        while done < hi:
+            n = os.preadv(fd, [view[done:hi]], offset + done)
+            if n == 0:
+                raise CorruptCheckpointError(f"{name} is truncated: wanted {total} bytes at offset {offset}, "
+                                             f"the file ends after {done}")
+            done += n
+        if hasher is not None:
+            hasher.update(view[lo:hi])
 
 
 def fsync_path(path: str) -> None:
@@ -73,8 +94,23 @@ def create_exclusive(path: str) -> int:
 
 
 def confined_path(directory: str, name: str) -> str:
-    """The absolute path of data file ``name`` inside ``directory``; refuses anything that escapes it."""
+    """The absolute path of data file ``name`` inside ``directory``; refuses anything that escapes it.
+
+    A reference ``@NAME/path`` (incremental saves) resolves inside the sibling
+    version ``NAME`` of ``directory`` (same parent), which must be a committed
+    checkpoint directory; it may not leave that version either.
+    """
     check_relative_path(name)
+    ref = split_reference(name)
+    if ref is not None:
+        parent = os.path.dirname(os.path.realpath(directory))
+        sibling = os.path.realpath(os.path.join(parent, ref[0]))
+        if os.path.dirname(sibling) != parent:
+            raise CorruptCheckpointError(f"data file {name!r} refers to a version outside {parent}")
+        if not os.path.isfile(os.path.join(sibling, METADATA_FILE)):
+            raise CorruptCheckpointError(f"data file {name!r} refers to {sibling}, which is not a committed version "
+                                         "(removed or never committed)")
+        directory, name = sibling, ref[1]
     root = os.path.realpath(directory)
     full = os.path.realpath(os.path.join(root, name))
     if not full.startswith(root + os.sep):

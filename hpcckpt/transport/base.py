@@ -23,7 +23,7 @@ class Piece:
     start: tuple[int, ...]
     count: tuple[int, ...]
     payload: np.ndarray  # flat uint8, C-contiguous (a view of the caller's memory when possible)
-    checksum: str
+    checksum: str | None  # None: the transport computes it while writing (file-per-rank does)
 
     @property
     def nbytes(self) -> int:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 
+from ..checksum import hexdigest, new_hasher
 from ..storage.posix import create_exclusive, write_all
 from .base import TransportContext, Written
 from .throttle import write_turn
@@ -22,12 +23,12 @@ class SequentialFile:
         self.fd: int | None = None
         self.offset = 0
 
-    def append(self, buffer) -> int:
-        """Write ``buffer`` at the end; return the offset it starts at."""
+    def append(self, buffer, hasher=None) -> int:
+        """Write ``buffer`` at the end (hashing it on the way when given a hasher); return its offset."""
         if self.fd is None:
             self.fd = create_exclusive(os.path.join(self.directory, self.name))
         start = self.offset
-        self.offset += write_all(self.fd, buffer)
+        self.offset += write_all(self.fd, buffer, hasher)
         return start
 
     def close(self) -> None:
@@ -42,14 +43,21 @@ class SequentialFile:
 
 
 def write_file_per_rank(ctx: TransportContext, pieces) -> Written:
-    """Write this rank's pieces into ``data/part-<rank>.bin``, one wave of ``max_writers`` at a time."""
+    """Write this rank's pieces into ``data/part-<rank>.bin``, one wave of ``max_writers`` at a time.
+
+    Pieces that come without a checksum are checksummed while they are written.
+    """
     rank = ctx.comm.Get_rank()
     out = Written()
     target = SequentialFile(ctx.directory, f"data/part-{rank:06d}.bin", ctx.fsync)
     with write_turn(ctx.comm, list(range(ctx.comm.Get_size())), ctx.max_writers):
         try:
             for piece in pieces:
-                out.add(piece.header(), target.name, target.append(piece.payload))
+                hasher = new_hasher() if piece.checksum is None else None
+                offset = target.append(piece.payload, hasher)
+                if hasher is not None:  # checksummed while written: one pass over the bytes, not two
+                    piece.checksum = hexdigest(hasher)
+                out.add(piece.header(), target.name, offset)
         finally:
             target.close()
     return out

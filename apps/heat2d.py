@@ -1,0 +1,332 @@
+#!/usr/bin/env python3
+"""A 2-D heat equation on a Cartesian process grid, checkpointed with hpcckpt.
+
+Run it under MPI, for example::
+
+    mpiexec -n 4 python apps/heat2d.py --root run/ckpt --steps 400 --every 50 --out run/final
+
+What it computes
+    The global field ``u`` has ``ny x nx`` cells.  Every step, each cell moves
+    towards the mean of its four neighbours (explicit 5-point stencil).  Outside
+    the domain the temperature is held fixed: 1.0 above the top edge, 0.0 on the
+    other three sides.  The initial field is a function of the global cell index
+    only (two hot discs plus a little integer-hash "noise"), so it is the same
+    whatever the number of ranks.
+
+    A few "tracer particles" wander over the grid on integer paths and add up the
+    temperature of the cell they sit on ("dose").  Each tracer lives on the rank
+    that owns its cell and migrates between ranks as it moves; in a checkpoint the
+    tracers are an ``hpcckpt.Ragged`` table (a structured dtype), so a restart on
+    another number of ranks gets an even share of them and sends each to its owner.
+
+How it is parallelised
+    ``MPI.Compute_dims`` picks a process grid (4 ranks: 2 x 2; 3 ranks: 3 x 1),
+    ``comm.Create_cart`` builds it, each rank owns one rectangle of cells plus a
+    one-cell halo, and neighbours exchange halos with ``Sendrecv`` every step.
+
+Why a restart is bitwise identical on any process grid
+    Each new cell value is ``c + r*((n + s) + (w + e) - 4*c)``, evaluated
+    elementwise by numpy in that fixed order from the same neighbour values, and
+    the tracers use integer arithmetic plus one addition per step: no sums over
+    ranks, no reductions whose order depends on the decomposition.  So an
+    uninterrupted run, a run stopped and restarted, and a run on another number
+    of ranks give the same bits.
+
+Checkpointing
+    ``--root DIR`` holds numbered versions (``hpcckpt.Checkpointer``, newest
+    ``--keep`` kept), one every ``--every`` steps and one at the end.  At start,
+    if the root holds a committed version, the run restores the newest valid one
+    and continues from its step.  ``--out DIR`` receives the final state as one
+    checkpoint directory (``hpcckpt.open(DIR).read("u")`` reads it back).
+
+Stopping
+    SIGUSR1 or SIGTERM (a SLURM pre-emption or ``sbatch --signal``) sets a flag;
+    at the next step boundary all ranks agree (one small allreduce), save a
+    checkpoint and exit with status 0.  ``--kill-rank R --kill-step S`` makes
+    rank R kill itself with a real SIGKILL after step S (after that step's
+    checkpoint, if it has one): a crash, for the demo and the tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+try:
+    import hpcckpt
+except ModuleNotFoundError as exc:  # running from a source tree where hpcckpt is not installed
+    if exc.name != "hpcckpt":
+        raise
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    import hpcckpt
+from hpcckpt.policy import FixedSteps
+
+#: Diffusion number alpha*dt/dx^2; the explicit scheme is stable for r <= 0.25.
+R = 0.2
+#: Fixed temperature outside the domain: above the top edge, and on the other three sides.
+TOP, OTHER = 1.0, 0.0
+
+TRACER_DTYPE = np.dtype([("id", "<i8"), ("i", "<i8"), ("j", "<i8"), ("di", "<i8"), ("dj", "<i8"),
+                         ("dose", "<f8")])
+
+
+# --------------------------------------------------------------------------- decomposition
+
+def bounds(n: int, parts: int) -> np.ndarray:
+    """Start of each part when ``n`` cells are split into ``parts`` nearly equal parts (plus the end)."""
+    return np.array([p * n // parts for p in range(parts + 1)], dtype=np.int64)
+
+
+class Grid:
+    """This rank's place in the Cartesian process grid and the cells it owns."""
+
+    def __init__(self, comm, ny: int, nx: int):
+        self.ny, self.nx = ny, nx
+        self.dims = MPI.Compute_dims(comm.Get_size(), 2)
+        self.cart = comm.Create_cart(self.dims, periods=[False, False], reorder=False)
+        self.rank = self.cart.Get_rank()
+        self.size = self.cart.Get_size()
+        self.coords = self.cart.Get_coords(self.rank)
+        self.ybounds, self.xbounds = bounds(ny, self.dims[0]), bounds(nx, self.dims[1])
+        cy, cx = self.coords
+        self.y0, self.y1 = int(self.ybounds[cy]), int(self.ybounds[cy + 1])
+        self.x0, self.x1 = int(self.xbounds[cx]), int(self.xbounds[cx + 1])
+        self.up, self.down = self.cart.Shift(0, 1)      # neighbours above (smaller row) and below
+        self.left, self.right = self.cart.Shift(1, 1)   # neighbours left and right
+        self.rank_of = np.array([[self.cart.Get_cart_rank([a, b]) for b in range(self.dims[1])]
+                                 for a in range(self.dims[0])], dtype=np.int64)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.y1 - self.y0, self.x1 - self.x0
+
+    def owner(self, i: np.ndarray, j: np.ndarray) -> np.ndarray:
+        """The rank that owns global cells (i, j)."""
+        cy = np.searchsorted(self.ybounds, i, side="right") - 1
+        cx = np.searchsorted(self.xbounds, j, side="right") - 1
+        return self.rank_of[cy, cx]
+
+
+# --------------------------------------------------------------------------- the physics
+
+def initial_field(grid: Grid) -> np.ndarray:
+    """The initial temperature of this rank's cells, from global indices only (integer arithmetic)."""
+    i = np.arange(grid.y0, grid.y1, dtype=np.int64)[:, None]
+    j = np.arange(grid.x0, grid.x1, dtype=np.int64)[None, :]
+    ny, nx = grid.ny, grid.nx
+    u = np.zeros(grid.shape)
+    for ci, cj, rad, temp in ((ny // 3, nx // 3, max(ny, nx) // 8, 1.0), (2 * ny // 3, 3 * nx // 5, max(ny, nx) // 6, 0.75)):
+        u[(i - ci) ** 2 + (j - cj) ** 2 < rad * rad] = temp
+    noise = ((i * 73856093) ^ (j * 19349663)) % 1000  # a deterministic hash of the cell index
+    return u + noise.astype(np.float64) / 10000.0
+
+
+def with_halo(grid: Grid, interior: np.ndarray) -> np.ndarray:
+    """A (h+2) x (w+2) array: the interior plus a halo preset to the fixed outside temperatures."""
+    h, w = grid.shape
+    u = np.full((h + 2, w + 2), OTHER)
+    if grid.y0 == 0:
+        u[0, :] = TOP
+    u[1:-1, 1:-1] = interior
+    return u
+
+
+def exchange_halo(grid: Grid, u: np.ndarray) -> None:
+    """Fill the halo of ``u`` from the four neighbours; sides without one keep their fixed value."""
+    cart = grid.cart
+    # rows are contiguous: send them straight from the array
+    cart.Sendrecv(u[1, 1:-1], dest=grid.up, recvbuf=u[-1, 1:-1], source=grid.down)
+    cart.Sendrecv(u[-2, 1:-1], dest=grid.down, recvbuf=u[0, 1:-1], source=grid.up)
+    # columns are strided: go through contiguous buffers
+    h = u.shape[0] - 2
+    send, recv = np.ascontiguousarray(u[1:-1, 1]), np.empty(h)
+    cart.Sendrecv(send, dest=grid.left, recvbuf=recv, source=grid.right)
+    if grid.right != MPI.PROC_NULL:
+        u[1:-1, -1] = recv
+    send = np.ascontiguousarray(u[1:-1, -2])
+    cart.Sendrecv(send, dest=grid.right, recvbuf=recv, source=grid.left)
+    if grid.left != MPI.PROC_NULL:
+        u[1:-1, 0] = recv
+
+
+def stencil(u: np.ndarray, out: np.ndarray) -> None:
+    """One explicit step on the interior; each cell's expression is fixed, so results are decomposition-free."""
+    c = u[1:-1, 1:-1]
+    n, s, w, e = u[:-2, 1:-1], u[2:, 1:-1], u[1:-1, :-2], u[1:-1, 2:]
+    out[1:-1, 1:-1] = c + R * ((n + s) + (w + e) - 4.0 * c)
+
+
+def initial_tracers(grid: Grid, count: int) -> np.ndarray:
+    """The tracers this rank owns at step 0 (positions and velocities from the tracer id only)."""
+    ids = np.arange(count, dtype=np.int64)
+    t = np.zeros(count, TRACER_DTYPE)
+    t["id"] = ids
+    t["i"] = (ids * 7919 + 11) % grid.ny
+    t["j"] = (ids * 104729 + 17) % grid.nx
+    t["di"] = ids % 3 - 1
+    t["dj"] = (ids // 3) % 3 - 1
+    return t[grid.owner(t["i"], t["j"]) == grid.rank]
+
+
+def migrate(grid: Grid, tracers: np.ndarray) -> np.ndarray:
+    """Send every tracer to the rank that owns its cell; returns the tracers this rank now owns."""
+    owner = grid.owner(tracers["i"], tracers["j"]) if len(tracers) else np.empty(0, np.int64)
+    if grid.cart.allreduce(int(np.count_nonzero(owner != grid.rank)), op=MPI.SUM) == 0:
+        return tracers
+    outgoing = [tracers[owner == r] for r in range(grid.size)]
+    incoming = grid.cart.alltoall(outgoing)
+    return np.concatenate(incoming) if incoming else tracers[:0]
+
+
+def move_tracers(grid: Grid, tracers: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """Move each tracer one cell along its velocity (wrapping around), migrate, add the local temperature."""
+    tracers["i"] = (tracers["i"] + tracers["di"]) % grid.ny
+    tracers["j"] = (tracers["j"] + tracers["dj"]) % grid.nx
+    tracers = migrate(grid, tracers)
+    li, lj = tracers["i"] - grid.y0 + 1, tracers["j"] - grid.x0 + 1
+    tracers["dose"] = tracers["dose"] + u[li, lj]
+    return tracers
+
+
+# --------------------------------------------------------------------------- stopping cleanly
+
+def step_boundary(ck, state: dict, done: int):
+    """Called by every rank after each step: checkpoint when due or when asked to stop.
+
+    ``Checkpointer.maybe_save`` decides collectively (every ``--every`` steps, or at
+    once when any rank got SIGUSR1/SIGTERM, or when the job's end time is near);
+    ``should_exit`` is then True on every rank.  Returns (SaveResult or None, stop?).
+    """
+    result = ck.maybe_save(state, done)
+    return result, ck.should_exit()
+
+
+# --------------------------------------------------------------------------- the program
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--root", required=True, help="checkpoint root (numbered versions live here)")
+    p.add_argument("--nx", type=int, default=256, help="global cells along x (columns)")
+    p.add_argument("--ny", type=int, default=256, help="global cells along y (rows)")
+    p.add_argument("--steps", type=int, default=400, help="total number of steps of the whole run")
+    p.add_argument("--every", type=int, default=50, help="checkpoint every this many steps (0: only at the end)")
+    p.add_argument("--keep", type=int, default=3, help="keep the newest this many checkpoints")
+    p.add_argument("--tracers", type=int, default=64, help="number of tracer particles")
+    p.add_argument("--out", help="write the final state here as one checkpoint directory")
+    p.add_argument("--kill-rank", type=int, default=None, help="this rank SIGKILLs itself ...")
+    p.add_argument("--kill-step", type=int, default=None, help="... after this step (a crash, for demos and tests)")
+    p.add_argument("--sleep", type=float, default=0.0, help="pause this many seconds per step (demos and tests)")
+    p.add_argument("--quiet", action="store_true", help="print only the start and the end")
+    args = p.parse_args(argv)
+    if args.nx < 1 or args.ny < 1 or args.steps < 0 or args.every < 0 or args.keep < 1 or args.tracers < 0:
+        p.error("--nx/--ny/--keep must be positive, --steps/--every/--tracers not negative")
+    if (args.kill_rank is None) != (args.kill_step is None):
+        p.error("--kill-rank and --kill-step go together")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    comm = MPI.COMM_WORLD
+    grid = Grid(comm, args.ny, args.nx)
+    rank = grid.rank
+
+    def say(msg: str) -> None:
+        if rank == 0:
+            print(f"[heat2d] {msg}", flush=True)
+
+    if args.ny < grid.dims[0] or args.nx < grid.dims[1]:
+        say(f"the {args.ny}x{args.nx} grid is too small for a {grid.dims[0]}x{grid.dims[1]} process grid")
+        return 2
+    params = {"nx": args.nx, "ny": args.ny, "r": R, "tracers": args.tracers}
+    u = with_halo(grid, initial_field(grid))
+    unew = u.copy()  # same fixed halo; interiors are overwritten each step
+
+    def make_state(done: int, tracers) -> dict:
+        return {"u": hpcckpt.Block(u[1:-1, 1:-1], offset=(grid.y0, grid.x0), global_shape=(args.ny, args.nx)),
+                "tracers": hpcckpt.Ragged(tracers),
+                "step": done, "params": params}
+
+    policy = FixedSteps(args.every) if args.every else FixedSteps(10**12)
+    # signal handlers now, before the pids are printed: from then on a signal is never lost
+    ck = hpcckpt.Checkpointer(args.root, comm=comm, keep=args.keep, policy=policy, handle_signals=True)
+    pids = comm.gather(os.getpid(), root=0)
+    say(f"{grid.size} ranks on a {grid.dims[0]} x {grid.dims[1]} process grid, {args.ny} x {args.nx} cells, "
+        f"{args.steps} steps; pids {' '.join(map(str, pids)) if pids else ''}")
+    start = 0
+    tracers = initial_tracers(grid, args.tracers)
+    if ck.latest() is not None:
+        t0 = time.perf_counter()
+        template = {"u": hpcckpt.Block(u[1:-1, 1:-1], offset=(grid.y0, grid.x0), global_shape=(args.ny, args.nx)),
+                    "tracers": hpcckpt.Ragged(), "step": 0, "params": None}
+        restored = ck.restore(template)
+        if restored["params"] != params:
+            say(f"the checkpoint under {args.root} was written with {restored['params']}, not {params}: "
+                "use the same --nx/--ny/--tracers, or another --root")
+            ck.close()  # a usage error, not a failure of the machine
+            return 2
+        start = int(restored["step"])
+        tracers = migrate(grid, restored["tracers"].local)
+        unew[...] = u
+        saved_by = hpcckpt.open(ck.last_restored).meta.nranks if rank == 0 else None
+        say(f"restored step {start} from {ck.last_restored} in {time.perf_counter() - t0:.3f} s "
+            f"(saved by {saved_by} ranks, restored on {grid.size}: hpcckpt resharded it)")
+    else:
+        say(f"no checkpoint under {args.root}: starting from step 0")
+
+    t_run = time.perf_counter()
+    done = start
+    saved_at = start if start else None
+    for step in range(start, args.steps):
+        exchange_halo(grid, u)
+        stencil(u, unew)
+        u, unew = unew, u
+        tracers = move_tracers(grid, tracers, u)
+        done = step + 1
+        if args.sleep:
+            time.sleep(args.sleep)
+        result, stopping = step_boundary(ck, make_state(done, tracers), done)
+        if result is not None:
+            saved_at = done
+            if not args.quiet or stopping:
+                say(f"step {done}/{args.steps}: checkpoint saved to {result.path} "
+                    f"({result.bytes_written / 1024:.0f} KiB, {sum(result.timings.values()) * 1000:.0f} ms)")
+        if stopping:
+            why = "SIGUSR1/SIGTERM received" if ck.pacer.final_reason == "signal" else "the job's end time is near"
+            say(f"{why}: stopped cleanly after step {done} with a checkpoint; "
+                "run the same command again to continue")
+            ck.close()
+            return 0
+        if args.kill_rank == rank and args.kill_step == done:
+            print(f"[heat2d] rank {rank}: simulating a crash: SIGKILL to myself (pid {os.getpid()}) "
+                  f"after step {done}", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+    elapsed = time.perf_counter() - t_run
+    if saved_at != done:  # always finish with a checkpoint of the last step: a rerun then has nothing to do
+        ck.save(make_state(done, tracers), step=done)
+    ck.close()
+    say(f"finished {done - start} steps in {elapsed:.2f} s (steps {start}..{done})")
+    if args.out:
+        hpcckpt.save(make_state(done, tracers), args.out, comm=comm, step=done, overwrite=True)
+        if rank == 0:
+            view = hpcckpt.open(args.out)
+            field = view.read("u")
+            say(f"final state written to {args.out}: u {field.shape}, "
+                f"mean temperature {float(field.mean()):.6f}, {len(view.read('tracers'))} tracers")
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except hpcckpt.CheckpointError as exc:  # raised on every rank alike: one line, from rank 0
+        if MPI.COMM_WORLD.Get_rank() == 0:
+            print(f"[heat2d] error: {exc}", file=sys.stderr, flush=True)
+        sys.exit(1)

@@ -1,0 +1,205 @@
+#!/usr/bin/env python
+"""Asynchronous and multi-level checkpointing benchmark (issue 7).
+
+    .venv/bin/mpiexec -n 4 .venv/bin/python bench/async.py --total-mib 512 --repeats 3
+
+One run, ``--total-mib`` of float64 state split evenly over the ranks,
+simulated nodes of ``--ranks-per-node`` ranks, the root under ``--root``
+(a disk directory) and the node-local level under ``--local`` (/dev/shm):
+
+* memcpy: one ``np.copyto`` of the rank's state into a preallocated buffer
+  (the floor for any save that lets the caller go on at once);
+* blocking time of ``Checkpointer.save``: asynchronous to the root (L4 only),
+  asynchronous with levels (L1 + partner copies, flush to L4), and the
+  blocking (synchronous) save for reference; the pool is warm (second and
+  later saves), as in a time loop;
+* compute slowdown: a stencil loop (1 M float64 per rank) timed per iteration
+  alone, then while the background writer runs, then while the L4 flush runs;
+* restore: from L1 (/dev/shm) vs from L4 (the root, with the data files'
+  pages dropped first through posix_fadvise(DONTNEED), i.e. cold).
+
+Times are the slowest rank's (allreduce MAX of each rank's time between
+barriers), medians over ``--repeats``.  Rank 0 prints a Markdown table.
+"""
+
+from __future__ import annotations
+
+import os
+
+for _v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_v, "1")
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import shutil  # noqa: E402
+import statistics  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+
+import numpy as np  # noqa: E402
+from mpi4py import MPI  # noqa: E402
+
+from hpcckpt import Block, Checkpointer  # noqa: E402
+
+comm = MPI.COMM_WORLD
+rank, size = comm.rank, comm.size
+
+
+def slowest(seconds: float) -> float:
+    return comm.allreduce(seconds, op=MPI.MAX)
+
+
+def timed(fn) -> float:
+    comm.Barrier()
+    t = time.perf_counter()
+    fn()
+    return slowest(time.perf_counter() - t)
+
+
+def drop_cache(directory: str) -> None:
+    for dirpath, _, files in os.walk(directory):
+        for f in files:
+            fd = os.open(os.path.join(dirpath, f), os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
+def stencil_loop(u: np.ndarray, v: np.ndarray, until=None, iterations: int = 0) -> list[float]:
+    """Per-iteration seconds of a 3-point stencil; runs ``iterations`` times or while ``until()`` is true."""
+    out = []
+    k = 0
+    while (until() if until is not None else k < iterations):
+        t = time.perf_counter()
+        np.add(u[2:], u[:-2], out=v[1:-1])
+        np.multiply(v, 0.5, out=u)
+        out.append(time.perf_counter() - t)
+        k += 1
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--total-mib", type=int, default=512)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--ranks-per-node", type=int, default=2)
+    p.add_argument("--root", default=None, help="directory for the shared level (default: a new one in /tmp)")
+    p.add_argument("--local", default=None, help="node-local directory (default: a new one in /dev/shm)")
+    p.add_argument("--json", default=None, help="also write the results here (rank 0)")
+    args = p.parse_args()
+    os.environ["HPCCKPT_RANKS_PER_NODE"] = str(args.ranks_per_node)
+    base = comm.bcast(tempfile.mkdtemp(prefix="hpcckpt-bench-async-", dir=args.root) if rank == 0 else None)
+    local = comm.bcast(tempfile.mkdtemp(prefix="hpcckpt-bench-async-", dir=args.local or "/dev/shm")
+                       if rank == 0 else None)
+    n = args.total_mib * (1 << 20) // 8 // size
+    a = np.random.default_rng(rank).standard_normal(n)
+    state = lambda: {"u": Block(a, (rank * n,), (size * n,)), "t": 0.0}  # noqa: E731
+    staging = a.nbytes + (64 << 20)
+    res: dict = {"ranks": size, "ranks_per_node": args.ranks_per_node, "state_mib": args.total_mib}
+    try:
+        # memcpy floor
+        dst = np.empty_like(a)
+        np.copyto(dst, a)
+        res["memcpy"] = statistics.median(timed(lambda: np.copyto(dst, a)) for _ in range(args.repeats))
+        del dst
+
+        def blocking(ck, name):
+            ck.save(state(), 0)
+            ck.wait()
+            times = []
+            for i in range(1, args.repeats + 1):
+                times.append(timed(lambda: ck.save(state(), i)))
+                a[:1] += 1.0  # the application goes on writing its state
+                ck.wait()
+            res[name] = statistics.median(times)
+
+        opts = dict(track_failures=False, keep=2, fsync=True)
+        with Checkpointer(os.path.join(base, "sync"), **opts) as ck:
+            blocking(ck, "save_sync")
+        with Checkpointer(os.path.join(base, "async"), asynchronous=True, staging_bytes=staging, **opts) as ck:
+            blocking(ck, "save_async_root")
+        levels = dict(asynchronous=True, staging_bytes=staging, local_dir=local, partner_every=1, flush_every=1,
+                      **opts)
+        with Checkpointer(os.path.join(base, "levels"), **levels) as ck:
+            blocking(ck, "save_async_levels")
+
+            # compute slowdown while the background writer, then the flush, runs
+            u = np.random.default_rng(0).standard_normal(1 << 20)
+            v = np.zeros_like(u)
+            stencil_loop(u, v, iterations=20)
+            alone = statistics.median(stencil_loop(u, v, iterations=200))
+            eng = ck._engine
+            during_write, during_flush = [], []
+            for i in range(args.repeats):
+                comm.Barrier()
+                ck.save(state(), 100 + i)
+                during_write += stencil_loop(u, v, until=lambda: not eng.pending.writer.done)
+                ck.latest()  # commits (partner copies over MPI) and starts the flush
+                during_flush += stencil_loop(u, v, until=lambda: eng.flush is not None and not eng.flush.thread.done)
+                ck.wait()
+            mean = lambda xs: statistics.fmean(xs) if xs else float("nan")  # noqa: E731
+            res["stencil_alone"] = comm.allreduce(alone) / size
+            res["stencil_during_write"] = comm.allreduce(mean(during_write)) / size
+            res["stencil_during_flush"] = comm.allreduce(mean(during_flush)) / size
+            res["iterations_during_flush"] = comm.allreduce(len(during_flush))
+
+            # restore: L1 vs L4 (cold)
+            b = np.zeros_like(a)
+            tmpl = lambda: {"u": Block(b, (rank * n,), (size * n,)), "t": None}  # noqa: E731
+            l1 = []
+            for _ in range(args.repeats):
+                l1.append(timed(lambda: ck.restore(tmpl())))
+                assert eng.restored_level == "L1"
+            res["restore_L1"] = statistics.median(l1)
+            restored = ck.last_restored
+        with Checkpointer(os.path.join(base, "levels"), track_failures=False) as plain:
+            l4 = []
+            for _ in range(args.repeats):
+                if rank == 0:
+                    drop_cache(os.path.join(base, "levels"))
+                l4.append(timed(lambda: plain.restore(tmpl())))
+            res["restore_L4_cold"] = statistics.median(l4)
+            res["restore_L4_warm"] = timed(lambda: plain.restore(tmpl()))
+        assert os.path.basename(restored) == os.path.basename(plain.last_restored), (restored, plain.last_restored)
+    finally:
+        comm.Barrier()
+        if rank == 0:
+            shutil.rmtree(base, ignore_errors=True)
+            shutil.rmtree(local, ignore_errors=True)
+    if rank == 0:
+        report(res, args)
+
+
+def report(r: dict, args) -> None:
+    mib = r["state_mib"]
+    gbs = lambda s: mib / 1024 / s  # noqa: E731
+    rows = [
+        ("np.copyto of the state (memcpy floor)", r["memcpy"], "1.00x memcpy"),
+        ("save, blocking (synchronous, to the root)", r["save_sync"], f"{r['save_sync'] / r['memcpy']:.2f}x memcpy"),
+        ("save, asynchronous to the root: time save() blocks", r["save_async_root"],
+         f"{r['save_async_root'] / r['memcpy']:.2f}x memcpy"),
+        ("save, asynchronous with L1+L2, flush to L4: time save() blocks", r["save_async_levels"],
+         f"{r['save_async_levels'] / r['memcpy']:.2f}x memcpy"),
+        ("stencil iteration, alone", r["stencil_alone"], "1.00x"),
+        ("stencil iteration, during the background write", r["stencil_during_write"],
+         f"{r['stencil_during_write'] / r['stencil_alone']:.2f}x"),
+        ("stencil iteration, during the L4 flush", r["stencil_during_flush"],
+         f"{r['stencil_during_flush'] / r['stencil_alone']:.2f}x ({r['iterations_during_flush']} iterations)"),
+        ("restore from L1 (/dev/shm)", r["restore_L1"], f"{gbs(r['restore_L1']):.2f} GiB/s"),
+        ("restore from L4 (root, cold cache)", r["restore_L4_cold"],
+         f"{gbs(r['restore_L4_cold']):.2f} GiB/s; L4/L1 = {r['restore_L4_cold'] / r['restore_L1']:.2f}x"),
+        ("restore from L4 (root, warm cache)", r["restore_L4_warm"], f"{gbs(r['restore_L4_warm']):.2f} GiB/s"),
+    ]
+    print(f"\n{r['ranks']} ranks, {r['ranks_per_node']} per simulated node, {mib} MiB state, "
+          f"median of {args.repeats}\n")
+    print("| measurement | seconds | relative |\n|---|---|---|")
+    for name, s, rel in rows:
+        print(f"| {name} | {s:.4f} | {rel} |")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(r, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,8 @@
+"""``python -m hpcckpt``: the same command as the ``hpcckpt`` console script (see hpcckpt/cli.py)."""
+
+import sys
+
+from .cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())

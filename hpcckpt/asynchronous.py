@@ -1,0 +1,574 @@
+"""Asynchronous and multi-level saves for :class:`hpcckpt.Checkpointer`.
+
+``Checkpointer(root, asynchronous=True, ...)`` splits a save in two:
+
+* foreground, inside ``save``: the collective planning (as a blocking save),
+  then a copy of this rank's arrays into staging buffers (``staging.py``), then
+  ``save`` returns.  The caller may overwrite its arrays at once.
+* background (one thread per rank, no MPI call in it): compression, checksums
+  and the file-per-rank write, into the root's version directory or, with
+  ``local_dir``, into the node-local level L1.
+* the collective commit happens at the next call into the Checkpointer
+  (``save``, ``wait``, ``latest``, ``steps``, ``restore``, ``close``; and
+  ``should_save``/``poll`` when every rank's writer is already done): every rank
+  waits for its writer, all agree on failures (one rank's failure is a
+  CheckpointError on every rank, and the version is removed, never committed),
+  partner copies and parity are exchanged when due (MPI, in the foreground),
+  rank 0 writes the metadata, and retention runs.
+
+With ``local_dir`` (asynchronous or not) the levels of ``hpcckpt.levels`` apply:
+L1 node-local, L2 partner, L3 XOR parity, L4 the root, flushed from L1 in a
+background thread and committed at a later call.  ``restore`` picks the newest
+version and the fastest level that holds it whole, rebuilding lost files from
+partners or parity, and falls back to the root with a warning that says why.
+
+At most one save is in flight: a save while one is in flight waits for it
+(``skip_if_busy=True``: is skipped, counted in ``skipped``, and returns None,
+unless every rank's writer has already finished).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+import time
+import warnings
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ._mpi import _collective_error, agree, on_root
+from ._mpi import _describe as _describe_failure
+from .arrays import byte_view
+from .catalog import _NAME, VersionEntry, check_step, current, list_versions, new_version_name, removable, \
+    remove_versions
+from .checksum import checksum
+from .codecs.pipeline import EncodedPieces, decide_codecs
+from .errors import CheckpointError
+from .levels import ENGINE_OPTIONS, LevelOptions, data_file, node_dir, node_leader, parity_file, parity_groups, \
+    partners
+from .levels.flush import FlushThread
+from .levels.partner import transfer
+from .log import logger
+from .metadata import METADATA_FILE
+from .monitor import PhaseTimer
+from .planning import plan_save
+from .saving import SaveOptions, SaveResult, _commit, _describe, _stats
+from .staging import DEFAULT_STAGING_BYTES, SlotQueue, StagingPool, stage
+from .storage.posix import atomic_write, fsync_path
+from .transport.base import Written
+from .transport.file_per_rank import SequentialFile
+from .transport.topology import node_layout, ranks_per_node_setting
+
+
+def pop_engine_options(options: dict) -> dict:
+    """Remove and return the engine's options from a Checkpointer's keyword arguments."""
+    return {k: options.pop(k) for k in ENGINE_OPTIONS if k in options}
+
+
+def engine_wanted(engine_options: dict) -> bool:
+    return bool(engine_options.get("asynchronous")) or engine_options.get("local_dir") is not None
+
+
+class BackgroundWrite:
+    """One rank's writer thread: staged slots -> codec -> checksum -> one file-per-rank data file."""
+
+    def __init__(self, directory: str, name: str, pool: StagingPool, queue: SlotQueue, encoder: EncodedPieces,
+                 fsync: bool):
+        self.directory, self.name = directory, name
+        self.pool, self.queue, self.encoder, self.fsync = pool, queue, encoder, fsync
+        self.timer = PhaseTimer()
+        self.written = Written()
+        self.file_bytes = 0
+        self.error: BaseException | None = None
+        self._eof = False
+        self._held: list = []
+        self._staging_error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="hpcckpt-writer", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def fail(self, exc: BaseException) -> None:
+        """Staging failed on this rank: the writer drains the pool and reports ``exc`` at the commit."""
+        self._staging_error = exc
+
+    @property
+    def done(self) -> bool:
+        return self._thread.ident is not None and not self._thread.is_alive()
+
+    def join(self) -> None:
+        self._thread.join()
+
+    def outcome(self) -> "BackgroundWrite":
+        if self.error is not None:
+            raise self.error
+        return self
+
+    def _stream(self, owners: list):
+        while True:
+            slot = self.queue.get()
+            if slot is None:
+                self._eof = True
+                return
+            self._held.append(slot)
+            for variable, start, count, dtype, offset, nbytes in slot.pieces:
+                owners.append(slot)
+                yield variable, start, count, slot.buffer[offset:offset + nbytes].view(dtype).reshape(count)
+
+    def _release(self, slot) -> None:
+        self._held.remove(slot)
+        self.pool.release(slot.buffer)
+
+    def _run(self) -> None:
+        target = SequentialFile(self.directory, self.name, self.fsync)
+        owners: list = []
+        try:
+            _lower_priority()
+            os.makedirs(os.path.dirname(os.path.join(self.directory, self.name)), exist_ok=True)
+            with self.timer.phase("write"):
+                try:
+                    for variable, start, count, arr in self.encoder.wrap(self._stream(owners), self.timer):
+                        payload = byte_view(arr)
+                        with self.timer.phase("hash"):
+                            digest = checksum(payload)
+                        self.written.add((variable, start, count, payload.nbytes, digest), target.name,
+                                         target.append(payload))
+                        slot = owners.pop(0)
+                        slot.remaining -= 1
+                        if slot.remaining == 0:
+                            self._release(slot)
+                finally:
+                    target.close()
+            self.file_bytes = target.offset
+            if self._staging_error is not None:
+                raise self._staging_error
+        except BaseException as exc:  # noqa: BLE001 - surfaces on every rank at the next collective call
+            self.error = exc
+        finally:  # hand every slot back (also after a failure) so that a blocked save() never waits forever
+            for slot in list(self._held):
+                self._release(slot)
+            while not self._eof:
+                slot = self.queue.get()
+                if slot is None:
+                    self._eof = True
+                else:
+                    self.pool.release(slot.buffer)
+
+
+@dataclass
+class Pending:
+    """A save whose data is being written in the background; committed by :meth:`Engine.complete`."""
+
+    step: int
+    name: str
+    directory: str  # where this rank's writer writes (root version or node-local version)
+    variables: dict
+    codecs: dict
+    values: dict | None
+    writer: BackgroundWrite
+    due: dict
+    stage_seconds: float
+    staged_bytes: int
+    nchunks: int
+    options: SaveOptions
+    started: float = field(default_factory=time.perf_counter)
+
+
+@dataclass
+class Flush:
+    name: str
+    thread: FlushThread
+    meta: bytes | None  # rank 0: the metadata to commit on the root
+
+
+class Engine:
+    """The asynchronous / multi-level side of a Checkpointer (see the module docstring)."""
+
+    def __init__(self, ckpt, asynchronous: bool = False, staging_bytes: int = DEFAULT_STAGING_BYTES,
+                 skip_if_busy: bool = False, local_dir=None, partner_every: int = 0, parity_every: int = 0,
+                 parity_group: int = 8, flush_every: int = 1, flush_bandwidth: float | None = None):
+        self.ckpt = ckpt
+        self.comm = ckpt.comm
+        self.rank = self.comm.Get_rank()
+        if isinstance(staging_bytes, bool) or not isinstance(staging_bytes, int) or staging_bytes < 1:
+            raise CheckpointError(f"staging_bytes must be a positive integer, got {staging_bytes!r}")
+        self.asynchronous = bool(asynchronous)
+        self.staging_bytes = staging_bytes
+        self.skip_if_busy = bool(skip_if_busy)
+        self.levels = LevelOptions(None if local_dir is None else os.fspath(local_dir), partner_every, parity_every,
+                                   parity_group, flush_every)
+        if flush_bandwidth is not None and (isinstance(flush_bandwidth, bool) or not flush_bandwidth > 0):
+            raise CheckpointError(f"flush_bandwidth must be a positive number of bytes/s or None, got {flush_bandwidth!r}")
+        self.flush_bandwidth = flush_bandwidth
+        self.restored_level: str | None = None
+        self.pool: StagingPool | None = None
+        self.pending: Pending | None = None
+        self.flush: Flush | None = None
+        self.skipped = 0
+        self.count = 0  # checkpoints committed by this run (for the level intervals)
+        self.last_result: SaveResult | None = None
+        self._parity_comm = None
+        self.layout = None
+        self.node_dir = None
+        if self.levels.enabled:
+            simulated = ranks_per_node_setting(ckpt.options.ranks_per_node) is not None
+            self.layout = node_layout(self.comm, ckpt.options.ranks_per_node)
+            self.node_dir = node_dir(self.levels.local_dir, self.layout, self.rank, simulated)
+            self.leader = node_leader(self.layout, self.rank)
+            self.partner = partners(self.layout)
+            self.groups = parity_groups(self.layout, self.levels.parity_group)
+            agree(self.comm, f"creating {self.node_dir!r}", lambda: os.makedirs(self.node_dir, exist_ok=True))
+            if self.rank == 0 and (self.levels.partner_every and self.partner is None
+                                   or self.levels.parity_every and not self.groups):
+                warnings.warn("hpcckpt: a single node: partner copies and parity protect nothing and are skipped",
+                              stacklevel=3)
+
+    # ------------------------------------------------------------------ save
+    def save(self, state, step: int, **options) -> SaveResult | None:
+        """Plan collectively (one allgather), copy the state aside, start the writer; commit if not asynchronous."""
+        comm = self.comm
+        t0 = time.perf_counter()
+        self._poll_flush(block=False)
+        if self.pending is not None:
+            if self.skip_if_busy and not self._all_done():
+                self.skipped += 1
+                return None
+            self.complete()
+        opts = SaveOptions.from_kwargs(**{**self.ckpt.options.__dict__, **options})
+        what = f"save of step {step!r} under {self.ckpt.root!r}"
+        if getattr(opts, "incremental", False) or getattr(opts, "base", None):
+            raise CheckpointError("incremental saves are not supported with asynchronous=True or local_dir yet")
+        timer = PhaseTimer()
+        with timer.phase("plan"):
+            local, plan = self._plan(state, step, opts, what)
+            name, variables, boxes, codecs = plan
+            directory = self._target(name)
+        local_bytes = sum(np.asarray(v).nbytes for v in local["arrays"].values() if v is not None)
+        slot_bytes = max(64, min(opts.chunk_bytes, self.staging_bytes))
+        if self.pool is None or self.pool.slot_bytes != slot_bytes:
+            self.pool = StagingPool(self.staging_bytes, opts.chunk_bytes)
+        queue = SlotQueue()
+        writer = BackgroundWrite(directory, data_file(self.rank), self.pool, queue,
+                                 EncodedPieces.for_save(codecs, local["summaries"], opts.codec_threads), opts.fsync)
+        # a state that fits in the pool is copied before the writer starts (no competition for cores and
+        # memory bandwidth while the caller waits); a larger one streams through the pool as the writer frees slots
+        fits = local_bytes + 64 * (len(local["arrays"]) + local_bytes // slot_bytes + 1) <= \
+            self.pool.nslots * self.pool.slot_bytes
+        if not fits:
+            writer.start()
+        with timer.phase("stage"):
+            try:
+                staged = stage(local["arrays"], boxes, self.pool, queue)
+            except Exception as exc:  # noqa: BLE001 - surfaces, agreed, at the commit
+                writer.fail(exc)
+                staged = (0, 0)
+        if fits:
+            writer.start()
+        due = self.levels.due(self.count) if self.levels.enabled else {}
+        self.pending = Pending(step, name, directory, variables, codecs, local["values"], writer,
+                               due, timer.seconds.get("stage", 0.0), staged[0], staged[1], opts)
+        if not self.asynchronous:
+            result = self.complete()
+        else:
+            result = SaveResult(path=self._path(name), step=step, bytes_written=staged[0], nchunks=staged[1],
+                                timings=dict(timer.seconds), strategy="asynchronous")
+        self.ckpt.pacer.record_save(step, time.perf_counter() - t0)
+        return result
+
+    def _plan(self, state, step, opts: SaveOptions, what: str):
+        """One allgather: every rank's description (or failure) and listing; every rank plans the same way.
+
+        Rank 0 first clears uncommitted leftovers on the root (not the version
+        being flushed), node leaders those in their node directory; every rank
+        then picks the same new name and runs the (pure, deterministic) planner.
+        """
+        comm = self.comm
+        flushing = self.flush.name if self.flush is not None else None
+        failure, local, names = None, None, []
+        try:
+            check_step(step)
+            local = _describe(state, self.rank, opts)
+            if self.levels.enabled:
+                if self.leader:
+                    remove_versions([e for e in list_versions(self.node_dir) if not e.committed])
+                names += [e.name for e in list_versions(self.node_dir)]
+            if self.rank == 0:
+                remove_versions([e for e in list_versions(self.ckpt.root) if not e.committed and e.name != flushing])
+                names += [e.name for e in list_versions(self.ckpt.root)]
+        except Exception as exc:  # noqa: BLE001 - every rank learns of it in the same allgather
+            failure = _describe_failure(exc)
+        everyone = comm.allgather((failure, None if local is None else local["summaries"], names))
+        bad = {r: f for r, (f, _, _) in enumerate(everyone) if f is not None}
+        if bad:
+            raise _collective_error(what, bad, comm.Get_size())
+        try:
+            name = new_version_name([_entry(n) for _, _, ns in everyone for n in set(ns)], step)
+            summaries = [s for _, s, _ in everyone]
+            variables, boxes = plan_save(summaries)
+            codecs = decide_codecs(variables, summaries, opts.codec_threads)
+        except Exception as exc:  # noqa: BLE001 - the same inputs fail the same way on every rank
+            raise _collective_error(what, {0: _describe_failure(exc)}, 1) from None
+        return local, (name, variables, boxes[self.rank], codecs)
+
+    def _path(self, name: str) -> str:
+        return os.path.join(self.ckpt.root, name)
+
+    def _target(self, name: str) -> str:
+        return os.path.join(self.node_dir, name) if self.levels.enabled else self._path(name)
+
+    def _all_done(self) -> bool:
+        mine = 1 if self.pending.writer.done else 0
+        return bool(min(self.comm.allgather(mine)))
+
+    # ---------------------------------------------------------------- commit
+    def complete(self) -> SaveResult | None:
+        """Collective: wait for the writers, agree, exchange partner/parity copies, commit the pending save.
+
+        Without levels this is one gather (failures, file sizes, chunk rows,
+        timings) and one broadcast of rank 0's verdict; rank 0 writes the
+        metadata and applies retention in between.
+        """
+        p, self.pending = self.pending, None
+        if p is None:
+            return None
+        comm = self.comm
+        what = f"asynchronous save of step {p.step} ({p.name})" if self.asynchronous else \
+            f"save of step {p.step} ({p.name})"
+        p.writer.join()
+        w = p.writer
+        timer = w.timer
+        failure = None if w.error is None else _describe_failure(w.error)
+        stats = {"seconds": {**timer.seconds, "stage": p.stage_seconds}, "timeline": timer.timeline,
+                 "bytes": w.written.nbytes}
+        msgs = comm.gather((failure, w.file_bytes, w.written.rows, stats), root=0)
+        try:
+            if self.levels.enabled:
+                verdict = comm.bcast(on_root(comm, lambda: _verdict(msgs)), root=0)
+                if isinstance(verdict, dict):
+                    raise _collective_error(what, verdict, comm.Get_size())
+                sizes = verdict
+                with timer.phase("levels"):
+                    levels = self._redundancy(p, sizes, what)
+            else:
+                sizes, levels = None, None
+            out = None
+            if self.rank == 0:
+                out = _verdict(msgs)
+                if not isinstance(out, dict):
+                    try:
+                        out = self._commit_root(p, msgs, levels)
+                    except Exception as exc:  # noqa: BLE001 - reaches every rank in the broadcast
+                        out = {0: _describe_failure(exc)}
+            out = comm.bcast(out, root=0)
+            if isinstance(out, dict):
+                raise _collective_error(what, out, comm.Get_size())
+            total, raw = out
+            if self.levels.enabled:
+                agree(comm, what, lambda: self._commit_nodes(p, raw))
+        except CheckpointError:
+            self._discard(p.name)
+            raise
+        result = SaveResult(path=self._path(p.name), step=p.step, bytes_written=total[0], nchunks=total[1],
+                            timings=dict(timer.seconds), strategy="file-per-rank")
+        self.last_result = result
+        self.count += 1
+        if self.rank == 0:
+            logger.info("committed %s (%s): %d bytes in %d chunks", p.name,
+                        "levels " + ",".join(["L1"] + [k for k, v in p.due.items() if v]) if self.levels.enabled
+                        else "root", total[0], total[1])
+        if self.levels.enabled:
+            self._retention()
+            if p.due.get("flush"):
+                self._start_flush(p, raw, sizes)
+        return result
+
+    def _commit_root(self, p: Pending, msgs, levels) -> tuple:
+        """Rank 0: write the metadata (root version, or rank 0's node-local version) and apply root retention."""
+        tables = [m[2] for m in msgs]
+        extra = {"strategy": "file-per-rank", "asynchronous": self.asynchronous,
+                 "stats": _stats([m[3] for m in msgs])}
+        if levels is not None:
+            extra["levels"] = levels
+        directory = p.directory if self.levels.enabled else self._path(p.name)
+        total = _commit(directory, p.variables, tables, p.values, self.comm.Get_size(), p.step, extra,
+                        p.options.fsync, p.codecs)
+        with open(os.path.join(directory, METADATA_FILE), "rb") as f:
+            raw = f.read()
+        flushing = self.flush.name if self.flush is not None else None  # never a version being flushed
+        remove_versions([e for e in removable(list_versions(self.ckpt.root), self.ckpt.keep) if e.name != flushing])
+        return total, raw
+
+    def _commit_nodes(self, p: Pending, raw: bytes) -> None:
+        if self.leader and self.rank != 0:
+            atomic_write(os.path.join(p.directory, METADATA_FILE), raw, fsync=p.options.fsync)
+
+    def _discard(self, name: str) -> None:
+        """Remove every trace of a version that failed (root on rank 0, node-local dirs on node leaders)."""
+        if self.rank == 0:
+            shutil.rmtree(self._path(name), ignore_errors=True)
+        if self.levels.enabled and self.leader:
+            shutil.rmtree(os.path.join(self.node_dir, name), ignore_errors=True)
+        self.comm.Barrier()  # every rank raises after the cleanup is done everywhere
+
+    def _redundancy(self, p: Pending, sizes: list[int], what: str) -> dict:
+        """Partner copies (L2) and XOR parity (L3) when due; the description stored in ``extra.levels``."""
+        comm = self.comm
+        info = {"layout": list(self.layout.node_of), "sizes": sizes, "partner": None, "parity": None}
+        if p.due.get("partner") and self.partner is not None:
+            moves = [(r, self.partner[r], data_file(r), sizes[r]) for r in range(comm.Get_size())]
+            agree(comm, what + " (partner copies)",
+                  lambda: transfer(comm, moves, p.directory, p.directory, p.options.fsync))
+            info["partner"] = list(self.partner)
+        if p.due.get("parity") and self.groups:
+            gcomm, mine = self._group_comm()
+            segs = agree(comm, what + " (XOR parity)", lambda: self._encode(gcomm, mine, p, sizes))
+            segs = comm.allgather(segs)
+            info["parity"] = {"groups": self.groups,
+                              "segment": [segs[g[0]] for g in self.groups]}
+        return info
+
+    def _group_comm(self):
+        if self._parity_comm is None:
+            from mpi4py import MPI
+
+            mine = next((i for i, g in enumerate(self.groups) if self.rank in g), None)
+            color = MPI.UNDEFINED if mine is None else mine
+            key = 0 if mine is None else self.groups[mine].index(self.rank)
+            self._parity_comm = (self.comm.Split(color, key), mine)
+        return self._parity_comm
+
+    def _encode(self, gcomm, mine, p: Pending, sizes):
+        if mine is None:
+            return None
+        from .levels import parity
+
+        group = self.groups[mine]
+        return parity.encode(gcomm, os.path.join(p.directory, data_file(self.rank)), sizes[self.rank],
+                             [sizes[r] for r in group], os.path.join(p.directory, parity_file(self.rank)),
+                             p.options.fsync)
+
+    def _retention(self) -> None:
+        """Node leaders drop node-local versions beyond ``keep``; local only (rank 0 did the root in the commit,
+        before any rank could start a new flush into it)."""
+        flushing = self.flush.name if self.flush is not None else None
+        if self.leader:
+            remove_versions([e for e in removable(list_versions(self.node_dir), self.ckpt.keep)
+                             if e.name != flushing])
+
+    # ----------------------------------------------------------------- flush
+    def _start_flush(self, p: Pending, raw: bytes, sizes: list[int]) -> None:
+        self._poll_flush(block=True)  # one flush at a time
+        src = os.path.join(p.directory, data_file(self.rank)) if sizes[self.rank] else None
+        dst = os.path.join(self._path(p.name), data_file(self.rank))
+        self.flush = Flush(p.name, FlushThread(src, dst, p.options.fsync, self.flush_bandwidth), raw if self.rank == 0 else None)
+
+    def _poll_flush(self, block: bool) -> bool:
+        """Collective: commit the flushed version on the root once every rank's copy is done; True if none left."""
+        f = self.flush
+        if f is None:
+            return True
+        if block:
+            f.thread.join()
+        done = f.thread.done
+        error = f.thread.error if done else None
+        states = self.comm.allgather((done, None if error is None else f"{type(error).__name__}: {error}"))
+        if not all(done for done, _ in states):
+            return False
+        self.flush = None
+        failed = {r: e for r, (_, e) in enumerate(states) if e is not None}
+        path = self._path(f.name)
+        if failed:
+            if self.rank == 0:
+                shutil.rmtree(path, ignore_errors=True)
+                warnings.warn(f"hpcckpt: flushing {f.name} to the shared root failed ({failed}); "
+                              "it stays on the node-local levels only", stacklevel=3)
+            return True
+
+        def commit():
+            if f.meta is None:
+                return
+            atomic_write(os.path.join(path, METADATA_FILE), f.meta, fsync=True)
+            fsync_path(self.ckpt.root)
+            remove_versions(removable(list_versions(self.ckpt.root), self.ckpt.keep))
+
+        agree(self.comm, f"commit of the flush of {f.name}", lambda: on_root(self.comm, commit))
+        if self.rank == 0:
+            logger.info("flushed %s to %s (%.3f s on rank 0)", f.name, path, f.thread.seconds)
+        return True
+
+    @property
+    def flushing(self) -> str | None:
+        return self.flush.name if self.flush is not None else None
+
+    # ------------------------------------------------------------ the others
+    def poll(self) -> bool:
+        """Collective, non-blocking: commit the pending save and flush if every rank finished; True if idle."""
+        if self.pending is not None and self._all_done():
+            self.complete()
+        flushed = self._poll_flush(block=False)
+        return self.pending is None and flushed
+
+    def sync(self) -> SaveResult | None:
+        """Collective: commit the pending save (waiting for the writers); the SaveResult of the last commit."""
+        if self.pending is not None:
+            self.complete()
+        self._poll_flush(block=False)
+        return self.last_result
+
+    def wait(self) -> SaveResult | None:
+        """Collective: commit the pending save and wait for the flush in progress."""
+        self.sync()
+        self._poll_flush(block=True)
+        return self.last_result
+
+    def close(self) -> None:
+        try:
+            self.wait()
+        finally:
+            if self._parity_comm is not None and self._parity_comm[0] is not None:
+                from mpi4py import MPI
+
+                if self._parity_comm[0] != MPI.COMM_NULL:
+                    self._parity_comm[0].Free()
+                self._parity_comm = None
+
+    def live(self) -> list[VersionEntry]:
+        """Committed versions on any level (newest revision of each step), oldest first; collective."""
+        self.sync()
+        if not self.levels.enabled:
+            return None
+        mine = [e.name for e in list_versions(self.node_dir) if e.committed]
+        names = {n for ns in self.comm.allgather(mine) for n in ns}
+        root = self.comm.bcast([e.name for e in list_versions(self.ckpt.root) if e.committed]
+                               if self.rank == 0 else None, root=0)
+        return current([_entry(n, True, self._path(n)) for n in sorted(names | set(root))])
+
+    def restore(self, state, step=None, strict=True):
+        from .levels.restore import restore_levels
+
+        self.sync()
+        return restore_levels(self, state, step, strict)
+
+
+def _lower_priority() -> None:
+    """Run the calling (background) thread at nice 19 so that it yields the cores to the application (Linux)."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+    except (AttributeError, OSError):
+        pass
+
+
+def _verdict(msgs) -> dict | list:
+    """Rank 0: the failures of a gather of (failure, file size, ...) by rank, or the file sizes when none failed."""
+    bad = {r: m[0] for r, m in enumerate(msgs) if m[0] is not None}
+    return bad or [m[1] for m in msgs]
+
+
+def _entry(name: str, committed: bool = True, path: str = "") -> VersionEntry:
+    m = _NAME.match(name)
+    return VersionEntry(name, path, int(m.group(1)), int(m.group(2) or 0), committed)
+
+
+__all__ = ["Engine", "pop_engine_options", "engine_wanted"]

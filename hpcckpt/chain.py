@@ -1,0 +1,178 @@
+"""Chains of incremental versions on disk: who references whom, retention that respects it, compaction.
+
+A version saved incrementally (hpcckpt/incremental.py) lists data files of
+sibling versions as ``@NAME/data/...``.  References are always to the version
+that holds the bytes (never through an intermediate one), so the versions a
+version depends on are exactly the ``@NAME`` prefixes of its ``files`` list.
+
+* :func:`referenced` and :func:`protected`: retention (catalog.removable, used by
+  ``Checkpointer(keep=N)``, the asynchronous engine and ``hpcckpt gc``) never
+  removes a version that a kept version references.
+* :func:`compact`: rewrites the kept versions of a root so that none of them
+  references a version outside the kept set (the oldest kept becomes a full,
+  self-contained version; later ones point at the kept copies), after which
+  the others are unreferenced and ``gc`` removes them.  Each rewrite is crash
+  safe: the copied chunks are written and fsynced into a new file first, then
+  the metadata is replaced atomically.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+
+from .checksum import checksum
+from .errors import CorruptCheckpointError
+from .metadata import MAX_METADATA_BYTES, METADATA_FILE, ChunkTable, split_reference
+
+_REFS_CACHE: dict = {}
+
+
+def referenced(version_path: str) -> set[str]:
+    """Names of the sibling versions whose data ``version_path`` references (empty when unreadable)."""
+    path = os.path.join(version_path, METADATA_FILE)
+    try:
+        st = os.stat(path)
+        stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
+        if _REFS_CACHE.get(path, (None,))[0] == stamp:
+            return _REFS_CACHE[path][1]
+        if st.st_size > MAX_METADATA_BYTES:
+            return set()
+        with open(path, "rb") as f:
+            raw = f.read()
+    except OSError:
+        return set()
+    names: set[str] = set()
+    if b'"@' in raw:  # most versions reference nothing: skip the parse
+        try:
+            files = json.loads(raw).get("files", [])
+        except (ValueError, AttributeError, RecursionError):
+            files = []
+        for f in files if isinstance(files, list) else []:
+            ref = split_reference(f) if isinstance(f, str) else None
+            if ref is not None:
+                names.add(ref[0])
+    if len(_REFS_CACHE) > 4096:
+        _REFS_CACHE.clear()
+    _REFS_CACHE[path] = (stamp, names)
+    return names
+
+
+def protected(entries, kept: set[str]) -> set[str]:
+    """``kept`` plus every version a kept version references (references are direct: no closure needed)."""
+    out = set(kept)
+    for e in entries:
+        if e.name in kept and e.committed:
+            out |= referenced(e.path)
+    return out
+
+
+def depth_of(version_path: str) -> int | None:
+    """The chain depth recorded in a version's metadata (0 full, None if not an incremental-mode version)."""
+    from .reader import read_metadata
+
+    info = read_metadata(version_path).extra.get("incremental")
+    return info.get("depth") if isinstance(info, dict) else None
+
+
+def compact(root: str, keep: int | None = None, dry_run: bool = False, fsync: bool = True) -> list[str]:
+    """Make the newest ``keep`` committed versions (all when None) independent of every other version.
+
+    Returns one line per version rewritten.  Single process (the ``hpcckpt gc
+    --compact`` command); do not run it while a job saves into ``root``.
+    """
+    from .catalog import current, list_versions
+    from .incremental import ChainIndex, codec_key
+    from .reader import read_metadata
+    from .storage.posix import atomic_write, confined_path, fsync_path, read_exact, write_all
+
+    live = current(list_versions(root))
+    kept = live[-keep:] if keep else live
+    names = {e.name for e in kept}
+    available: dict = {}  # content key -> location in a kept version processed already
+    report = []
+    for e in kept:
+        meta = read_metadata(e.path)
+        outside = sorted(r for r in {split_reference(f)[0] for f in meta.files if split_reference(f)} - names)
+        if not outside:
+            available.update(ChainIndex.from_metadata(meta, e.name).locations)
+            continue
+        new_files = list(meta.files)
+        index = {f: i for i, f in enumerate(new_files)}
+        target_name = _free_name(e.path)
+        target = None
+        copied = retargeted = 0
+        try:
+            for var in meta.variables.values():
+                c = var.chunks
+                ck = codec_key(var.codec, var.dtype)
+                file_col = c.file.copy()
+                offset_col = c.offset.copy()
+                for k in range(len(c)):
+                    ref = split_reference(meta.files[int(c.file[k])])
+                    if ref is None or ref[0] in names:
+                        continue
+                    raw = int(np.prod(c.count[k])) * var.dtype.itemsize
+                    loc = available.get((c.hash[k], raw, ck)) if c.hash is not None else None
+                    if loc is not None and loc[2] == int(c.nbytes[k]) and loc[3] == c.checksum[k]:
+                        fname, off = loc[0], loc[1]
+                        retargeted += 1
+                    else:
+                        data = np.empty(int(c.nbytes[k]), np.uint8)
+                        src = confined_path(e.path, meta.files[int(c.file[k])])
+                        fd = os.open(src, os.O_RDONLY)
+                        try:
+                            read_exact(fd, int(c.offset[k]), data, src)
+                        finally:
+                            os.close(fd)
+                        if checksum(data) != c.checksum[k]:
+                            raise CorruptCheckpointError(f"{src}: a chunk of {var.name!r} at offset "
+                                                         f"{int(c.offset[k])} fails its checksum")
+                        if target is None and not dry_run:
+                            target = os.open(os.path.join(e.path, target_name),
+                                             os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+                        fname, off = target_name, (os.lseek(target, 0, os.SEEK_CUR) if target is not None else 0)
+                        if target is not None:
+                            write_all(target, data)
+                        copied += int(c.nbytes[k])
+                    if fname not in index:
+                        index[fname] = len(new_files)
+                        new_files.append(fname)
+                    file_col[k], offset_col[k] = index[fname], off
+                var.chunks = ChunkTable(file_col, offset_col, c.nbytes, c.checksum, c.start, c.count, c.hash)
+            if target is not None and fsync:
+                os.fsync(target)
+        finally:
+            if target is not None:
+                os.close(target)
+        used = sorted({int(i) for v in meta.variables.values() for i in v.chunks.file.tolist()})
+        remap = {old: new for new, old in enumerate(used)}
+        meta.files = [new_files[i] for i in used]
+        for var in meta.variables.values():
+            var.chunks.file = np.asarray([remap[int(i)] for i in var.chunks.file.tolist()], np.int64)
+        info = meta.extra.get("incremental")
+        if isinstance(info, dict):
+            refs_left = {split_reference(f)[0] for f in meta.files if split_reference(f)}
+            info["compacted"] = True
+            if not refs_left:
+                info.update(kind="full", base=None, depth=0)
+            elif info.get("base") not in refs_left:
+                info["base"] = max(refs_left)
+        report.append(f"{e.name}: copied {copied} bytes, repointed {retargeted} chunks "
+                      f"(no longer references {', '.join(outside)})")
+        if not dry_run:
+            if fsync:
+                fsync_path(os.path.join(e.path, "data"))
+            atomic_write(os.path.join(e.path, METADATA_FILE), meta.to_json_bytes(), fsync=fsync)
+        available.update(ChainIndex.from_metadata(meta, e.name).locations)
+    return report
+
+
+def _free_name(version_path: str) -> str:
+    n = 0
+    while os.path.exists(os.path.join(version_path, "data", f"compact-{n:06d}.bin")):
+        n += 1
+    return f"data/compact-{n:06d}.bin"
+

@@ -1,0 +1,13 @@
+"""Compression of checkpoint chunks: lossless (numcodecs: blosc, zstd, lz4) and error-bounded lossy.
+
+Spellings accepted wherever a ``codec=`` keyword is (``Block``, ``Ragged``,
+``save``, ``Checkpointer``): a name (``"none"``, ``"auto"``, ``"lz4"``,
+``"zstd"``, ``"lz4hc"``, ``"shuffle+lz4"``, ``"shuffle+zstd"``), a
+:class:`Lossy` (``Lossy(abs=...)`` or ``Lossy(rel=...)``), a numcodecs codec
+object of a whitelisted kind, or its config dict.  See docs/compression.md.
+"""
+
+from .core import AUTO, NAMES, Codec, from_config, resolve, spec_to_json
+from .lossy import Lossy
+
+__all__ = ["Lossy", "Codec", "NAMES", "AUTO", "resolve", "from_config", "spec_to_json"]

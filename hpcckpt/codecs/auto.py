@@ -1,0 +1,100 @@
+"""``codec="auto"``: compress a variable only where it pays, judged from a small sample.
+
+Every rank compresses a sample of its local part (at most ``SAMPLE_BYTES``,
+taken from three places) with each candidate (blosc lz4 and zstd), timing it,
+and sends (local bytes, sample bytes, seconds and compressed bytes per
+candidate, its write bandwidth) with its save summary.  Rank 0 then estimates
+for the whole variable
+
+    none:      B / bw
+    candidate: B * t / threads + B / (ratio * bw)     (compression not overlapped with writing)
+
+and picks a candidate only when it beats ``none`` by ``MARGIN``.  The write
+bandwidth is the one measured on this process's earlier saves (an average of
+the stored bytes over the write seconds, compression waits excluded), or
+``DEFAULT_WRITE_BANDWIDTH`` before the first save.  On incompressible data the
+whole cost of auto is the sample: a few milliseconds per variable.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from .core import resolve
+
+SAMPLE_BYTES = 96 << 10
+#: Below this many bytes (whole variable) auto does not compress: nothing to win.
+MIN_BYTES = 1 << 20
+#: Bytes/s assumed for the storage before a save has been measured (a share of a parallel file system).
+DEFAULT_WRITE_BANDWIDTH = 1e9
+#: A candidate must be estimated at least this much faster than none.
+MARGIN = 0.85
+CANDIDATES = ("lz4", "zstd")
+
+_bandwidth: list[float] = []  # the last few measured write bandwidths of this process
+
+
+def observe_write(nbytes: int, seconds: float) -> None:
+    """Record a measured write (stored bytes, seconds spent writing them) of this process."""
+    if nbytes >= (1 << 20) and seconds > 0:
+        _bandwidth.append(nbytes / seconds)
+        del _bandwidth[:-5]
+
+
+def write_bandwidth() -> float:
+    return float(np.median(_bandwidth)) if _bandwidth else DEFAULT_WRITE_BANDWIDTH
+
+
+def _sample(arr: np.ndarray) -> np.ndarray:
+    """Up to SAMPLE_BYTES of ``arr`` from its start, middle and end, as one contiguous array (small copy)."""
+    if arr.nbytes <= SAMPLE_BYTES:
+        return np.ascontiguousarray(arr).reshape(-1)
+    if arr.flags.c_contiguous:
+        flat = arr.reshape(-1)
+    else:  # a few leading rows only: never copy the whole array to sample it
+        rows = max(1, (4 * SAMPLE_BYTES) // max(1, arr[0].nbytes))
+        flat = np.ascontiguousarray(arr[:rows]).reshape(-1)
+    per = max(1, SAMPLE_BYTES // (3 * flat.itemsize))
+    if flat.size <= 3 * per:
+        return flat
+    mid = flat.size // 2
+    return np.concatenate([flat[:per], flat[mid:mid + per], flat[-per:]])
+
+
+def measure(arr, dtype) -> dict:
+    """This rank's sample measurement for one variable (JSON-able)."""
+    dtype = np.dtype(dtype)
+    nbytes = int(arr.nbytes) if arr is not None else 0
+    out = {"bytes": nbytes, "bw": write_bandwidth(), "sample": 0, "seconds": {}, "stored": {}}
+    if arr is None or nbytes == 0:
+        return out
+    sample = _sample(arr)
+    out["sample"] = int(sample.nbytes)
+    for name in CANDIDATES:
+        codec = resolve(name, dtype)
+        codec.encode(sample[:64])  # warm up (first-call costs are not the throughput)
+        t = time.perf_counter()
+        stored = codec.encode(sample)
+        out["seconds"][name] = time.perf_counter() - t
+        out["stored"][name] = int(stored.nbytes)
+    return out
+
+
+def decide(measurements: list[dict], threads: int) -> str:
+    """The codec name for a variable from every rank's measurement."""
+    total = sum(m["bytes"] for m in measurements)
+    sampled = [m for m in measurements if m["sample"]]
+    if total < MIN_BYTES or not sampled:
+        return "none"
+    bw = float(np.mean([m["bw"] for m in measurements]))
+    weight = sum(m["bytes"] for m in sampled)
+    best, best_time = "none", total / bw
+    for name in CANDIDATES:
+        sec_per_byte = sum(m["seconds"][name] / m["sample"] * m["bytes"] for m in sampled) / weight
+        inv_ratio = sum(m["stored"][name] / m["sample"] * m["bytes"] for m in sampled) / weight
+        est = total * sec_per_byte / max(1, threads) + total * inv_ratio / bw
+        if est < MARGIN * best_time:
+            best, best_time = name, est
+    return best

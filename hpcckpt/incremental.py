@@ -1,0 +1,487 @@
+"""Incremental (differential) saves over dynamic datasets (docs/incremental.md).
+
+Every variable is cut along a *global* block grid (:func:`block_grid`): blocks
+are runs of whole trailing sub-arrays of about ``block_bytes``, in global
+coordinates, intersected with each rank's box.  Each piece is hashed (xxh3_128
+of its raw bytes) and looked up, by content, in the index of the base version
+(:class:`ChainIndex`): a piece whose bytes are already stored somewhere in the
+chain is not written; its row points at that file and offset, through a
+reference ``@VERSION/data/...`` to the sibling version that holds it.  So:
+
+* a variable whose global shape changed finds no equal blocks (unless some of
+  its content really is the same) and is written again, alone;
+* a Ragged table that grew at its end keeps its prefix blocks (the grid does not
+  depend on the row count), rows that moved between ranks but kept their global
+  position are found, variables may appear and disappear;
+* a restart on another rank count continues the chain (nothing is per rank).
+
+Identical blocks within one version are stored once (``dedup``): the first
+occurrence (lowest rank, then save order) is written, the others point at it.
+A hybrid policy (:func:`choose_kind`) makes a full version when the chain is
+``max_chain`` deep or when more than ``full_threshold`` of the bytes changed.
+
+The pure parts (grid, keys, index, policy, duplicate assignment, row assembly)
+know nothing of MPI or files and are tested with hypothesis; :func:`save_incremental`
+is the collective save that wires them into the transports of saving.py.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import itertools
+import json
+import os
+import shutil
+from dataclasses import dataclass, field
+
+import numpy as np
+import xxhash
+
+from ._mpi import agree, on_root
+from .arrays import byte_view
+from .checksum import checksum
+from .encoding import dtype_from_json, dtype_to_json
+from .errors import CheckpointError
+from .log import logger
+from .metadata import METADATA_FILE, ChunkTable, Metadata, Variable, split_reference
+from .monitor import PhaseTimer
+
+#: Name of the content hash stored in the optional ``hash`` column of the chunk table.
+HASH_ALGORITHM = "xxh3_128"
+
+Key = tuple[str, int, str]  # (xxh3_128 of the raw bytes, raw byte count, codec key)
+Location = tuple[str, int, int, str]  # (file as "@VERSION/path", offset, stored nbytes, checksum)
+
+
+# --------------------------------------------------------------------------- options
+
+def check_options(opts) -> None:
+    """Validate the incremental save options of a SaveOptions (CheckpointError)."""
+    if not isinstance(opts.incremental, bool):
+        raise CheckpointError(f"incremental must be True or False, got {opts.incremental!r}")
+    if not isinstance(opts.dedup, bool):
+        raise CheckpointError(f"dedup must be True or False, got {opts.dedup!r}")
+    if opts.base is not None and not isinstance(opts.base, (str, os.PathLike)):
+        raise CheckpointError(f"base must be a path or None, got {opts.base!r}")
+    for name in ("block_bytes", "max_chain"):
+        value = getattr(opts, name)
+        low = 1 if name == "block_bytes" else 0
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise CheckpointError(f"{name} must be an integer >= {low}, got {value!r}")
+    t = opts.full_threshold
+    if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 <= t <= 1:
+        raise CheckpointError(f"full_threshold must be a number in [0, 1], got {t!r}")
+
+
+# --------------------------------------------------------------------------- the global block grid
+
+def block_grid(shape, itemsize: int, block_bytes: int) -> tuple[int, int]:
+    """``(axis, rows)``: blocks are 1 element wide on the axes before ``axis``, ``rows`` on ``axis``, whole after.
+
+    ``axis`` is the first axis whose trailing sub-arrays fit in ``block_bytes``
+    (the last axis if not even one element does), so a block is one contiguous
+    run of C-ordered memory of at most ``block_bytes`` (or one element).  The
+    grid never depends on ``shape[0]``: a table that grows keeps its blocks.
+    """
+    nd = len(shape)
+    if nd == 0:
+        return 0, 1
+    tail = itemsize
+    tails = [0] * nd
+    for k in range(nd - 1, -1, -1):
+        tails[k] = tail
+        tail *= int(shape[k])
+    axis = next((k for k in range(nd) if tails[k] <= block_bytes), nd - 1)
+    return axis, max(1, block_bytes // max(tails[axis], 1))
+
+
+def grid_boxes(shape, itemsize: int, block_bytes: int, lo, hi):
+    """The pieces of the box ``[lo, hi)``: ``(global start, count)`` of each block of the grid met by the box.
+
+    Each piece is a run of whole trailing *local* sub-arrays of the box, so it is
+    contiguous in the C-ordered local array.  An empty box has no pieces; a 0-d
+    variable has one, ``((), ())``.
+    """
+    nd = len(shape)
+    if nd == 0:
+        yield (), ()
+        return
+    lo, hi = tuple(int(x) for x in lo), tuple(int(x) for x in hi)
+    if any(b <= a for a, b in zip(lo, hi)):
+        return
+    axis, rows = block_grid(shape, itemsize, block_bytes)
+    tail_start, tail_count = lo[axis + 1:], tuple(b - a for a, b in zip(lo[axis + 1:], hi[axis + 1:]))
+    for prefix in itertools.product(*(range(lo[i], hi[i]) for i in range(axis))):
+        for j in range(lo[axis] // rows, (hi[axis] - 1) // rows + 1):
+            a, b = max(lo[axis], j * rows), min(hi[axis], (j + 1) * rows)
+            yield prefix + (a,) + tail_start, (1,) * axis + (b - a,) + tail_count
+
+
+def local_piece(arr: np.ndarray, lo, start, count) -> np.ndarray:
+    """The C-contiguous piece ``[start, start + count)`` (global) of the local array whose box starts at ``lo``."""
+    if not count:
+        return np.ascontiguousarray(arr).reshape(())
+    sel = tuple(slice(s - l, s - l + n) for s, l, n in zip(start, lo, count))
+    return np.ascontiguousarray(arr[sel])
+
+
+def raw_hash(buffer) -> str:
+    """xxh3_128 of a contiguous buffer, 32 lower-case hex digits."""
+    view = memoryview(buffer)
+    if view.ndim != 1 or view.format != "B":
+        view = view.cast("B")
+    return xxhash.xxh3_128_hexdigest(view)
+
+
+def codec_key(codec: dict, dtype) -> str:
+    """What stored bytes must share besides the raw content to stand in for each other.
+
+    Uncompressed chunks are the raw bytes themselves (any dtype); compressed ones
+    decode only with the same codec configuration and item layout.
+    """
+    if not codec or codec.get("id", "none") == "none":
+        return "none"
+    return json.dumps([codec, dtype_to_json(np.dtype(dtype))], sort_keys=True, separators=(",", ":"))
+
+
+def root_form(file: str, version: str) -> str:
+    """A data file name of ``version`` as seen from a sibling: ``@version/file`` (references stay as they are)."""
+    return file if split_reference(file) is not None else f"@{version}/{file}"
+
+
+# --------------------------------------------------------------------------- the index a version offers
+
+@dataclass
+class ChainIndex:
+    """What a committed version offers to the next save: where each distinct block content is stored."""
+
+    name: str  # the version's directory name
+    depth: int  # incremental versions since the last full one (0: full)
+    locations: dict = field(default_factory=dict)  # Key -> Location
+
+    @classmethod
+    def from_metadata(cls, meta: Metadata, name: str) -> "ChainIndex":
+        """Index every chunk that has a content hash; own files are preferred over references (newest data)."""
+        info = meta.extra.get("incremental") if isinstance(meta.extra, dict) else None
+        depth = info.get("depth", 0) if isinstance(info, dict) else 0
+        depth = depth if type(depth) is int and depth >= 0 else 0
+        own: dict = {}
+        refs: dict = {}
+        for var in meta.variables.values():
+            c = var.chunks
+            if c.hash is None or not len(c):
+                continue
+            ck = codec_key(var.codec, var.dtype)
+            raw = (np.prod(c.count, axis=1) if c.count.shape[1] else np.ones(len(c), np.int64)) * var.dtype.itemsize
+            for k in range(len(c)):
+                file = meta.files[int(c.file[k])]
+                key = (c.hash[k], int(raw[k]), ck)
+                loc = (root_form(file, name), int(c.offset[k]), int(c.nbytes[k]), c.checksum[k])
+                if split_reference(file) is None:
+                    own.setdefault(key, loc)
+                elif key not in refs or loc[0] > refs[key][0]:
+                    refs[key] = loc  # of several older copies, the newest version's (releases old ones sooner)
+        refs.update(own)
+        return cls(name=name, depth=depth, locations=refs)
+
+    def __len__(self) -> int:
+        return len(self.locations)
+
+
+# --------------------------------------------------------------------------- policy
+
+def choose_kind(base_depth: int | None, changed_bytes: int, total_bytes: int, max_chain: int,
+                full_threshold: float) -> tuple[str, str]:
+    """``(kind, reason)``: "full" or "incremental" for the next version.
+
+    Full when there is no usable base, when one more incremental version would
+    make the chain deeper than ``max_chain``, or when the changed fraction of the
+    bytes exceeds ``full_threshold`` (an incremental version then saves little
+    and a full one shortens the chain restores read from).
+    """
+    if base_depth is None:
+        return "full", "no base"
+    if base_depth + 1 > max_chain:
+        return "full", f"chain depth {base_depth + 1} > max_chain {max_chain}"
+    fraction = changed_bytes / total_bytes if total_bytes else 0.0
+    if fraction > full_threshold:
+        return "full", f"{fraction:.1%} changed > full_threshold {full_threshold:.1%}"
+    return "incremental", f"{fraction:.1%} changed"
+
+
+def duplicates(keys_per_rank: list[list], rank: int) -> list[bool]:
+    """For each of ``rank``'s keys: whether an earlier occurrence (lower rank, or earlier on this rank) exists."""
+    seen = set()
+    for r in range(rank):
+        seen.update(keys_per_rank[r])
+    out = []
+    for key in keys_per_rank[rank]:
+        out.append(key in seen)
+        seen.add(key)
+    return out
+
+
+def assemble(variables: dict, dtypes: dict, codecs: dict, per_rank: list[dict]):
+    """Rank 0: the files list and, per variable, the chunk rows and hashes of the new version.
+
+    ``per_rank[r]`` holds ``written`` (transport rows ``(variable, file, offset,
+    nbytes, checksum, start, count)``, of any rank's pieces), ``hashes``
+    (``{(variable, start): hash}`` of the pieces rank r had written),
+    ``refs`` (rows ``(variable, "@V/file", offset, nbytes, checksum, start, count, hash)``
+    into older versions) and ``dups`` (``(variable, key, start, count, hash)``,
+    blocks identical to a block written in this version).
+    Returns ``(files, {variable: (rows, hashes)})`` with rows as ChunkTable.from_rows takes them.
+    """
+    hashes = {}
+    for part in per_rank:
+        hashes.update(part["hashes"])
+    rows = []
+    by_key: dict = {}
+    for part in per_rank:
+        for variable, file, offset, nbytes, digest, start, count in part["written"]:
+            h = hashes[(variable, tuple(start))]
+            rows.append((variable, file, offset, nbytes, digest, tuple(start), tuple(count), h))
+            raw = int(np.prod(count, dtype=np.int64)) * dtypes[variable].itemsize
+            by_key.setdefault((h, raw, codec_key(codecs.get(variable), dtypes[variable])),
+                              (file, offset, nbytes, digest))
+    for part in per_rank:
+        for row in part["refs"]:
+            rows.append(tuple(row[:5]) + (tuple(row[5]), tuple(row[6]), row[7]))
+    for part in per_rank:
+        for variable, key, start, count, h in part["dups"]:
+            file, offset, nbytes, digest = by_key[tuple(key)]
+            rows.append((variable, file, offset, nbytes, digest, tuple(start), tuple(count), h))
+    files: list[str] = []
+    index: dict[str, int] = {}
+    out = {name: ([], []) for name in variables}
+    for variable, file, offset, nbytes, digest, start, count, h in rows:
+        if file not in index:
+            index[file] = len(files)
+            files.append(file)
+        out[variable][0].append((index[file], offset, nbytes, digest, start, count))
+        out[variable][1].append(h)
+    return files, out
+
+
+# --------------------------------------------------------------------------- the collective save
+
+#: The index of the version this process saved last, on every rank: (real path, metadata stamp, ChainIndex).
+_CACHE: dict = {}
+
+
+def _stamp(directory: str):
+    st = os.stat(os.path.join(directory, METADATA_FILE))
+    return st.st_ino, st.st_mtime_ns, st.st_size
+
+
+def _resolve_base(directory: str, options, io_root: str | None) -> str | None:
+    """Rank 0: the base version's path (an explicit ``base``, else the newest committed under ``io_root``)."""
+    parent = os.path.dirname(os.path.realpath(directory))
+    if options.base is not None:
+        base = os.fspath(options.base)
+        if not os.path.isfile(os.path.join(base, METADATA_FILE)):
+            raise CheckpointError(f"base {base!r} is not a committed checkpoint")
+        if os.path.dirname(os.path.realpath(base)) != parent:
+            raise CheckpointError(f"base {base!r} must be a sibling of {directory!r} (the same parent directory)")
+        from .metadata import _REF_NAME
+
+        if not _REF_NAME.match(os.path.basename(os.path.realpath(base))):
+            raise CheckpointError(f"base {base!r}: its name must be letters, digits and _.+- to be referenced")
+        return base
+    if io_root is None:
+        return None
+    from .catalog import current, list_versions
+
+    name = os.path.basename(os.path.normpath(directory))
+    live = [e for e in current(list_versions(io_root)) if e.name != name]
+    return live[-1].path if live else None
+
+
+def _base_index(directory: str, options, io_root):
+    """Rank 0: (real path of the base, its metadata stamp, its ChainIndex or None when this process has it cached)."""
+    from .reader import read_metadata
+
+    base = _resolve_base(directory, options, io_root)
+    if base is None:
+        return None
+    real = os.path.realpath(base)
+    stamp = _stamp(base)
+    if _CACHE.get("key") == (real, stamp):
+        return real, stamp, None
+    return real, stamp, ChainIndex.from_metadata(read_metadata(base), os.path.basename(real))
+
+
+def _distribute_index(comm, what: str, info) -> ChainIndex | None:
+    """Every rank's copy of the base index: its cache when every rank has it, else rank 0's, broadcast."""
+    info = comm.bcast(info, root=0)
+    if info is None:
+        return None
+    real, stamp, index = info
+    have = _CACHE.get("key") == (real, stamp)
+    if all(comm.allgather(have)):
+        return _CACHE["index"]
+    if comm.Get_rank() == 0 and index is None:
+        index = _CACHE["index"]
+    return comm.bcast(index if comm.Get_rank() == 0 else None, root=0)
+
+
+def save_incremental(state, directory: str, comm, options, step: int | None = None, extra: dict | None = None,
+                     io_root: str | None = None):
+    """Collectively write ``state`` into the new ``directory`` as an incremental (or full) version; commit it."""
+    from . import saving as S
+    from .codecs.pipeline import EncodedPieces
+    from .transport import WRITERS, Piece
+
+    rank = comm.Get_rank()
+    timer = PhaseTimer()
+    what = f"save of {directory!r}"
+    name = os.path.basename(os.path.normpath(directory))
+    with timer.phase("plan"):
+        local = agree(comm, what, lambda: S._describe(state, rank, options))
+        summaries = comm.gather(local["summaries"], root=0)
+
+        def plan_on_root():
+            planned = S._plan_and_prepare(summaries, directory, options)
+            try:
+                return planned, _base_index(directory, options, io_root)
+            except Exception:
+                shutil.rmtree(directory, ignore_errors=True)
+                raise
+
+        plan = agree(comm, what, lambda: on_root(comm, plan_on_root))
+        variables, boxes, codecs = plan[0] if plan else (None, None, None)
+        boxes = comm.scatter(boxes, root=0)
+        variables, codecs = comm.bcast((variables, codecs), root=0)
+        index = _distribute_index(comm, what, plan[1] if plan else None)
+        ctx, strategy = S._transport(comm, directory, options, local["arrays"], io_root)
+    dtypes = {n: dtype_from_json(v.dtype) for n, v in variables.items()}
+    try:
+        with timer.phase("hash"):
+            entries = agree(comm, what, lambda: _hash_pieces(local["arrays"], boxes, variables, dtypes, codecs,
+                                                             options.block_bytes, index))
+        totals = comm.allgather((sum(e[5] for e in entries), sum(e[5] for e in entries if e[6] is None)))
+        total_bytes = sum(t[0] for t in totals)
+        changed_bytes = sum(t[1] for t in totals)
+        kind, reason = choose_kind(index.depth if index is not None and len(index) else None, changed_bytes,
+                                   total_bytes, options.max_chain, options.full_threshold)
+        if kind == "full":
+            entries = [e[:6] + (None,) for e in entries]
+        new = [e for e in entries if e[6] is None]
+        if options.dedup:
+            with timer.phase("dedup"):
+                dup = duplicates(comm.allgather([e[4] for e in new]), rank)
+        else:
+            dup = [False] * len(new)
+        to_write = [e for e, d in zip(new, dup) if not d]
+        refs = [(e[0], *e[6], e[1], e[2], e[4][0]) for e in entries if e[6] is not None]
+        dups = [(e[0], e[4], e[1], e[2], e[4][0]) for e, d in zip(new, dup) if d]
+
+        def pieces():
+            encoder = EncodedPieces.for_save(codecs, local["summaries"], options.codec_threads)
+            for variable, start, count, arr in encoder.wrap(((e[0], e[1], e[2], e[3]) for e in to_write), timer):
+                payload = byte_view(arr)
+                with timer.phase("hash"):
+                    digest = checksum(payload)
+                yield Piece(variable, start, count, payload, digest)
+
+        with timer.phase("write"):
+            written = agree(comm, what, lambda: WRITERS[strategy](ctx, pieces()))
+        stats = comm.gather({"seconds": timer.seconds, "timeline": timer.timeline, "bytes": written.nbytes}, root=0)
+        with timer.phase("commit"):
+            part = {"written": written.rows, "hashes": {(e[0], tuple(e[1])): e[4][0] for e in to_write},
+                    "refs": refs, "dups": dups}
+            parts = comm.gather(part, root=0)
+            info = {"kind": kind, "base": index.name if kind == "incremental" else None,
+                    "depth": index.depth + 1 if kind == "incremental" else 0, "reason": reason,
+                    "hash": HASH_ALGORITHM, "block_bytes": options.block_bytes, "total_bytes": total_bytes,
+                    "changed_bytes": changed_bytes}
+            done = agree(comm, what, lambda: on_root(comm, lambda: _commit(
+                directory, name, variables, dtypes, codecs, parts, local["values"], comm.Get_size(), step,
+                {**(extra or {}), "strategy": strategy, "stats": S._stats(stats), "incremental": info},
+                options.fsync)))
+            done = comm.bcast(done, root=0)
+    except CheckpointError:
+        if rank == 0:
+            shutil.rmtree(directory, ignore_errors=True)
+        raise
+    (written_bytes, nchunks, summary), new_stamp, new_index = done
+    _CACHE.clear()
+    _CACHE.update(key=(os.path.realpath(directory), new_stamp), index=new_index)
+    if rank == 0:
+        logger.info("saved %s (%s, depth %d, base %s: %s): wrote %d of %d bytes in %d chunks, write %.3f s",
+                    directory, kind, info["depth"], info["base"], reason, written_bytes, total_bytes, nchunks,
+                    max(s["seconds"].get("write", 0.0) for s in stats))
+    result = S.SaveResult(path=directory, step=step, bytes_written=written_bytes, nchunks=nchunks,
+                          timings=timer.seconds, strategy=strategy)
+    result.incremental = {**info, **summary}
+    return result
+
+
+def _hash_pieces(arrays: dict, boxes: dict, variables: dict, dtypes: dict, codecs: dict, block_bytes: int,
+                 index: ChainIndex | None) -> list[tuple]:
+    """This rank's pieces on the global grid: (variable, start, count, array, key, raw nbytes, base Location or None)."""
+    out = []
+    locations = index.locations if index is not None else {}
+    for name in sorted(arrays):
+        local = arrays[name]
+        if local is None:
+            continue
+        arr = np.asarray(local)
+        if not arr.size:
+            continue
+        lo, hi = boxes[name]
+        dtype = dtypes[name]
+        ck = codec_key(codecs.get(name), dtype)
+        for start, count in grid_boxes(variables[name].shape, dtype.itemsize, block_bytes, lo, hi):
+            piece = local_piece(arr, lo, start, count)
+            key = (raw_hash(byte_view(piece)), piece.nbytes, ck)
+            out.append((name, start, count, piece, key, piece.nbytes, locations.get(key)))
+    return out
+
+
+def _commit(directory, name, variables, dtypes, codecs, parts, values, nranks, step, extra, fsync):
+    """Rank 0: assemble the chunk tables, check the referenced versions are still there, commit the metadata."""
+    from .saving import DATA_DIR
+    from .storage.posix import atomic_write, fsync_path
+
+    files, tables = assemble(variables, dtypes, codecs, parts)
+    parent = os.path.dirname(os.path.realpath(directory))
+    for ref in {split_reference(f)[0] for f in files if split_reference(f) is not None}:
+        if not os.path.isfile(os.path.join(parent, ref, METADATA_FILE)):
+            raise CheckpointError(f"the base version {ref} was removed during the save")
+    written = sum(nbytes for p in parts for _, _, _, nbytes, _, _, _ in p["written"])
+    referenced = sum(r[3] for p in parts for r in p["refs"])
+    deduplicated = sum(int(np.prod(d[3], dtype=np.int64)) * dtypes[d[0]].itemsize for p in parts for d in p["dups"])
+    summary = {"written_bytes": written, "referenced_bytes": referenced, "deduplicated_bytes": deduplicated}
+    extra["incremental"].update(summary)
+    meta_vars = {}
+    for vname, plan in variables.items():
+        rows, hashes = tables[vname]
+        table = ChunkTable.from_rows(rows, len(plan.shape))
+        table.hash = hashes
+        meta_vars[vname] = Variable(name=vname, kind=plan.kind, dtype=dtypes[vname], shape=plan.shape, chunks=table,
+                                    codec=(codecs or {}).get(vname, {"id": "none"}))
+    meta = Metadata(step=step, files=files, nranks=nranks,
+                    created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+                    variables=meta_vars, values=values, extra=extra)
+    if fsync:
+        fsync_path(os.path.join(directory, DATA_DIR))
+    atomic_write(os.path.join(directory, METADATA_FILE), meta.to_json_bytes(), fsync=fsync)
+    if fsync:
+        fsync_path(parent)
+    nchunks = sum(len(rows) for rows, _ in tables.values())
+    return (written, nchunks, summary), _stamp(directory), ChainIndex.from_metadata(meta, name)
+
+
+def checkpointer_base(ckpt, opts):
+    """The options of a Checkpointer's incremental save with ``base`` set to the version it saved or restored last.
+
+    Without one (a fresh Checkpointer), or when that version is gone, the save
+    builds on the newest committed version under the root.
+    """
+    import dataclasses
+
+    base = ckpt._chain_base
+    ok = ckpt.comm.bcast(base is not None and os.path.isfile(os.path.join(base, METADATA_FILE))
+                         if ckpt.comm.Get_rank() == 0 else None, root=0)
+    return dataclasses.replace(opts, base=base) if ok else opts

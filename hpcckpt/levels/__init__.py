@@ -1,0 +1,120 @@
+"""Multi-level checkpointing (the VeloC / SCR / FTI model), on top of the core format.
+
+* L1 ``local``: every rank writes its chunk file into a node-local directory
+  (``local_dir``; with simulated nodes, ``local_dir/node-<k>`` per node).
+* L2 ``partner``: each rank's file is also copied into the node-local
+  directory of a partner rank on the next node (same file name, same place),
+  so a node's loss leaves a copy of each of its files on another node.
+* L3 ``parity``: XOR parity across groups of ranks on distinct nodes (SCR's
+  distributed XOR: rank i of a group of g stores one segment of parity), so
+  any one lost member of each group can be rebuilt.
+* L4 ``flush``: the shared root, copied from L1 in a background thread and
+  committed (metadata written) at a later call into the Checkpointer.
+
+Every level holds the core's format: a version directory with ``metadata.json``
+and ``data/part-<rank>.bin`` (parity segments sit beside it in ``parity/``),
+so the ordinary reader loads from any of them.  The metadata's ``extra.levels``
+records the node layout, partners, parity groups and file sizes that a rebuild
+needs.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from ..errors import CheckpointError
+from ..transport.topology import NodeLayout
+
+#: Options of the asynchronous / multi-level engine (Checkpointer keyword arguments).
+ENGINE_OPTIONS = ("asynchronous", "staging_bytes", "skip_if_busy", "local_dir", "partner_every", "parity_every",
+                  "parity_group", "flush_every", "flush_bandwidth")
+
+
+@dataclass(frozen=True)
+class LevelOptions:
+    """``local_dir`` turns the levels on; the ``*_every`` options are intervals counted in checkpoints.
+
+    ``partner_every=k`` (0: never) sends every k-th checkpoint to the partner
+    node; ``parity_every=k`` (0: never) computes XOR parity for every k-th in
+    groups of ``parity_group`` ranks on distinct nodes (default 8, as SCR);
+    ``flush_every=k`` flushes every k-th checkpoint to the shared root (the
+    first checkpoint always reaches it).
+    """
+
+    local_dir: str | None = None
+    partner_every: int = 0
+    parity_every: int = 0
+    parity_group: int = 8
+    flush_every: int = 1
+
+    def __post_init__(self):
+        for name, low in (("partner_every", 0), ("parity_every", 0), ("flush_every", 1), ("parity_group", 2)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise CheckpointError(f"{name} must be an integer >= {low}, got {value!r}")
+        if self.local_dir is None and (self.partner_every or self.parity_every):
+            raise CheckpointError("partner_every/parity_every need local_dir (the node-local level L1)")
+
+    @property
+    def enabled(self) -> bool:
+        return self.local_dir is not None
+
+    def due(self, count: int) -> dict:
+        """Which levels the ``count``-th checkpoint (0-based) of this run reaches besides L1."""
+        every = lambda k: bool(k) and count % k == 0  # noqa: E731
+        return {"partner": every(self.partner_every), "parity": every(self.parity_every),
+                "flush": every(self.flush_every)}
+
+
+def node_dir(local_dir: str, layout: NodeLayout, rank: int, simulated: bool) -> str:
+    """This rank's node-local directory: ``local_dir/node-<k>`` with simulated nodes, else ``local_dir``."""
+    base = os.fspath(local_dir)
+    return os.path.join(base, f"node-{layout.node_of[rank]}") if simulated else base
+
+
+def node_leader(layout: NodeLayout, rank: int) -> bool:
+    """Whether ``rank`` is the lowest rank of its node (the one that writes per-node files)."""
+    return layout.ranks_on(layout.node_of[rank])[0] == rank
+
+
+def partners(layout: NodeLayout) -> list[int] | None:
+    """partner[r]: the rank with r's position on the next node (None when there is a single node)."""
+    n = layout.nnodes
+    if n < 2:
+        return None
+    out = []
+    for r, node in enumerate(layout.node_of):
+        here = layout.ranks_on(node)
+        there = layout.ranks_on((node + 1) % n)
+        out.append(there[here.index(r) % len(there)])
+    return out
+
+
+def parity_groups(layout: NodeLayout, size: int) -> list[list[int]]:
+    """Groups of at most ``size`` ranks (a short last group joins the previous), each on distinct nodes.
+
+    Ranks with the same position on their node form the candidates, taken
+    node by node, so no group holds two ranks of one node.  Ranks in no group
+    (a single node) get no parity.
+    """
+    by_position: dict[int, list[int]] = {}
+    for node in range(layout.nnodes):
+        for pos, r in enumerate(layout.ranks_on(node)):
+            by_position.setdefault(pos, []).append(r)
+    groups = []
+    for _, ranks in sorted(by_position.items()):
+        chunks = [ranks[i:i + size] for i in range(0, len(ranks), size)]
+        if len(chunks) > 1 and len(chunks[-1]) < 2:
+            chunks[-2].extend(chunks.pop())
+        groups.extend(c for c in chunks if len(c) >= 2)
+    return groups
+
+
+def data_file(rank: int) -> str:
+    """The file-per-rank data file of ``rank`` (relative to a version directory)."""
+    return f"data/part-{rank:06d}.bin"
+
+
+def parity_file(rank: int) -> str:
+    return f"parity/xor-{rank:06d}.bin"

@@ -1,0 +1,94 @@
+"""L4: copying this rank's L1 file to the shared root in a background thread (no MPI in the thread).
+
+The thread copies with ``os.copy_file_range``/``sendfile`` (the GIL is released
+for the whole copy, so the application's Python code keeps running) at the
+lowest CPU priority (``nice 19`` for this thread only, on Linux), optionally
+capped at ``bandwidth`` bytes per second.  The version is committed on the root
+only later, in the foreground, once every rank reports its copy done: rank 0
+then writes the same ``metadata.json`` there.  A crash during the flush leaves
+an uncommitted directory, which does not count and is cleared later.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+_BLOCK = 8 << 20
+
+
+class FlushThread:
+    """Copies ``src`` to ``dst`` (both may be absent: a rank with no data copies nothing)."""
+
+    def __init__(self, src: str | None, dst: str | None, fsync: bool = True, bandwidth: float | None = None,
+                 low_priority: bool = True):
+        self.src, self.dst, self.fsync = src, dst, fsync
+        self.bandwidth = bandwidth
+        self.low_priority = low_priority
+        self.error: BaseException | None = None
+        self.seconds = 0.0
+        self.nbytes = 0
+        self._thread = threading.Thread(target=self._run, name="hpcckpt-flush", daemon=True)
+        self._thread.start()
+
+    @property
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+    def join(self) -> None:
+        self._thread.join()
+
+    def _run(self) -> None:
+        t0 = time.perf_counter()
+        try:
+            if self.low_priority and hasattr(os, "setpriority"):
+                try:
+                    os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+                except OSError:
+                    pass
+            if self.src is not None:
+                self.nbytes = copy_file(self.src, self.dst, self.fsync, self.bandwidth)
+        except BaseException as exc:  # noqa: BLE001 - reported at the next collective call
+            self.error = exc
+        finally:
+            self.seconds = time.perf_counter() - t0
+
+
+def copy_file(src: str, dst: str, fsync: bool = True, bandwidth: float | None = None) -> int:
+    """Copy ``src`` to a new ``dst`` (written as ``dst.part`` then renamed); return the bytes copied."""
+    os.makedirs(os.path.dirname(dst), exist_ok=True)
+    tmp = dst + ".part"
+    t0 = time.perf_counter()
+    done = 0
+    with open(src, "rb") as fi:
+        size = os.fstat(fi.fileno()).st_size
+        fo = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            while done < size:
+                n = _copy_some(fi.fileno(), fo, done, min(_BLOCK, size - done))
+                if n <= 0:
+                    raise OSError(f"{src} shrank while being flushed ({done} of {size} bytes)")
+                done += n
+                if bandwidth:
+                    ahead = done / bandwidth - (time.perf_counter() - t0)
+                    if ahead > 0:
+                        time.sleep(ahead)
+            if fsync:
+                os.fsync(fo)
+        finally:
+            os.close(fo)
+    os.replace(tmp, dst)
+    return done
+
+
+def _copy_some(fi: int, fo: int, offset: int, count: int) -> int:
+    if hasattr(os, "copy_file_range"):
+        try:
+            return os.copy_file_range(fi, fo, count, offset)
+        except OSError:
+            pass  # across file systems on old kernels: fall back
+    if hasattr(os, "sendfile"):
+        return os.sendfile(fo, fi, offset, count)
+    data = os.pread(fi, count, offset)
+    return os.write(fo, data)

@@ -1,0 +1,154 @@
+"""L3: XOR parity across a group of ranks on distinct nodes (SCR's distributed XOR scheme).
+
+In a group of g ranks, each data file D_j (zero-padded) is cut into g-1
+segments of S bytes.  Member i stores the parity segment
+
+    P_i = XOR over j != i of  D_j[segment (i - j - 1) mod g]
+
+so each segment of each file enters exactly one parity segment, held by
+another member.  When member x is lost, its segment (i - x - 1) mod g equals
+P_i XOR the other members' matching segments: one XOR-reduce to x rebuilds it.
+Encoding is one ``Reduce_scatter_block(BXOR)`` per round, rebuilding one
+``Reduce(BXOR)`` per round; both stream in rounds of ``ROUND_BYTES`` per
+segment (g * round bytes of memory per rank).  Any one loss per group is
+recoverable; two losses in one group are not (Reed-Solomon would be).
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+ROUND_BYTES = 16 << 20
+
+
+def segment_bytes(sizes: list[int]) -> int:
+    """S for a group whose files have these sizes."""
+    g = len(sizes)
+    return -(-max(sizes) // (g - 1)) if sizes and max(sizes) > 0 else 0
+
+
+def _read_clipped(fd: int | None, size: int, offset: int, out: np.ndarray) -> None:
+    """Fill ``out`` with file bytes at ``offset`` (zeros past the end of a ``size``-byte file)."""
+    out[:] = 0
+    n = max(0, min(out.nbytes, size - offset))
+    if n and fd is not None:
+        got = os.preadv(fd, [memoryview(out[:n])], offset)
+        if got != n:
+            raise OSError(f"short read: {got} of {n} bytes at offset {offset}")
+
+
+def encode(gcomm, data_path: str, size: int, sizes: list[int], out_path: str, fsync: bool = True,
+           round_bytes: int = ROUND_BYTES) -> int:
+    """Collective over the group communicator: write this member's parity segment to ``out_path``; return S."""
+    from mpi4py import MPI
+
+    g, pos = gcomm.Get_size(), gcomm.Get_rank()
+    seg = segment_bytes(sizes)
+    error = None
+    fd = None
+    out = None
+    try:
+        fd = os.open(data_path, os.O_RDONLY) if size > 0 else None
+    except OSError as exc:
+        error = exc
+    try:
+        os.makedirs(os.path.dirname(out_path), exist_ok=True)
+        out = os.open(out_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    except OSError as exc:
+        error = error or exc
+    try:
+        for a in range(0, seg, round_bytes):
+            r = min(round_bytes, seg - a)
+            send = np.zeros(g * r, np.uint8)
+            for i in range(g):
+                if i != pos and error is None:
+                    try:
+                        _read_clipped(fd, size, ((i - pos - 1) % g) * seg + a, send[i * r:(i + 1) * r])
+                    except OSError as exc:
+                        error = exc
+            recv = np.empty(r, np.uint8)
+            gcomm.Reduce_scatter_block([send, MPI.BYTE], [recv, MPI.BYTE], op=MPI.BXOR)
+            if out is not None and error is None:
+                try:
+                    os.write(out, memoryview(recv))
+                except OSError as exc:
+                    error = exc
+        if out is not None and fsync and error is None:
+            os.fsync(out)
+    finally:
+        if fd is not None:
+            os.close(fd)
+        if out is not None:
+            os.close(out)
+    if error is not None:
+        raise error
+    return seg
+
+
+def rebuild(gcomm, lost: int, data_path: str, size: int, parity_path: str, seg: int, lost_size: int,
+            out_path: str, fsync: bool = True, round_bytes: int = ROUND_BYTES) -> None:
+    """Collective over the group: rebuild member ``lost``'s data file into ``out_path`` on that member.
+
+    Survivors pass their own data file and parity segment; the lost member
+    passes its target path (``data_path``/``parity_path`` unused there).
+    """
+    from mpi4py import MPI
+
+    g, pos = gcomm.Get_size(), gcomm.Get_rank()
+    error = None
+    fd = pfd = out = None
+    try:
+        if pos == lost:
+            os.makedirs(os.path.dirname(out_path), exist_ok=True)
+            out = os.open(out_path + ".part", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        else:
+            fd = os.open(data_path, os.O_RDONLY) if size > 0 else None
+            pfd = os.open(parity_path, os.O_RDONLY) if seg > 0 else None
+    except OSError as exc:
+        error = exc
+    try:
+        for a in range(0, seg, round_bytes):
+            r = min(round_bytes, seg - a)
+            send = np.zeros(g * r, np.uint8)
+            if pos != lost and error is None:
+                try:
+                    for i in range(g):
+                        if i == lost:
+                            continue
+                        part = send[i * r:(i + 1) * r]
+                        if i == pos:
+                            _read_clipped(pfd, seg, a, part)
+                        else:
+                            _read_clipped(fd, size, ((i - pos - 1) % g) * seg + a, part)
+                except OSError as exc:
+                    error = exc
+            recv = np.empty(g * r, np.uint8) if pos == lost else None
+            gcomm.Reduce([send, MPI.BYTE], [recv, MPI.BYTE] if recv is not None else None, op=MPI.BXOR, root=lost)
+            if out is not None and error is None:
+                for i in range(g):
+                    if i == lost:
+                        continue
+                    offset = ((i - lost - 1) % g) * seg + a
+                    n = max(0, min(r, lost_size - offset))
+                    if n:
+                        os.pwrite(out, memoryview(recv[i * r:i * r + n]), offset)
+        if out is not None and error is None:
+            os.ftruncate(out, lost_size)
+            if fsync:
+                os.fsync(out)
+    finally:
+        for f in (fd, pfd, out):
+            if f is not None:
+                os.close(f)
+    if out is not None:
+        if error is None:
+            os.replace(out_path + ".part", out_path)
+        else:
+            try:
+                os.unlink(out_path + ".part")
+            except OSError:
+                pass
+    if error is not None:
+        raise error

@@ -1,0 +1,218 @@
+"""Restore from the fastest level that holds a whole version, rebuilding lost files first.
+
+For each committed version, newest first:
+
+1. node-local (L1): every rank lists what its node directory holds; if every
+   data file is at its owner's node, load straight from there (L1).  A file
+   missing at its owner but present on another node (a partner copy) is sent
+   over (L2).  A file present nowhere is rebuilt from XOR parity when it is the
+   only loss of its parity group (L3).  Then the ordinary collective load reads
+   each rank's node directory.
+2. the shared root (L4), the same version, when it was flushed there.
+
+A version that cannot be rebuilt (say, two lost nodes in one parity group) is
+skipped with a warning that names the lost ranks and the group; the search goes
+on to the root and to older versions.  When the rank count changed, the
+rebuild is skipped and the load is tried from the node directories as they
+are (it succeeds when every chunk a rank reads is on its node) and otherwise
+from the root.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+from .._mpi import agree
+from ..catalog import _NAME, list_versions
+from ..errors import CheckpointError, CorruptCheckpointError, TemplateMismatchError
+from ..loading import load_version
+from ..metadata import METADATA_FILE, Metadata, parse
+from ..storage.posix import atomic_write
+from . import data_file, parity_file
+from .partner import transfer
+
+
+def inventory(vdir: str) -> dict[str, int]:
+    """Sizes of the data and parity files a node directory holds for one version."""
+    out = {}
+    for sub in ("data", "parity"):
+        d = os.path.join(vdir, sub)
+        try:
+            names = os.listdir(d)
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        for n in names:
+            if not n.endswith(".part"):
+                try:
+                    out[f"{sub}/{n}"] = os.stat(os.path.join(d, n)).st_size
+                except OSError:
+                    pass
+    return out
+
+
+def expected_sizes(meta: Metadata) -> dict[str, int]:
+    """The least size of each data file: the end of its last chunk."""
+    ends = {name: 0 for name in meta.files}
+    for var in meta.variables.values():
+        c = var.chunks
+        for k in range(len(c)):
+            name = meta.files[int(c.file[k])]
+            ends[name] = max(ends[name], int(c.offset[k]) + int(c.nbytes[k]))
+    return ends
+
+
+def plan_rebuild(meta: Metadata, inv: list[dict[str, int]], size: int):
+    """(plan, None) or (None, why): the moves (L2) and parity rebuilds (L3) that make every file local."""
+    levels = meta.extra.get("levels") if isinstance(meta.extra, dict) else None
+    if meta.nranks != size or not isinstance(levels, dict):
+        return {"level": "L1", "moves": [], "rebuild": []}, None  # try the node directories as they are
+    ends = expected_sizes(meta)
+    sizes = levels.get("sizes") or [0] * size
+    owners = {data_file(o): o for o in range(size)}
+    moves, lost = [], []
+    for name, end in sorted(ends.items()):
+        o = owners.get(name)
+        if o is None:
+            return None, f"{name} is not a file-per-rank file of this layout"
+        n = max(end, int(sizes[o]))
+        if inv[o].get(name) == n:
+            continue
+        holders = [r for r in range(size) if inv[r].get(name) == n]
+        if holders:
+            moves.append((holders[0], o, name, n))
+        else:
+            lost.append(o)
+    if not lost:
+        return {"level": "L2" if moves else "L1", "moves": moves, "rebuild": []}, None
+    parity = levels.get("parity")
+    if not parity:
+        return None, (f"the files of rank(s) {lost} are on no surviving node and this version has no "
+                      f"{'parity' if levels.get('partner') else 'partner copy or parity'}")
+    rebuild = []
+    for gi, group in enumerate(parity["groups"]):
+        gone = [o for o in lost if o in group]
+        if not gone:
+            continue
+        if len(gone) > 1:
+            return None, (f"rank(s) {gone} of parity group {group} are lost together: XOR parity rebuilds at most "
+                          "one member per group")
+        x, seg = gone[0], int(parity["segment"][gi])
+        for j in group:
+            if j == x:
+                continue
+            has_data = int(sizes[j]) == 0 or inv[j].get(data_file(j)) == int(sizes[j]) or any(
+                m[1] == j for m in moves)
+            if not has_data or (seg and inv[j].get(parity_file(j)) != seg):
+                return None, (f"rank {x} of parity group {group} is lost and rank {j}'s "
+                              f"{'data' if not has_data else 'parity'} is missing too")
+        rebuild.append((gi, list(group), x, seg, int(sizes[x])))
+    ungrouped = [o for o in lost if not any(o in g for g in parity["groups"])]
+    if ungrouped:
+        return None, f"rank(s) {ungrouped} are lost and belong to no parity group"
+    return {"level": "L3", "moves": moves, "rebuild": rebuild}, None
+
+
+def _order(name: str):
+    m = _NAME.match(name)
+    return int(m.group(1)), int(m.group(2) or 0)
+
+
+def restore_levels(engine, state, step, strict):
+    comm, rank = engine.comm, engine.rank
+    ckpt = engine.ckpt
+    mine = [e.name for e in list_versions(engine.node_dir) if e.committed]
+    local_sets = [set(ns) for ns in comm.allgather(mine)]
+    local_any = set().union(*local_sets)
+    root_names = comm.bcast([e.name for e in list_versions(ckpt.root) if e.committed] if rank == 0 else None, root=0)
+    names = sorted(local_any | set(root_names), key=_order, reverse=True)
+    if step is not None:
+        names = [n for n in names if _order(n)[0] == step]
+        if not names:
+            raise CheckpointError(f"no committed version of step {step} under {ckpt.root!r} or {engine.levels.local_dir!r}")
+    if not names:
+        raise CheckpointError(f"no committed checkpoint under {ckpt.root!r} or {engine.levels.local_dir!r}")
+    reasons = []
+    for name in names:
+        if name in local_any:
+            out, level, why = _try_local(engine, state, name, local_sets, strict)
+            if why is None:
+                _report(rank, name, level, reasons)
+                ckpt.last_restored = os.path.join(engine.node_dir, name)
+                engine.restored_level = level
+                return out
+            reasons.append(f"{name} cannot be restored from the node-local levels: {why}")
+        if name in root_names:
+            path = os.path.join(ckpt.root, name)
+            try:
+                out = load_version(state, path, comm, strict=strict)
+            except CorruptCheckpointError as exc:
+                reasons.append(f"{name} on the shared root is damaged: {exc}")
+                continue
+            _report(rank, name, "L4", reasons)
+            ckpt.last_restored = path
+            engine.restored_level = "L4"
+            return out
+    raise CheckpointError("no restorable checkpoint: " + "; ".join(reasons))
+
+
+def _report(rank: int, name: str, level: str, reasons: list[str]) -> None:
+    if rank == 0 and reasons:
+        where = "the shared root (L4)" if level == "L4" else f"the node-local levels ({level})"
+        warnings.warn(f"hpcckpt: restoring {name} from {where}; " + "; ".join(reasons), stacklevel=4)
+
+
+def _try_local(engine, state, name: str, local_sets, strict):
+    """(restored state, level, None) or (None, None, why); collective."""
+    from mpi4py import MPI
+
+    from . import parity
+
+    comm, rank = engine.comm, engine.rank
+    what = f"restore of {name} from the node-local levels"
+    vdir = os.path.join(engine.node_dir, name)
+    src = next(r for r, s in enumerate(local_sets) if name in s)
+
+    def read_raw():
+        with open(os.path.join(vdir, METADATA_FILE), "rb") as f:
+            return f.read()
+
+    try:
+        raw = comm.bcast(agree(comm, what, lambda: read_raw() if rank == src else None), root=src)
+        meta = agree(comm, what, lambda: parse(raw, source=os.path.join(vdir, METADATA_FILE)))
+    except CheckpointError as exc:
+        return None, None, str(exc)
+    inv = comm.allgather(inventory(vdir))
+    plan, why = plan_rebuild(meta, inv, comm.Get_size())
+    if why is not None:
+        return None, None, why
+    try:
+        if plan["moves"]:
+            agree(comm, what + " (partner copies)", lambda: transfer(comm, plan["moves"], vdir, vdir))
+        if plan["rebuild"]:
+            mine = next((r for r in plan["rebuild"] if rank in r[1]), None)
+            gcomm = comm.Split(MPI.UNDEFINED if mine is None else mine[0],
+                               0 if mine is None else mine[1].index(rank))
+            try:
+                def rebuild():
+                    if mine is None:
+                        return
+                    _, group, x, seg, lost_size = mine
+                    sizes = meta.extra["levels"]["sizes"]
+                    parity.rebuild(gcomm, group.index(x), os.path.join(vdir, data_file(rank)), int(sizes[rank]),
+                                   os.path.join(vdir, parity_file(rank)), seg, lost_size,
+                                   os.path.join(vdir, data_file(x)))
+                agree(comm, what + " (XOR parity)", rebuild)
+            finally:
+                if gcomm != MPI.COMM_NULL:
+                    gcomm.Free()
+        agree(comm, what, lambda: engine.leader and name not in local_sets[rank] and (
+            os.makedirs(vdir, exist_ok=True), atomic_write(os.path.join(vdir, METADATA_FILE), raw)))
+        out = load_version(state, vdir, comm, strict=strict)
+    except CorruptCheckpointError as exc:
+        return None, None, str(exc)
+    except TemplateMismatchError:
+        raise
+    except CheckpointError as exc:
+        return None, None, str(exc)
+    return out, plan["level"], None

@@ -1,0 +1,58 @@
+"""The real CuPy path of the codecs (hpcckpt.codecs.gpu): skipped, with a message, without a GPU.
+
+Checks, for every codec with a device path, that device encoding gives the
+CPU codec's bytes exactly (what a GPU writes, a CPU reads) and that device
+decoding of CPU-written bytes gives the CPU decoder's array (and the other way
+round).  bench/gpu_check.sh runs this file plus a throughput benchmark.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+cupy = pytest.importorskip("cupy", reason="CuPy is not installed: GPU codec tests skipped")
+try:
+    if cupy.cuda.runtime.getDeviceCount() < 1:
+        raise RuntimeError("no device")
+except Exception as exc:  # noqa: BLE001 - any CUDA failure means: no usable GPU
+    pytest.skip(f"no usable GPU ({exc}): GPU codec tests skipped", allow_module_level=True)
+
+from hpcckpt.codecs import Lossy, resolve  # noqa: E402
+from hpcckpt.codecs import kernels  # noqa: E402
+from hpcckpt.codecs.gpu import device_decode, device_encode  # noqa: E402
+
+CODECS = ["none", "lz4", "zstd", "shuffle+lz4", "shuffle+zstd", Lossy(abs=1e-3), Lossy(rel=1e-4),
+          Lossy(rel=1e-2, compressor="lz4")]
+
+
+def field(dtype):
+    rng = np.random.default_rng(0)
+    x = np.sin(np.linspace(0, 30, 1 << 16)) * 10 + rng.normal(scale=1e-3, size=1 << 16)
+    x[::331] = np.nan
+    x[7::997] = np.inf
+    return x.astype(dtype)
+
+
+@pytest.mark.parametrize("spec", CODECS, ids=str)
+@pytest.mark.parametrize("dtype", ["<f2", "<f4", "<f8"])
+def test_device_bytes_equal_cpu_bytes_both_ways(spec, dtype):
+    x = field(dtype)
+    codec = resolve(spec, x.dtype)
+    cpu = codec.encode(x)
+    gpu = device_encode(codec, cupy.asarray(x))
+    assert gpu.tobytes() == cpu.tobytes()
+    dev_out = cupy.empty_like(cupy.asarray(x))
+    device_decode(codec, cpu, dev_out)
+    host_out = np.empty(x.nbytes, np.uint8)
+    codec.decode(gpu, host_out)
+    assert cupy.asnumpy(dev_out).tobytes() == host_out.tobytes()
+
+
+@pytest.mark.parametrize("keepbits", [0, 5, 10])
+def test_bitround_and_shuffle_kernels_on_device(keepbits):
+    x = field("<f4")
+    assert cupy.asnumpy(kernels.bitround(cupy, cupy.asarray(x), keepbits)).tobytes() == \
+        kernels.bitround(np, x, keepbits).tobytes()
+    b = x.view(np.uint8)
+    assert cupy.asnumpy(kernels.shuffle(cupy, cupy.asarray(b), 4)).tobytes() == kernels.shuffle(np, b, 4).tobytes()

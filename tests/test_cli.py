@@ -1,0 +1,557 @@
+"""The ``hpcckpt`` command line: ls, inspect, verify, gc, interval; errors as one line, never a traceback.
+
+Checkpoints are real ones written by hpcckpt.Checkpointer / hpcckpt.save in one
+process (comm=None, no mpiexec).  Most commands run through ``main([...])`` with
+capsys; a few through ``python -m hpcckpt`` in a subprocess, as a user would.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import hpcckpt
+from hpcckpt import cli
+from hpcckpt.policy import FailureHistory, daly, estimate_mtbf, expected_waste, young
+
+ROOT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PART = "data/part-000000.bin"
+
+
+def make_state(seed: int = 0) -> dict:
+    rng = np.random.default_rng(seed)
+    u = rng.standard_normal((6, 5))
+    rec = np.zeros(4, dtype=[("x", "<f4"), ("id", "<i8")])
+    rec["id"] = np.arange(4)
+    return {"u": hpcckpt.Block(u, offset=(0, 0), global_shape=(6, 5)),
+            "p": hpcckpt.Ragged(rec),
+            "step": seed, "time": 0.5 * seed, "name": "demo", "bad": float("nan"), "arr": np.arange(3)}
+
+
+def step_dir(root, step: int, revision: int = 0) -> str:
+    return os.path.join(root, f"step-{step:012d}" + (f".r{revision}" if revision else ""))
+
+
+@pytest.fixture
+def root(tmp_path):
+    """A Checkpointer root with committed steps 0, 5 and 10 (several chunks per variable)."""
+    path = str(tmp_path / "ckpt")
+    ck = hpcckpt.Checkpointer(path, comm=None, chunk_bytes=64)
+    for step in (0, 5, 10):
+        ck.save(make_state(step), step=step)
+    ck.close()
+    return path
+
+
+def add_superseded(root: str) -> None:
+    """Make step 10 have two revisions: the copy .r1 is newer, the original is superseded."""
+    shutil.copytree(step_dir(root, 10), step_dir(root, 10, 1))
+
+
+def add_partial(root: str, step: int = 20, age: float | None = None) -> str:
+    """The leftover of an interrupted save: data written, metadata never renamed into place."""
+    path = step_dir(root, step)
+    shutil.copytree(step_dir(root, 10), path)
+    os.remove(os.path.join(path, "metadata.json"))
+    if age is not None:
+        old = os.path.getmtime(path) - age
+        for d, _, files in os.walk(path):
+            for name in [*files, None]:
+                p = d if name is None else os.path.join(d, name)
+                os.utime(p, (old, old))
+    return path
+
+
+def run_cli(capsys, *argv) -> tuple[int, str, str]:
+    rc = cli.main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def assert_one_line_error(rc: int, err: str, *needles: str) -> None:
+    assert rc != 0
+    assert "Traceback" not in err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("hpcckpt: error: ")
+    for needle in needles:
+        assert needle in lines[0]
+
+
+def flip_bit(path: str, offset: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        b = f.read(1)
+        f.seek(offset)
+        f.write(bytes([b[0] ^ 0x10]))
+
+
+# --------------------------------------------------------------------------- help and usage
+
+@pytest.mark.parametrize("command", [[], ["ls"], ["inspect"], ["verify"], ["gc"], ["interval"], ["simulate"]])
+def test_help_everywhere(capsys, command):
+    rc, out, err = run_cli(capsys, *command, "--help")
+    assert rc == 0
+    assert out.startswith("usage: hpcckpt" + (f" {command[0]}" if command else ""))
+    assert err == ""
+
+
+def test_no_command_prints_usage(capsys):
+    rc, out, err = run_cli(capsys)
+    assert rc == 2
+    assert "usage: hpcckpt" in err
+
+
+def test_usage_error_is_argparse_style(capsys, root):
+    rc, out, err = run_cli(capsys, "gc", root, "--keep", "0")
+    assert rc == 2
+    assert "Traceback" not in err
+    assert "--keep: must be at least 1" in err
+
+
+# --------------------------------------------------------------------------- ls
+
+def test_ls_committed(capsys, root):
+    rc, out, err = run_cli(capsys, "ls", root)
+    assert rc == 0, err
+    lines = out.splitlines()
+    assert lines[0].split() == ["STEP", "VERSION", "STATE", "SIZE", "CREATED", "VARS", "VALUES"]
+    body = [line.split() for line in lines[1:4]]
+    assert [row[0] for row in body] == ["0", "5", "10"]
+    assert all(row[2] == "committed" for row in body)
+    assert all(row[-2:] == ["2", "5"] for row in body)  # u, p; step, time, name, bad, arr
+    size = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(step_dir(root, 5)) for f in fs)
+    assert cli.human_bytes(size) == " ".join(body[1][3:5])
+    assert "3 versions: 3 committed (newest step 10)" in out
+
+
+def test_ls_partial_and_superseded(capsys, root):
+    add_superseded(root)
+    add_partial(root)
+    rc, out, err = run_cli(capsys, "ls", root)
+    assert rc == 0, err
+    states = {line.split()[1]: line.split()[2] for line in out.splitlines()[1:] if line.split()[1:2]
+              and line.split()[1].startswith("step-")}
+    assert states == {"step-000000000000": "committed", "step-000000000005": "committed",
+                      "step-000000000010": "superseded", "step-000000000010.r1": "committed",
+                      "step-000000000020": "partial"}
+    assert "1 superseded, 1 partial" in out
+    rc, out, _ = run_cli(capsys, "ls", root, "--json")
+    doc = json.loads(out)
+    assert [(v["name"], v["state"]) for v in doc["versions"]][-3:] == [
+        ("step-000000000010", "superseded"), ("step-000000000010.r1", "committed"), ("step-000000000020", "partial")]
+    assert doc["versions"][-1]["created"] is None
+
+
+def test_ls_damaged_metadata_is_listed_not_fatal(capsys, root):
+    with open(os.path.join(step_dir(root, 5), "metadata.json"), "w") as f:
+        f.write('{"format": "hpcckpt", "format_version": 99}')
+    rc, out, err = run_cli(capsys, "ls", root)
+    assert rc == 0, err
+    assert re.search(r"step-000000000005\s+damaged", out)
+    assert "format version 99 is not supported" in out
+
+
+def test_ls_failure_history_footer(capsys, tmp_path):
+    path = str(tmp_path / "ckpt")
+    ck = hpcckpt.Checkpointer(path, comm=None)
+    ck.save(make_state(), step=1)
+    ck.close()
+    history = FailureHistory.load(path)
+    t = 1.0e9
+    for hours in (5, 7, 9):  # three runs killed after 5, 7 and 9 hours
+        history.job_start(t)
+        history.heartbeat(t + hours * 3600)
+        t += (hours + 1) * 3600
+    history.job_start(t)
+    history.clean_end(t + 3600)
+    expected = estimate_mtbf(FailureHistory.load(path))
+    rc, out, err = run_cli(capsys, "ls", path)
+    assert rc == 0, err
+    footer = out.splitlines()[-1]
+    assert footer.startswith("failure history: ")
+    assert str(expected) in footer
+    assert expected.n_failures >= 3
+    rc, out, _ = run_cli(capsys, "ls", path, "--prior-mtbf", "2h", "--json")
+    doc = json.loads(out)["failure_history"]
+    assert doc["mtbf_s"] == pytest.approx(estimate_mtbf(FailureHistory.load(path), prior_mtbf=7200).mtbf)
+    assert doc["prior_mtbf_s"] == 7200
+
+
+def test_ls_malformed_history_reported_and_left_alone(capsys, root):
+    path = os.path.join(root, "failure_history.json")
+    with open(path, "w") as f:
+        f.write("{not json")
+    rc, out, err = run_cli(capsys, "ls", root)
+    assert rc == 0
+    assert "is unreadable" in out.splitlines()[-1]
+    assert os.path.exists(path) and not os.path.exists(path + ".bad")  # ls is read-only
+
+
+def test_ls_without_history_has_no_footer(capsys, root):
+    os.remove(os.path.join(root, "failure_history.json"))
+    rc, out, _ = run_cli(capsys, "ls", root)
+    assert rc == 0
+    assert "failure history" not in out
+
+
+def test_ls_errors(capsys, tmp_path, root):
+    rc, _, err = run_cli(capsys, "ls", tmp_path / "absent")
+    assert_one_line_error(rc, err, "no such checkpoint root")
+    rc, _, err = run_cli(capsys, "ls", step_dir(root, 5))
+    assert_one_line_error(rc, err, "single checkpoint version", "hpcckpt inspect")
+
+
+# --------------------------------------------------------------------------- inspect
+
+def test_inspect_text(capsys, root):
+    rc, out, err = run_cli(capsys, "inspect", step_dir(root, 5))
+    assert rc == 0, err
+    assert re.search(r"^step\s+5$", out, re.M)
+    assert re.search(r"^written by\s+1 rank$", out, re.M)
+    assert re.search(r"^\s+u\s+block\s+6x5\s+<f8\s+none\s+\d+\s+240 B\s+240 B$", out, re.M)
+    assert re.search(r"^\s+p\s+ragged\s+4\s+\[\('x', '<f4'\), \('id', '<i8'\)\]\s+none", out, re.M)
+    assert re.search(r"^\s+name\s+= 'demo'$", out, re.M)
+    assert re.search(r"^\s+bad\s+= nan$", out, re.M)
+    assert PART in out
+    assert "chunks of" not in out
+
+
+def test_inspect_chunks(capsys, root):
+    rc, out, _ = run_cli(capsys, "inspect", step_dir(root, 5), "--chunks")
+    assert rc == 0
+    assert "chunks of u" in out
+    assert re.search(r"^\s+0\s+\[0:\d, 0:5\]\s+" + re.escape(PART) + r"\s+\d+\s+\d+\s+[0-9a-f]{16}$", out, re.M)
+
+
+def test_inspect_root_shows_newest(capsys, root):
+    rc, out, _ = run_cli(capsys, "inspect", root)
+    assert rc == 0
+    assert "newest committed version step-000000000010" in out
+    assert re.search(r"^step\s+10$", out, re.M)
+
+
+def test_inspect_json(capsys, root):
+    rc, out, err = run_cli(capsys, "inspect", step_dir(root, 5), "--json", "--chunks")
+    assert rc == 0, err
+    doc = json.loads(out)
+    assert doc["format"] == "hpcckpt" and doc["format_version"] == 1 and doc["checksum"] == "xxh3_64"
+    assert doc["step"] == 5 and doc["nranks"] == 1
+    assert doc["files"] == [{"name": PART, "size": os.path.getsize(os.path.join(step_dir(root, 5), PART))}]
+    u = doc["variables"]["u"]
+    assert (u["kind"], u["shape"], u["dtype"], u["codec"]) == ("block", [6, 5], "<f8", {"id": "none"})
+    assert u["nbytes"] == 240 == sum(c["nbytes"] for c in u["chunks"])
+    assert u["nchunks"] == len(u["chunks"]) > 1
+    p = doc["variables"]["p"]
+    assert p["dtype"] == [["x", "<f4"], ["id", "<i8"]]
+    assert doc["values"]["name"] == "demo"
+    assert doc["values"]["bad"] == {"$hpcckpt": "float", "value": "nan"}
+    # the chunk table is enough to read the data back by hand
+    with hpcckpt.open(step_dir(root, 5)) as view:
+        expected = view.read("u")
+    got = np.empty((6, 5))
+    for c in u["chunks"]:
+        with open(os.path.join(step_dir(root, 5), c["file"]), "rb") as f:
+            f.seek(c["offset"])
+            block = np.frombuffer(f.read(c["nbytes"]), "<f8").reshape(c["count"])
+        got[tuple(slice(a, a + n) for a, n in zip(c["start"], c["count"]))] = block
+    np.testing.assert_array_equal(got, expected)
+
+
+def test_inspect_json_without_chunks(capsys, root):
+    rc, out, _ = run_cli(capsys, "inspect", step_dir(root, 0), "--json")
+    doc = json.loads(out)
+    assert "chunks" not in doc["variables"]["u"]
+
+
+# --------------------------------------------------------------------------- verify
+
+def test_verify_version_ok(capsys, root):
+    rc, out, err = run_cli(capsys, "verify", step_dir(root, 5))
+    assert rc == 0, out + err
+    total = 240 + 4 * 12
+    assert re.fullmatch(rf"OK: \S+: \d+ chunks, {total} B verified in \d+\.\d\d s\n", out)
+    assert err == ""  # no progress bar: small and not a terminal
+
+
+def test_verify_root_checks_every_committed_version(capsys, root):
+    add_superseded(root)
+    add_partial(root)
+    flip_bit(os.path.join(step_dir(root, 10), PART), 3)  # the superseded revision: not checked
+    rc, out, err = run_cli(capsys, "verify", root)
+    assert rc == 0, out + err
+    assert "3 versions" in out and "skipped 2 partial or superseded" in out
+
+
+def test_verify_bit_flip(capsys, root):
+    target = os.path.join(step_dir(root, 5), PART)
+    flip_bit(target, os.path.getsize(target) - 5)
+    rc, out, err = run_cli(capsys, "verify", step_dir(root, 5))
+    assert rc == 1
+    corrupt = [line for line in out.splitlines() if line.startswith("CORRUPT:")]
+    assert len(corrupt) == 1
+    assert os.path.realpath(target) in corrupt[0] and "fails its checksum" in corrupt[0]
+    assert out.splitlines()[-1].startswith("FAILED: 1 problem")
+    # on a root, the damaged version is named too and the others still pass
+    rc, out, _ = run_cli(capsys, "verify", root)
+    assert rc == 1 and os.path.realpath(target) in out and out.count("CORRUPT:") == 1
+
+
+def test_verify_truncated(capsys, root):
+    target = os.path.join(step_dir(root, 10), PART)
+    os.truncate(target, os.path.getsize(target) // 2)
+    rc, out, err = run_cli(capsys, "verify", step_dir(root, 10))
+    assert rc == 1
+    assert "truncated" in out and os.path.realpath(target) in out
+    assert "Traceback" not in out + err
+
+
+def test_verify_missing_data_file(capsys, root):
+    target = os.path.join(step_dir(root, 0), PART)
+    os.remove(target)
+    rc, out, _ = run_cli(capsys, "verify", step_dir(root, 0))
+    assert rc == 1
+    assert f"data file {os.path.realpath(target)} is missing" in out
+
+
+def test_verify_missing_metadata(capsys, root):
+    path = add_partial(root)
+    rc, out, err = run_cli(capsys, "verify", path)
+    assert_one_line_error(rc, err, "metadata.json is missing", path)
+    rc, out, err = run_cli(capsys, "inspect", path)
+    assert_one_line_error(rc, err, "metadata.json is missing")
+
+
+def test_verify_malformed_metadata(capsys, root):
+    meta = os.path.join(step_dir(root, 5), "metadata.json")
+    with open(meta, "r+b") as f:
+        f.truncate(100)
+    rc, out, err = run_cli(capsys, "verify", step_dir(root, 5))
+    assert rc == 1 and "CORRUPT:" in out and "metadata.json" in out and "not valid JSON" in out
+    rc, out, err = run_cli(capsys, "inspect", step_dir(root, 5))
+    assert_one_line_error(rc, err, "metadata.json", "not valid JSON")
+
+
+def test_verify_path_traversal_is_reported(capsys, root):
+    meta_path = os.path.join(step_dir(root, 5), "metadata.json")
+    with open(meta_path) as f:
+        doc = json.load(f)
+    doc["files"] = ["../../etc/passwd"]
+    with open(meta_path, "w") as f:
+        json.dump(doc, f)
+    rc, out, err = run_cli(capsys, "verify", step_dir(root, 5))
+    assert rc == 1 and "leaves the checkpoint directory" in out
+
+
+def test_verify_progress_bar(capsys, root, monkeypatch):
+    rc, out, err = run_cli(capsys, "verify", step_dir(root, 5), "--progress")
+    assert rc == 0 and "verify" in err and "B" in err
+    # automatic: only above the threshold and on a terminal
+    monkeypatch.setattr(cli, "PROGRESS_THRESHOLD", 10)
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    rc, out, err = run_cli(capsys, "verify", step_dir(root, 5))
+    assert rc == 0 and "verify" in err
+    rc, out, err = run_cli(capsys, "verify", step_dir(root, 5), "--no-progress")
+    assert rc == 0 and err == ""
+
+
+def test_verify_single_save_directory(capsys, tmp_path):
+    path = str(tmp_path / "one")
+    hpcckpt.save(make_state(3), path, comm=None)
+    rc, out, _ = run_cli(capsys, "verify", path)
+    assert rc == 0 and out.startswith("OK: ")
+
+
+def test_inspect_and_verify_zero_d_and_empty_variables(capsys, tmp_path):
+    path = str(tmp_path / "v")
+    hpcckpt.save({"s": hpcckpt.Block(np.array(2.5), offset=(), global_shape=()),
+                  "e": hpcckpt.Block(np.zeros((0, 3)), offset=(0, 0), global_shape=(0, 3))}, path, comm=None)
+    rc, out, err = run_cli(capsys, "inspect", path, "--chunks")
+    assert rc == 0, err
+    assert re.search(r"^\s+s\s+block\s+\(\)\s+<f8\s+none\s+1\s+8 B", out, re.M)
+    assert re.search(r"^\s+e\s+block\s+0x3\s+<f8\s+none\s+0\s+0 B", out, re.M)
+    rc, out, err = run_cli(capsys, "verify", path)
+    assert rc == 0 and out.startswith("OK: ") and "1 chunk, 8 B" in out
+
+
+# --------------------------------------------------------------------------- gc
+
+def names(root: str) -> list[str]:
+    return sorted(n for n in os.listdir(root) if n.startswith("step-"))
+
+
+def test_gc_removes_leftovers_and_superseded(capsys, root):
+    add_superseded(root)
+    add_partial(root, age=3600)
+    rc, out, err = run_cli(capsys, "gc", root)
+    assert rc == 0, err
+    assert names(root) == ["step-000000000000", "step-000000000005", "step-000000000010.r1"]
+    assert re.search(r"^removed\s+step-000000000020\s.*partial", out, re.M)
+    assert re.search(r"^removed\s+step-000000000010\s.*superseded by step-000000000010\.r1", out, re.M)
+    assert out.splitlines()[-1].startswith("removed 2 versions")
+    rc, out, _ = run_cli(capsys, "gc", root)  # nothing left to do
+    assert rc == 0 and "removed 0 versions" in out
+
+
+def test_gc_keeps_a_partial_that_may_be_in_progress(capsys, root):
+    add_partial(root)  # just written: a save may be running
+    rc, out, _ = run_cli(capsys, "gc", root)
+    assert rc == 0 and "step-000000000020" in names(root) and "a save may be running" in out
+    rc, out, _ = run_cli(capsys, "gc", root, "--grace", "0")
+    assert rc == 0 and "step-000000000020" not in names(root)
+
+
+def test_gc_keep(capsys, root):
+    rc, out, _ = run_cli(capsys, "gc", root, "--keep", "1")
+    assert rc == 0
+    assert names(root) == ["step-000000000010"]
+    assert out.count("beyond --keep 1") == 2
+    with hpcckpt.open(step_dir(root, 10)) as view:
+        assert view.values["step"] == 10
+
+
+def test_gc_dry_run(capsys, root):
+    add_partial(root, age=3600)
+    before = names(root)
+    rc, out, _ = run_cli(capsys, "gc", root, "--keep", "2", "--dry-run")
+    assert rc == 0
+    assert names(root) == before
+    assert re.search(r"^would remove\s+step-000000000000\s.*beyond --keep 2", out, re.M)
+    assert re.search(r"^would remove\s+step-000000000020\s.*partial", out, re.M)
+    assert "dry run: would remove 2 versions" in out
+
+
+def test_gc_errors(capsys, tmp_path):
+    rc, _, err = run_cli(capsys, "gc", tmp_path / "absent")
+    assert_one_line_error(rc, err, "no such checkpoint root")
+
+
+def test_incremental_chain(capsys, tmp_path):
+    """Incremental versions reference their base's data: gc keeps the base, verify checks the bytes it holds."""
+    path = str(tmp_path / "inc")
+    ck = hpcckpt.Checkpointer(path, comm=None, incremental=True, block_bytes=4096)
+    u = np.zeros((64, 64))
+    for s in range(3):
+        u[s] = s + 1
+        ck.save({"u": hpcckpt.Block(u, offset=(0, 0), global_shape=u.shape)}, step=s)
+    ck.close()
+    rc, out, _ = run_cli(capsys, "inspect", step_dir(path, 2), "--chunks")
+    assert rc == 0 and "@step-000000000000/" + PART in out and "MISSING" not in out
+    rc, out, _ = run_cli(capsys, "gc", path, "--keep", "1")
+    assert rc == 0
+    assert names(path) == ["step-000000000000", "step-000000000002"]
+    assert "kept    step-000000000000: a kept version references its data" in out
+    rc, out, _ = run_cli(capsys, "verify", path)
+    assert rc == 0, out
+    base_file = os.path.join(step_dir(path, 0), PART)
+    flip_bit(base_file, os.path.getsize(base_file) - 1)
+    rc, out, _ = run_cli(capsys, "verify", step_dir(path, 2))
+    assert rc == 1 and os.path.realpath(base_file) in out
+
+
+def test_compressed_variable(capsys, tmp_path):
+    pytest.importorskip("numcodecs")
+    path = str(tmp_path / "c")
+    hpcckpt.save({"c": hpcckpt.Block(np.zeros((100, 100)), offset=(0, 0), global_shape=(100, 100))}, path,
+                 comm=None, codec="zstd")
+    rc, out, _ = run_cli(capsys, "inspect", path, "--json")
+    var = json.loads(out)["variables"]["c"]
+    assert var["codec"]["id"] != "none" and var["stored_bytes"] < var["nbytes"] == 80000
+    rc, out, _ = run_cli(capsys, "verify", path)
+    assert rc == 0 and out.startswith("OK: ")
+    flip_bit(os.path.join(path, PART), 20)
+    rc, out, _ = run_cli(capsys, "verify", path)
+    assert rc == 1 and "fails its checksum" in out
+
+
+# --------------------------------------------------------------------------- interval / simulate
+
+def test_interval_numbers(capsys):
+    rc, out, err = run_cli(capsys, "interval", "--cost", "40s", "--mtbf", "12h")
+    assert rc == 0, err
+    c, m = 40.0, 12 * 3600.0
+    for name, tau in (("Young", young(c, m)), ("Daly", daly(c, m))):
+        line = next(line for line in out.splitlines() if line.startswith(name + " "))
+        assert f"({tau:.0f} s)" in line
+        waste = float(re.search(r"([\d.]+)%$", line).group(1))
+        assert waste == pytest.approx(100 * expected_waste(tau, c, m, 0.0), abs=1e-3)
+    assert round(young(c, m)) == 1859
+
+
+def test_interval_bad_duration(capsys):
+    rc, out, err = run_cli(capsys, "interval", "--cost", "forty", "--mtbf", "12h")
+    assert rc == 2 and "bad duration" in err and "Traceback" not in err
+
+
+def test_simulate_runs(capsys):
+    rc, out, err = run_cli(capsys, "simulate", "--work", "1d", "--seeds", "2")
+    assert rc == 0, err
+    assert "daly (oracle)" in out
+
+
+# --------------------------------------------------------------------------- as a user runs it
+
+def run_module(*argv, timeout: float = 120) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=ROOT_DIR + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return subprocess.run([sys.executable, "-m", "hpcckpt", *map(str, argv)], capture_output=True, text=True,
+                          timeout=timeout, env=env, cwd=ROOT_DIR)
+
+
+def test_python_m_hpcckpt(root):
+    proc = run_module("ls", root)
+    assert proc.returncode == 0, proc.stderr
+    assert "3 committed" in proc.stdout
+    proc = run_module("verify", root)
+    assert proc.returncode == 0 and proc.stdout.startswith("OK: ")
+    flip_bit(os.path.join(step_dir(root, 0), PART), 0)
+    proc = run_module("verify", root)
+    assert proc.returncode == 1 and os.path.realpath(os.path.join(step_dir(root, 0), PART)) in proc.stdout
+
+
+def test_python_m_hpcckpt_errors_are_one_line(root):
+    path = add_partial(root)
+    proc = run_module("inspect", path)
+    assert_one_line_error(proc.returncode, proc.stderr, "metadata.json is missing")
+    proc = run_module("verify", os.path.join(root, "nope"))
+    assert_one_line_error(proc.returncode, proc.stderr, "no such checkpoint")
+    proc = run_module("--help")
+    assert proc.returncode == 0 and "interval" in proc.stdout and "verify" in proc.stdout
+
+
+# --------------------------------------------------------------------------- docs/format.md stays true
+
+def test_format_doc_example_reader(tmp_path):
+    """The reader printed in docs/format.md reads what hpcckpt writes, bit for bit."""
+    pytest.importorskip("xxhash")
+    with open(os.path.join(ROOT_DIR, "docs", "format.md")) as f:
+        text = f.read()
+    code = re.search(r"## 7\..*?```python\n(.*?)```", text, re.S).group(1)
+    namespace: dict = {}
+    exec(compile(code, "docs/format.md", "exec"), namespace)
+    rng = np.random.default_rng(1)
+    u = rng.standard_normal((7, 5)).astype(">f4")
+    rec = np.zeros(5, dtype=[(("T", "x"), "<f4"), ("id", ">i8"), ("m", "<i2", (2, 3))])
+    rec["id"] = np.arange(5)
+    rec["m"] = rng.integers(0, 100, (5, 2, 3))
+    path = str(tmp_path / "v")
+    hpcckpt.save({"u": hpcckpt.Block(u, offset=(0, 0), global_shape=u.shape), "p": hpcckpt.Ragged(rec),
+                  "e": hpcckpt.Block(np.zeros((0, 3)), offset=(0, 0), global_shape=(0, 3)), "k": 7},
+                 path, comm=None, chunk_bytes=40)
+    arrays, values = namespace["read_checkpoint"](path)
+    assert values == {"k": 7}
+    with hpcckpt.open(path) as view:
+        assert sorted(arrays) == sorted(view.variables)
+        for name, arr in arrays.items():
+            expected = view.read(name)
+            assert arr.dtype == expected.dtype and arr.shape == expected.shape
+            assert arr.tobytes() == expected.tobytes()
+    flip_bit(os.path.join(path, PART), 3)
+    with pytest.raises(AssertionError, match="bad checksum"):
+        namespace["read_checkpoint"](path)
