@@ -81,17 +81,39 @@ def agree(comm, what: str, fn: Callable[[], T]) -> T:
     ``what`` names the operation in the message ("save of 'run/step-3'").  The
     cost is one allgather of a small tuple per call.
     """
-    failure = None
-    result = None
+    result, failure = _attempt(fn)
+    _raise_if_failed(comm, what, comm.allgather(failure))
+    return result
+
+
+def allgather_checked(comm, what: str, fn: Callable[[], T]) -> list[T]:
+    """Like :func:`agree`, but also hands every rank the results of all ranks (one allgather)."""
+    result, failure = _attempt(fn)
+    pairs = comm.allgather((failure, None if failure else result))
+    _raise_if_failed(comm, what, [f for f, _ in pairs])
+    return [r for _, r in pairs]
+
+
+def bcast_checked(comm, what: str, fn: Callable[[], T], root: int = 0) -> T:
+    """Run ``fn`` on the root and broadcast its result, or its failure as the same error on every rank."""
+    result, failure = _attempt(fn) if comm.Get_rank() == root else (None, None)
+    failure, result = comm.bcast((failure, None if failure else result), root=root)
+    if failure is not None:
+        raise _collective_error(what, {root: failure}, comm.Get_size())
+    return result
+
+
+def _attempt(fn):
     try:
-        result = fn()
+        return fn(), None
     except Exception as exc:  # noqa: BLE001 - every failure must reach the other ranks
-        failure = _describe(exc)
-    failures = comm.allgather(failure)
+        return None, _describe(exc)
+
+
+def _raise_if_failed(comm, what: str, failures: list) -> None:
     bad = {rank: f for rank, f in enumerate(failures) if f is not None}
     if bad:
         raise _collective_error(what, bad, comm.Get_size())
-    return result
 
 
 def _describe(exc: BaseException) -> tuple[str, str, str]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._mpi import agree, on_root
+from ._mpi import agree, allgather_checked, bcast_checked
 from .arrays import byte_view
 from .encoding import decode_value
 from .log import logger
@@ -31,26 +31,24 @@ def load_version(state, directory: str, comm, strict: bool = True, timer: PhaseT
     timer = timer or PhaseTimer()
     what = f"load of {directory!r}"
     with timer.phase("metadata"):
-        meta = agree(comm, what, lambda: on_root(comm, lambda: read_metadata(directory)))
-        meta = comm.bcast(meta, root=0)
+        meta = bcast_checked(comm, what, lambda: read_metadata(directory))
     with timer.phase("plan"):
         local = agree(comm, what, lambda: _check_template(state, meta, strict))
-        requests = comm.gather(local["requests"], root=0)
-        ranges = agree(comm, what, lambda: on_root(comm, lambda: _plan(requests, meta)))
-        rows = comm.scatter(ranges, root=0)
-    with timer.phase("read"):
-        targets = agree(comm, what, lambda: _targets(meta, local, rows))
-        boxes = comm.allgather({name: (t[0], t[1]) for name, t in targets.items()})
+        requests = allgather_checked(comm, what, lambda: local["requests"])
+        try:  # the same inputs on every rank: the same answer, or the same error everywhere
+            ranges = _plan(requests, meta)
+        except TemplateMismatchError as exc:
+            raise TemplateMismatchError(f"{what} failed: {exc}") from None
+        boxes = [_boxes(meta, req, rng) for req, rng in zip(requests, ranges)]
         shared = {name: plan_shared_reads(meta.variables[name].chunks.start, meta.variables[name].chunks.stop,
-                                          [b.get(name) for b in boxes]) for name in sorted(targets)}
-        outgoing = agree(comm, what, lambda: _read_local(directory, meta, targets, shared, comm.Get_rank()))
+                                          [b[name] for b in boxes]) for name in sorted(boxes[0])}
+    with timer.phase("read"):
+        rank = comm.Get_rank()
+        targets, outgoing, values = agree(comm, what, lambda: _read(directory, meta, local, boxes[rank], shared, rank))
         _exchange(comm, meta, targets, shared, outgoing)
     if comm.Get_rank() == 0:
         logger.info("loaded %s on %d ranks: %s", directory, comm.Get_size(),
                     ", ".join(f"{k} {v:.3f} s" for k, v in timer.seconds.items()))
-    with timer.phase("values"):
-        values = agree(comm, what, lambda: {name: decode_value(meta.values[name], repr(name))
-                                            for name in local["replicated"]})
     out = {}
     for name, value in state.items():
         if isinstance(value, Block):
@@ -134,19 +132,29 @@ def _plan(requests: list[dict], meta: Metadata) -> list[dict]:
     return ranges
 
 
-def _targets(meta: Metadata, local: dict, rows: dict) -> dict:
-    """This rank's target per variable: (global start, global stop, array to fill)."""
+def _boxes(meta: Metadata, requests: dict, rows: dict) -> dict:
+    """One rank's global target box per distributed variable, from its request and its Ragged rows."""
+    boxes = {}
+    for name, request in requests.items():
+        if request[0] == "block":
+            boxes[name] = (tuple(request[1]), tuple(request[2]))
+        else:
+            shape = meta.variables[name].shape
+            lo, hi = rows[name]
+            boxes[name] = ((lo,) + (0,) * (len(shape) - 1), (hi,) + shape[1:])
+    return boxes
+
+
+def _read(directory: str, meta: Metadata, local: dict, boxes: dict, shared: dict, rank: int):
+    """This rank's part of the load: its targets filled (but for parts others send), what it owes, the values."""
+    values = {name: decode_value(meta.values[name], repr(name)) for name in local["replicated"]}
     targets = {}
     for name, value in sorted(local["distributed"].items()):
-        var = meta.variables[name]
-        if isinstance(value, Block):
-            _, start, stop = local["requests"][name]
-            targets[name] = (tuple(start), tuple(stop), value.local)
-        else:
-            lo, hi = rows[name]
-            out = np.empty((hi - lo,) + var.shape[1:], dtype=var.dtype)
-            targets[name] = ((lo,) + (0,) * (len(var.shape) - 1), (hi,) + var.shape[1:], out)
-    return targets
+        start, stop = boxes[name]
+        out = value.local if isinstance(value, Block) else np.empty(
+            tuple(b - a for a, b in zip(start, stop)), dtype=meta.variables[name].dtype)
+        targets[name] = (start, stop, out)
+    return targets, _read_local(directory, meta, targets, shared, rank), values
 
 
 def _read_local(directory: str, meta: Metadata, targets: dict, shared: dict, rank: int) -> list:
