@@ -90,9 +90,27 @@ def removable(entries: list[VersionEntry], keep: int | None) -> list[VersionEntr
 
 
 def remove_versions(entries: list[VersionEntry]) -> list[str]:
-    """Delete the given version directories; warn (do not fail) for any that resist."""
+    """Delete the given version directories; warn (do not fail) for any that resist.
+
+    Crash safety: every version is first uncommitted (its metadata.json unlinked,
+    newest first, since incremental versions reference older ones), and only then
+    are the directories deleted.  A kill at any instant leaves neither a
+    "committed" version with missing data nor one referencing an uncommitted one;
+    the leftovers are uncommitted directories, removed by the next save or gc.
+    """
+    failed = set()
+    for e in sorted(entries, key=lambda e: e.order, reverse=True):
+        try:
+            os.unlink(os.path.join(e.path, METADATA_FILE))
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            failed.add(e.name)
+            warnings.warn(f"hpcckpt: could not remove {e.path}: {exc}", stacklevel=2)
     removed = []
     for e in entries:
+        if e.name in failed:
+            continue
         try:
             shutil.rmtree(e.path)
             removed.append(e.name)

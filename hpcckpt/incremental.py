@@ -353,7 +353,7 @@ def save_incremental(state, directory: str, comm, options, step: int | None = No
         boxes = comm.scatter(boxes, root=0)
         variables, codecs = comm.bcast((variables, codecs), root=0)
         index = _distribute_index(comm, what, plan[1] if plan else None)
-        ctx, strategy = S._transport(comm, directory, options, local["arrays"], io_root)
+        ctx, strategy = S._transport(comm, what, directory, options, local["arrays"], io_root)
     dtypes = {n: dtype_from_json(v.dtype) for n, v in variables.items()}
     try:
         with timer.phase("hash"):

@@ -8,13 +8,13 @@ root is updated by rank 0 only, and the answer costs one small allreduce.
 
 from __future__ import annotations
 
-import os
 import time
 import warnings
 
 from ._mpi import agree, on_root
 from .policy import FailureHistory, Learned, Schedule, SignalFlag, end_time_from_env
 from .policy.policies import Policy
+from .slurm import detect
 
 #: Codes of the decision allreduce (MAX wins): a signal beats a deadline beats the interval.
 _NONE, _INTERVAL, _DEADLINE, _SIGNAL = 0, 1, 2, 3
@@ -45,8 +45,8 @@ class Pacer:
         if comm.Get_rank() == 0:
             if track_failures:
                 self.history = FailureHistory.load(root)
-                self.history.job_start(time.time(), job_id=os.environ.get("SLURM_JOB_ID"),
-                                       restart_count=_restart_count())
+                job = detect()  # SLURM job id and restart count, None outside SLURM
+                self.history.job_start(time.time(), job_id=job.job_id, restart_count=job.restart_count)
             policy = policy if policy is not None else Learned(prior_mtbf=mtbf, history=self.history)
             end = deadline if deadline is not None else end_time_from_env()
             self.schedule = Schedule(policy, mtbf=mtbf if not isinstance(policy, Learned) else None,
@@ -89,8 +89,3 @@ def _mpi_max():
 
     return MPI.MAX
 
-
-def _restart_count() -> int | None:
-    """SLURM_RESTART_COUNT as an int (None outside SLURM or when unparsable)."""
-    raw = os.environ.get("SLURM_RESTART_COUNT", "")
-    return int(raw) if raw.strip().isdigit() else None

@@ -19,6 +19,7 @@ filter (zstd, lz4) is applied by the caller.
 from __future__ import annotations
 
 import math
+import threading
 
 import numpy as np
 
@@ -65,21 +66,115 @@ def reconstruct(xp, q, e: int, dtype):
     return y.astype(dtype)
 
 
+def value_range(xp, x) -> tuple[float, float]:
+    """(min, max) of the array ``x`` as Python floats: two reductions, no temporaries (NaN if x holds a NaN)."""
+    if x.size == 0:
+        return 0.0, 0.0
+    return float(x.min()), float(x.max())
+
+
 def chunk_bound(xp, x64, finite, rel: float) -> float:
     """The absolute bound of a chunk for a relative bound ``rel``: rel * (max - min) over its finite values.
 
     Computed on halves so that the range cannot overflow, and shrunk by a few
     ulps so that the computed bound never exceeds the exact rel * range.
+    (The slow path, for chunks holding NaN or Inf; see :func:`range_bound`.)
     """
     if not bool(finite.any()):
         return 0.0
     vals = x64[finite]
-    hi, lo = float(vals.max()), float(vals.min())
+    return range_bound(float(vals.min()), float(vals.max()), rel)
+
+
+def range_bound(lo: float, hi: float, rel: float) -> float:
+    """rel * (hi - lo), computed as :func:`chunk_bound` does (halves, shrunk by a few ulps)."""
     half_range = hi * 0.5 - lo * 0.5
     return (2.0 * rel) * half_range * (1.0 - 2.0 ** -48)
 
 
-def quantize(xp, x, bound: float):
+# ---------------------------------------------------------------- working buffers
+
+class Workspace(threading.local):
+    """Per-thread scratch buffers reused from chunk to chunk (no page faults, no allocator churn).
+
+    Codecs run in a thread pool, hence one set per thread.  Buffers above
+    ``MAX_CACHED`` bytes are not kept.
+    """
+
+    MAX_CACHED = 256 << 20
+
+    def __init__(self):
+        self.buffers = {}
+
+    def get(self, xp, key: str, nbytes: int):
+        """A uint8 array of ``nbytes`` (module ``xp``); contents undefined; valid until the next get of ``key``."""
+        slot = (id(xp), key)
+        buf = self.buffers.get(slot)
+        if buf is None or buf.nbytes < nbytes:
+            buf = xp.empty(max(nbytes, 1 << 16), np.uint8)
+            if nbytes <= self.MAX_CACHED:
+                self.buffers[slot] = buf
+        return buf[:nbytes]
+
+
+WORK = Workspace()
+
+#: Adding 1.5 * 2^52 to a float64 v with |v| < 2^51 rounds it to an integer (half to even, like rint)
+#: and leaves rint(v) + 0x4338000000000000 as the bits of the sum: rint and the cast to int64 in one add.
+_MAGIC = 1.5 * 2.0 ** 52
+_MAGIC_BITS = 0x4338000000000000
+_FAST_LIMIT = 2.0 ** 51
+#: float16/32: significand bits and the exponent of the smallest subnormal; q * 2^e is exact in the
+#: dtype when |q| < 2^p, e >= emin and |q| * 2^e <= the largest finite value.
+_EXACT = {2: (11, -24), 4: (24, -149)}
+
+
+def _fast_ok(dtype, e: int, lo: float, hi: float) -> bool:
+    """True when no element of a chunk with finite values in [lo, hi] can be an outlier at step 2^e.
+
+    Then every q = rint(x / 2^e) satisfies |q| < 2^51 and q * 2^e is exactly
+    representable in ``dtype`` (float64: always; float16/32: see ``_EXACT``),
+    so |x - reconstruct(q)| <= 2^(e-1) < bound for every element: exactly the
+    elements the general path keeps, with the same q.
+    """
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        return False  # NaN or Inf somewhere
+    s = math.ldexp(1.0, -e)
+    top = max(abs(lo), abs(hi)) * s
+    if not top < _FAST_LIMIT:
+        return False
+    if dtype.itemsize == 8:
+        return e + 54 < 1023
+    p, emin = _EXACT[dtype.itemsize]
+    qa = max(abs(round(lo * s)), abs(round(hi * s)))  # rint is monotonic: the extreme q are those of lo and hi
+    return qa < (1 << p) and e >= emin and math.ldexp(float(qa), e) <= float(np.finfo(dtype).max)
+
+
+def _narrow_zigzag(xp, d, width: int, work):
+    """Zig-zag encode the int64 deltas ``d`` into unsigned ints of ``width`` bytes (all of them fit), then shuffle.
+
+    Works in the narrow type (fewer bytes per pass): d fits the signed type of
+    that width, its doubled bit pattern wraps to the low bits of the zig-zag value.
+    """
+    n = d.size
+    if width == 8:
+        u = d.view(np.uint64)
+        sign = (d >> 63).view(np.uint64)
+        xp.left_shift(u, np.uint64(1), out=u)
+        xp.bitwise_xor(u, sign, out=u)
+        zz = u
+    else:
+        st, ut = np.dtype(f"<i{width}"), np.dtype(f"<u{width}")
+        zz = work.get(xp, "q-narrow", n * width).view(ut)
+        sd = zz.view(st)
+        sd[...] = d  # values fit: a plain narrowing cast
+        sign = (sd >> (8 * width - 1)).view(ut)
+        xp.left_shift(zz, ut.type(1), out=zz)
+        xp.bitwise_xor(zz, sign, out=zz)
+    return zz
+
+
+def quantize(xp, x, bound: float, lohi=None, work=None, shuffled: bool = False):
     """Quantize the flat float array ``x`` with absolute error bound ``bound``.
 
     Returns None when quantizing does not pay (no usable step, or more than a
@@ -87,10 +182,52 @@ def quantize(xp, x, bound: float):
     exponent), ``ref`` (the first q, an int), ``width`` (bytes per delta),
     ``zz`` (zig-zag deltas as unsigned ints of that width, device array),
     ``idx`` (uint64 outlier positions) and ``vals`` (outlier values, x's dtype).
+    With ``shuffled``, ``zz`` is already byte-shuffled (uint8).
+
+    ``lohi``: (min, max) of x if known (see :func:`value_range`).  The fast path
+    (all finite, no outliers possible: :func:`_fast_ok`) takes about six passes
+    over the chunk, in reused buffers (``work``, a :class:`Workspace`; the
+    result's arrays live in it until the thread's next call); chunks holding
+    NaN/Inf or values the quantizer cannot reproduce take the general path.
+    Both give the same bytes.
     """
     e = step_exponent(bound)
     if e is None:
         return None
+    work = WORK if work is None else work
+    n = int(x.size)
+    lo, hi = value_range(xp, x) if lohi is None else lohi
+    if n == 0 or not _fast_ok(x.dtype, e, lo, hi):
+        res = _quantize_general(xp, x, bound, e)
+        if res is not None and shuffled:
+            res["zz"] = shuffle(xp, res["zz"].view(np.uint8), res["width"])
+        return res
+    # q = rint(x / 2^e): one multiply (exact, by a power of two; float16/32 cast on the fly) and one add
+    f = work.get(xp, "q-float", 8 * n).view(np.float64)
+    xp.multiply(x, math.ldexp(1.0, -e), out=f, dtype=np.float64)
+    xp.add(f, _MAGIC, out=f)
+    bits = f.view(np.int64)  # rint(x / 2^e) + _MAGIC_BITS
+    ref = int(bits[0]) - _MAGIC_BITS
+    d = work.get(xp, "q-delta", 8 * n).view(np.int64)
+    d[0] = 0
+    xp.subtract(bits[1:], bits[:-1], out=d[1:])
+    dmin, dmax = int(d.min()), int(d.max())
+    top = max(2 * dmax, -2 * dmin - 1, 0)  # the largest zig-zag value
+    width = next(w for w in WIDTHS if w == 8 or top < (1 << (8 * w)))
+    zz = _narrow_zigzag(xp, d, width, work)
+    if shuffled:
+        if width == 1:
+            out = zz.view(np.uint8)
+        else:  # into the float buffer, free again
+            out = f.view(np.uint8)[:n * width]
+            out.reshape(width, n)[...] = zz.view(np.uint8).reshape(n, width).T
+        zz = out
+    empty = xp.zeros(0, np.uint64)
+    return {"e": e, "ref": ref, "width": width, "zz": zz, "idx": empty, "vals": x[:0]}
+
+
+def _quantize_general(xp, x, bound: float, e: int):
+    """The quantizer for any chunk (NaN, Inf, overflow, float16/32 rounding): outliers kept verbatim."""
     n = x.size
     x64 = x.astype(np.float64, copy=False)
     with np.errstate(all="ignore"):  # overflow and NaN are expected here: they become outliers
@@ -120,18 +257,34 @@ def quantize(xp, x, bound: float):
             "idx": idx, "vals": x[idx]}
 
 
-def dequantize(xp, zz, ref: int, e: int, idx, vals, n: int, dtype):
-    """Inverse of :func:`quantize`: the flat array of ``n`` elements of ``dtype``."""
+def dequantize(xp, zz, ref: int, e: int, idx, vals, n: int, dtype, out=None, work=None):
+    """Inverse of :func:`quantize`: the flat array of ``n`` elements of ``dtype`` (written into ``out`` if given)."""
     dtype = np.dtype(dtype)
-    u = zz.astype(np.uint64)
-    d = (u >> np.uint64(1)).view(np.int64) ^ -(u & np.uint64(1)).view(np.int64)
-    q = xp.cumsum(d, dtype=np.int64) + np.int64(ref)
-    out = xp.empty(n, dtype)
+    work = WORK if work is None else work
+    if out is None:
+        out = xp.empty(n, dtype)
+    m = int(zz.size)
+    # unzig-zag in the narrow type: (u >> 1) ^ -(u & 1)
+    ut = np.dtype(zz.dtype.str.replace("<", "=")) if zz.dtype.byteorder == "<" else zz.dtype
+    st = np.dtype(f"i{ut.itemsize}")
+    u = work.get(xp, "dq-narrow", m * ut.itemsize).view(ut)
+    xp.bitwise_and(zz, ut.type(1), out=u)
+    sign = u.view(st)
+    xp.negative(sign, out=sign)
+    xp.bitwise_xor(sign, (zz >> ut.type(1)).view(st), out=sign)
+    q = work.get(xp, "dq-q", 8 * m).view(np.int64)
+    xp.cumsum(sign, dtype=np.int64, out=q)
+    if ref:
+        xp.add(q, np.int64(ref), out=q)
     if idx.size:
         keep = xp.ones(n, bool)
         keep[idx] = False
         out[keep] = reconstruct(xp, q, e, dtype)
         out[idx] = vals
+    elif dtype.itemsize == 8:
+        xp.multiply(q, math.ldexp(1.0, e), out=out, dtype=np.float64)
+    elif dtype.itemsize == 4:
+        xp.multiply(q, math.ldexp(1.0, e), out=out, dtype=np.float64, casting="unsafe")
     else:
         out[...] = reconstruct(xp, q, e, dtype)
     return out
