@@ -35,11 +35,15 @@ def shuffle(xp, data, elementsize: int):
     return xp.ascontiguousarray(data.reshape(-1, elementsize).T).reshape(-1)
 
 
-def unshuffle(xp, data, elementsize: int):
-    """Inverse of :func:`shuffle`."""
+def unshuffle(xp, data, elementsize: int, work=None):
+    """Inverse of :func:`shuffle` (into a reused buffer of ``work`` when given, else a new array)."""
     if elementsize <= 1:
-        return data.copy()
-    return xp.ascontiguousarray(data.reshape(elementsize, -1).T).reshape(-1)
+        return data if work is not None else data.copy()
+    if work is None:
+        return xp.ascontiguousarray(data.reshape(elementsize, -1).T).reshape(-1)
+    out = work.get(xp, "unshuffle", data.nbytes)
+    out.reshape(-1, elementsize)[...] = data.reshape(elementsize, -1).T
+    return out
 
 
 def step_exponent(bound: float) -> int | None:
@@ -265,8 +269,7 @@ def dequantize(xp, zz, ref: int, e: int, idx, vals, n: int, dtype, out=None, wor
         out = xp.empty(n, dtype)
     m = int(zz.size)
     # unzig-zag in the narrow type: (u >> 1) ^ -(u & 1)
-    ut = np.dtype(zz.dtype.str.replace("<", "=")) if zz.dtype.byteorder == "<" else zz.dtype
-    st = np.dtype(f"i{ut.itemsize}")
+    ut, st = np.dtype(f"u{zz.dtype.itemsize}"), np.dtype(f"i{zz.dtype.itemsize}")
     u = work.get(xp, "dq-narrow", m * ut.itemsize).view(ut)
     xp.bitwise_and(zz, ut.type(1), out=u)
     sign = u.view(st)

@@ -95,23 +95,30 @@ class QuantizeCodec(Codec):
     # The encoder is split in two so that GPU ranks run the first half on the device:
     # filter() -> (header fields, device streams), then finish() compresses the streams on the host.
     def filter(self, xp, x):
-        """Quantize, delta and shuffle the flat array ``x`` (module ``xp``): header fields and byte streams."""
+        """Quantize, delta and shuffle the flat array ``x`` (module ``xp``): header fields and byte streams.
+
+        The streams may live in the calling thread's scratch buffers (kernels.WORK): use them before
+        this thread filters another chunk.
+        """
         x = x.reshape(-1)
         bound = self.bound
+        lohi = kernels.value_range(xp, x)  # NaN/Inf if the chunk holds any: then the slow bound below
         if self.mode == "rel":
-            x64 = x.astype(np.float64)
-            bound = kernels.chunk_bound(xp, x64, xp.isfinite(x64), self.bound)
-        res = kernels.quantize(xp, x, bound)
+            if math.isfinite(lohi[0]) and math.isfinite(lohi[1]):
+                bound = kernels.range_bound(lohi[0], lohi[1], self.bound)
+            else:
+                x64 = x.astype(np.float64)
+                bound = kernels.chunk_bound(xp, x64, xp.isfinite(x64), self.bound)
+        res = kernels.quantize(xp, x, bound, lohi=lohi, shuffled=True)
         n = int(x.size)
         if res is None:
             return (RAW, 0, 0, 0, n, 0, float(bound)), [kernels.shuffle(xp, x.view(np.uint8), x.dtype.itemsize)]
-        zz = kernels.shuffle(xp, res["zz"].view(np.uint8), res["width"])
         n_out = int(res["idx"].size)
         if n_out:
             outliers = xp.concatenate([res["idx"].astype("<u8").view(np.uint8), res["vals"].view(np.uint8)])
         else:
             outliers = xp.zeros(0, np.uint8)
-        return (QUANTIZED, res["width"], res["e"], res["ref"], n, n_out, float(bound)), [zz, outliers]
+        return (QUANTIZED, res["width"], res["e"], res["ref"], n, n_out, float(bound)), [res["zz"], outliers]
 
     def finish(self, fields, streams) -> np.ndarray:
         """Compress the (host) streams and prepend the header: the stored bytes of the chunk."""
@@ -148,27 +155,34 @@ class QuantizeCodec(Codec):
             return (RAW, 0, 0, 0, n, 0), [data]
         if width not in kernels.WIDTHS or n_out > n or not -1074 <= e <= 1023:
             raise CorruptCheckpointError("a lossy chunk has a malformed header")
-        zz = np.empty((n - n_out) * width, np.uint8)
+        zz = kernels.WORK.get(np, "unpack-q", (n - n_out) * width)
         self.compressor.decompress(body[:len_q], zz)
         outliers = np.empty(n_out * (8 + itemsize), np.uint8)
         self.compressor.decompress(body[len_q:], outliers)
         return (QUANTIZED, width, e, ref, n, n_out), [zz, outliers]
 
-    def unfilter(self, xp, fields, streams):
-        """The flat decoded array (module ``xp``) from unpack()'s fields and streams (moved to ``xp``)."""
+    def unfilter(self, xp, fields, streams, out=None):
+        """The flat decoded array (module ``xp``) from unpack()'s fields and streams (moved to ``xp``).
+
+        Written into ``out`` (flat, of the variable's dtype) when given.
+        """
         mode, width, e, ref, n, n_out = fields
         if mode == RAW:
-            return kernels.unshuffle(xp, streams[0], self.dtype.itemsize).view(self.dtype)
-        zz = kernels.unshuffle(xp, streams[0], width).view(np.dtype(f"<u{width}"))
+            data = kernels.unshuffle(xp, streams[0], self.dtype.itemsize).view(self.dtype)
+            if out is None:
+                return data
+            out[...] = data
+            return out
+        zz = kernels.unshuffle(xp, streams[0], width, work=kernels.WORK).view(np.dtype(f"<u{width}"))
         idx = streams[1][:8 * n_out].view("<u8")
         vals = streams[1][8 * n_out:].view(self.dtype)
         if n_out and (bool((idx[1:] <= idx[:-1]).any()) or int(idx[-1]) >= n):
             raise CorruptCheckpointError("a lossy chunk has malformed outlier positions")
-        return kernels.dequantize(xp, zz, ref, e, idx.astype(np.int64), vals, n, self.dtype)
+        return kernels.dequantize(xp, zz, ref, e, idx.astype(np.int64), vals, n, self.dtype, out=out)
 
     def decode(self, stored, out):
         itemsize = self.dtype.itemsize
         if out.nbytes % itemsize:
             raise CorruptCheckpointError("a lossy chunk's extent is not a whole number of elements")
         fields, streams = self.unpack(stored, out.nbytes // itemsize)
-        out.view(self.dtype)[...] = self.unfilter(np, fields, streams)
+        self.unfilter(np, fields, streams, out=out.view(self.dtype).reshape(-1))
