@@ -72,12 +72,13 @@ def engine_wanted(engine_options: dict) -> bool:
 
 
 class BackgroundWrite:
-    """One rank's writer thread: staged slots -> codec -> checksum -> one file-per-rank data file."""
+    """One rank's writer thread: staged arrays -> pieces -> codec -> checksum -> one file-per-rank data file."""
 
     def __init__(self, directory: str, name: str, pool: StagingPool, queue: SlotQueue, encoder: EncodedPieces,
-                 fsync: bool):
+                 fsync: bool, piece_bytes: int):
         self.directory, self.name = directory, name
         self.pool, self.queue, self.encoder, self.fsync = pool, queue, encoder, fsync
+        self.piece_bytes = piece_bytes
         self.timer = PhaseTimer()
         self.written = Written()
         self.file_bytes = 0
@@ -101,31 +102,30 @@ class BackgroundWrite:
     def join(self) -> None:
         self._thread.join()
 
-    def outcome(self) -> "BackgroundWrite":
-        if self.error is not None:
-            raise self.error
-        return self
-
     def _stream(self, owners: list):
         while True:
-            slot = self.queue.get()
-            if slot is None:
+            item = self.queue.get()
+            if item is None:
                 self._eof = True
                 return
-            self._held.append(slot)
-            for variable, start, count, dtype, offset, nbytes in slot.pieces:
-                owners.append(slot)
-                yield variable, start, count, slot.buffer[offset:offset + nbytes].view(dtype).reshape(count)
+            pieces = list(pieces_of(item, self.piece_bytes))
+            item.remaining = len(pieces)
+            self._held.append(item)
+            for start, count, view in pieces:
+                owners.append(item)
+                yield item.variable, start, count, view
 
-    def _release(self, slot) -> None:
-        self._held.remove(slot)
-        self.pool.release(slot.buffer)
+    def _release(self, item) -> None:
+        self._held.remove(item)
+        self.pool.release(item.buffer)
 
     def _run(self) -> None:
         target = SequentialFile(self.directory, self.name, self.fsync)
         owners: list = []
         try:
             _lower_priority()
+            if self._staging_error is not None:
+                raise self._staging_error
             os.makedirs(os.path.dirname(os.path.join(self.directory, self.name)), exist_ok=True)
             with self.timer.phase("write"):
                 try:
@@ -135,10 +135,10 @@ class BackgroundWrite:
                             digest = checksum(payload)
                         self.written.add((variable, start, count, payload.nbytes, digest), target.name,
                                          target.append(payload))
-                        slot = owners.pop(0)
-                        slot.remaining -= 1
-                        if slot.remaining == 0:
-                            self._release(slot)
+                        item = owners.pop(0)
+                        item.remaining -= 1
+                        if item.remaining == 0:
+                            self._release(item)
                 finally:
                     target.close()
             self.file_bytes = target.offset
@@ -146,15 +146,31 @@ class BackgroundWrite:
                 raise self._staging_error
         except BaseException as exc:  # noqa: BLE001 - surfaces on every rank at the next collective call
             self.error = exc
-        finally:  # hand every slot back (also after a failure) so that a blocked save() never waits forever
-            for slot in list(self._held):
-                self._release(slot)
+        finally:  # hand every buffer back (also after a failure) so that a blocked save() never waits forever
+            for item in list(self._held):
+                self._release(item)
             while not self._eof:
-                slot = self.queue.get()
-                if slot is None:
+                item = self.queue.get()
+                if item is None:
                     self._eof = True
                 else:
-                    self.pool.release(slot.buffer)
+                    self.pool.release(item.buffer)
+
+
+@dataclass
+class Layout:
+    """The agreed plan of the last save, reused while this rank's layout is unchanged (no collective then).
+
+    ``summaries``/``boxes``: every rank's (as of the last agreement);
+    ``key``: this rank's layout key (names, kinds, dtypes, shapes, boxes,
+    codec specs: see :func:`_layout_key`).
+    """
+
+    key: str
+    summaries: list
+    variables: dict
+    boxes: list
+    codecs: dict
 
 
 @dataclass
@@ -164,8 +180,6 @@ class Pending:
     step: int
     name: str
     directory: str  # where this rank's writer writes (root version or node-local version)
-    variables: dict
-    codecs: dict
     values: dict | None
     writer: BackgroundWrite
     due: dict
@@ -173,6 +187,8 @@ class Pending:
     staged_bytes: int
     nchunks: int
     options: SaveOptions
+    layout: Layout | None  # the agreed plan this rank used (None: this rank's own, checked at the commit)
+    own: tuple | None = None  # (summaries, box starts, codecs) this rank used when its layout changed
     started: float = field(default_factory=time.perf_counter)
 
 
@@ -210,6 +226,8 @@ class Engine:
         self.count = 0  # checkpoints committed by this run (for the level intervals)
         self.last_result: SaveResult | None = None
         self._parity_comm = None
+        self._plan_cache: Layout | None = None  # the agreed plan, reused while the layout is unchanged
+        self._names: set[str] = set()  # every version name that may exist (agreed on every rank)
         self.layout = None
         self.node_dir = None
         if self.levels.enabled:
@@ -227,10 +245,16 @@ class Engine:
 
     # ------------------------------------------------------------------ save
     def save(self, state, step: int, **options) -> SaveResult | None:
-        """Plan collectively (one allgather), copy the state aside, start the writer; commit if not asynchronous."""
-        comm = self.comm
+        """Copy the state aside and start the writer; commit at once if not asynchronous.
+
+        The first save (and the first after a failed commit) plans collectively
+        (one allgather).  Later saves reuse that plan when this rank's layout is
+        unchanged and call no MPI at all: the blocking part is the commit of a
+        previous save still in flight (if any) plus one ``np.copyto`` per array.
+        A rank whose layout changed plans its own part; the commit checks and
+        reconciles every rank's plan (or fails the version on every rank).
+        """
         t0 = time.perf_counter()
-        self._poll_flush(block=False)
         if self.pending is not None:
             if self.skip_if_busy and not self._all_done():
                 self.skipped += 1
@@ -240,35 +264,46 @@ class Engine:
         what = f"save of step {step!r} under {self.ckpt.root!r}"
         if getattr(opts, "incremental", False) or getattr(opts, "base", None):
             raise CheckpointError("incremental saves are not supported with asynchronous=True or local_dir yet")
+        check_step(step)  # the same on every rank: raises everywhere alike
         timer = PhaseTimer()
         with timer.phase("plan"):
-            local, plan = self._plan(state, step, opts, what)
-            name, variables, boxes, codecs = plan
+            if self._plan_cache is None:
+                arrays, values, starts, codecs, summaries, layout, own, failure = self._plan(state, step, opts, what)
+                name = self._plan_name
+            else:
+                arrays, values, starts, codecs, layout, own, failure = self._replan_locally(state, opts)
+                summaries = own[0] if own is not None else layout.summaries[self.rank]
+                name = new_version_name([_entry(n) for n in self._names], step)
             directory = self._target(name)
-        local_bytes = sum(np.asarray(v).nbytes for v in local["arrays"].values() if v is not None)
-        slot_bytes = max(64, min(opts.chunk_bytes, self.staging_bytes))
-        if self.pool is None or self.pool.slot_bytes != slot_bytes:
-            self.pool = StagingPool(self.staging_bytes, opts.chunk_bytes)
+        local_bytes = staged_bytes(arrays)
+        if self.pool is None:
+            self.pool = StagingPool(self.staging_bytes)
+        fits = local_bytes <= self.pool.capacity
         queue = SlotQueue()
         writer = BackgroundWrite(directory, data_file(self.rank), self.pool, queue,
-                                 EncodedPieces.for_save(codecs, local["summaries"], opts.codec_threads), opts.fsync)
-        # a state that fits in the pool is copied before the writer starts (no competition for cores and
-        # memory bandwidth while the caller waits); a larger one streams through the pool as the writer frees slots
-        fits = local_bytes + 64 * (len(local["arrays"]) + local_bytes // slot_bytes + 1) <= \
-            self.pool.nslots * self.pool.slot_bytes
+                                 EncodedPieces.for_save(codecs, summaries, opts.codec_threads), opts.fsync,
+                                 max(64, opts.chunk_bytes))
+        # a state that fits in the pool is copied (one np.copyto per array) before the writer starts: no
+        # competition for cores and memory bandwidth while the caller waits; a larger one streams through the
+        # pool in pieces as the writer frees buffers
         if not fits:
             writer.start()
         with timer.phase("stage"):
             try:
-                staged = stage(local["arrays"], boxes, self.pool, queue)
+                if failure is not None:
+                    raise failure
+                staged = stage(arrays, starts, self.pool, queue,
+                               None if fits else max(64, min(opts.chunk_bytes, self.staging_bytes)))
             except Exception as exc:  # noqa: BLE001 - surfaces, agreed, at the commit
+                if failure is not None:
+                    queue.put(None)
                 writer.fail(exc)
                 staged = (0, 0)
         if fits:
             writer.start()
         due = self.levels.due(self.count) if self.levels.enabled else {}
-        self.pending = Pending(step, name, directory, variables, codecs, local["values"], writer,
-                               due, timer.seconds.get("stage", 0.0), staged[0], staged[1], opts)
+        self.pending = Pending(step, name, directory, values, writer, due, timer.seconds.get("stage", 0.0),
+                               staged[0], staged[1], opts, layout, own)
         if not self.asynchronous:
             result = self.complete()
         else:
@@ -277,19 +312,64 @@ class Engine:
         self.ckpt.pacer.record_save(step, time.perf_counter() - t0)
         return result
 
+    def _describe(self, state, opts: SaveOptions, measure: bool):
+        """This rank's arrays, values (rank 0), summaries and layout key; no MPI."""
+        distributed, replicated = split_state(state)
+        summaries, specs, arrays = {}, {}, {}
+        for name, value in distributed.items():
+            summaries[name] = summarize_for_save(name, value)
+            spec = getattr(value, "codec", None)
+            specs[name] = spec_to_json(opts.codec if spec is None else spec)
+            arrays[name] = None if value.local is None else np.asarray(value.local)
+        key = _layout_key(summaries, specs)
+        if measure:
+            for name, value in distributed.items():
+                summaries[name]["codec"] = codec_summary(value, summaries[name], opts.codec)
+        values = {name: encode_value(v, repr(name)) for name, v in replicated.items()} if self.rank == 0 else None
+        return arrays, values, summaries, key
+
+    def _replan_locally(self, state, opts: SaveOptions):
+        """The fast path: the cached plan when this rank's layout is unchanged, else this rank's own plan."""
+        cache = self._plan_cache
+        try:
+            arrays, values, summaries, key = self._describe(state, opts, measure=False)
+            if key == cache.key:
+                starts = {n: b[0] for n, b in cache.boxes[self.rank].items()}
+                return arrays, values, starts, cache.codecs, cache, None, None
+            # this rank's layout changed: its own part of a plan; the commit reconciles it with the others'
+            for name, value in split_state(state)[0].items():
+                summaries[name]["codec"] = codec_summary(value, summaries[name], opts.codec)
+            starts, codecs = {}, {}
+            for name, s in summaries.items():
+                old = cache.boxes[self.rank].get(name)
+                if s["kind"] == "block":
+                    starts[name] = tuple(s["start"])
+                else:  # Ragged: the row offset depends on the other ranks; fixed at the commit
+                    starts[name] = (int(old[0][0]) if old else 0,) + (0,) * len(s["trailing"] or ())
+                if s.get("dtype") is None:
+                    continue
+                if "auto" in s["codec"] and name in cache.codecs:
+                    codecs[name] = cache.codecs[name]  # keep the agreed automatic choice
+                else:
+                    codecs[name] = decide(name, dtype_from_json(s["dtype"]), [s["codec"]],
+                                          opts.codec_threads or default_threads())
+            return arrays, values, starts, codecs, None, (summaries, starts, codecs), None
+        except Exception as exc:  # noqa: BLE001 - surfaces on every rank at the commit
+            return {}, None, {}, {}, None, None, exc
+
     def _plan(self, state, step, opts: SaveOptions, what: str):
         """One allgather: every rank's description (or failure) and listing; every rank plans the same way.
 
         Rank 0 first clears uncommitted leftovers on the root (not the version
         being flushed), node leaders those in their node directory; every rank
-        then picks the same new name and runs the (pure, deterministic) planner.
+        then picks the same new name and runs the (pure, deterministic)
+        planner.  The plan and the names seen are kept for the later saves.
         """
         comm = self.comm
         flushing = self.flush.name if self.flush is not None else None
         failure, local, names = None, None, []
         try:
-            check_step(step)
-            local = _describe(state, self.rank, opts)
+            local = self._describe(state, opts, measure=True)
             if self.levels.enabled:
                 if self.leader:
                     remove_versions([e for e in list_versions(self.node_dir) if not e.committed])
@@ -299,18 +379,23 @@ class Engine:
                 names += [e.name for e in list_versions(self.ckpt.root)]
         except Exception as exc:  # noqa: BLE001 - every rank learns of it in the same allgather
             failure = _describe_failure(exc)
-        everyone = comm.allgather((failure, None if local is None else local["summaries"], names))
+        everyone = comm.allgather((failure, None if local is None else local[2], names))
         bad = {r: f for r, (f, _, _) in enumerate(everyone) if f is not None}
         if bad:
             raise _collective_error(what, bad, comm.Get_size())
         try:
-            name = new_version_name([_entry(n) for _, _, ns in everyone for n in set(ns)], step)
+            self._names = {n for _, _, ns in everyone for n in ns}
+            self._plan_name = new_version_name([_entry(n) for n in self._names], step)
             summaries = [s for _, s, _ in everyone]
             variables, boxes = plan_save(summaries)
             codecs = decide_codecs(variables, summaries, opts.codec_threads)
         except Exception as exc:  # noqa: BLE001 - the same inputs fail the same way on every rank
             raise _collective_error(what, {0: _describe_failure(exc)}, 1) from None
-        return local, (name, variables, boxes[self.rank], codecs)
+        arrays, values, mine, key = local
+        layout = Layout(key, summaries, variables, boxes, codecs)
+        self._plan_cache = layout
+        starts = {n: b[0] for n, b in boxes[self.rank].items()}
+        return arrays, values, starts, codecs, mine, layout, None, None
 
     def _path(self, name: str) -> str:
         return os.path.join(self.ckpt.root, name)

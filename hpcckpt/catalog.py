@@ -100,6 +100,9 @@ def remove_versions(entries: list[VersionEntry]) -> list[str]:
     """
     failed = set()
     for e in sorted(entries, key=lambda e: e.order, reverse=True):
+        if failed:  # an older version may be referenced by the one that resisted: keep it too
+            failed.add(e.name)
+            continue
         try:
             os.unlink(os.path.join(e.path, METADATA_FILE))
         except FileNotFoundError:

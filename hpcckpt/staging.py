@@ -1,79 +1,117 @@
 """Staging buffers for asynchronous saves: a reused, bounded pool of host memory.
 
-``save`` copies the caller's arrays into slots of this pool and returns; a
-background writer consumes the filled slots and hands each one back once every
-piece in it is written.  The pool is allocated lazily and kept for the life of
-the Checkpointer, so after the first save a save costs one memcpy of the state
-(no page faults, no allocator).
+``save`` copies the caller's arrays into buffers of this pool and returns; a
+background writer consumes the staged arrays and hands each buffer back once
+everything in it is written.  Buffers are kept for the life of the
+Checkpointer and reused by size, so after the first save of a layout a save
+costs one memcpy of the state (no page faults, no allocator).
 
-Trade-off of the bound (``staging_bytes``): when the state of a rank is larger
-than the pool, ``save`` blocks until the writer has written enough to free a
-slot, i.e. the caller waits for part of the I/O.  A pool at least as large as
-the state makes ``save`` a pure copy; a smaller pool caps the memory at the
-price of longer blocking.  Slots are ``min(chunk_bytes, staging_bytes)`` bytes
-and several small pieces share a slot, so many small arrays do not waste it.
+Two ways to stage, chosen per rank and per save:
+
+* whole arrays (the state fits in the pool): each local array is copied with a
+  single ``np.copyto`` into a C-ordered buffer of exactly its size.  The
+  foreground does one copy per array and nothing per piece; the writer cuts the
+  staged copy into ``chunk_bytes`` pieces (views, no copy) in the background.
+* pieces (the state is larger than the pool): the writer is started first and
+  each array is copied piece by piece (at most ``piece_bytes``) into pool
+  buffers; ``acquire`` blocks while the pool is full, until the writer releases
+  a buffer.
+
+Trade-off of the bound (``staging_bytes``): a pool at least as large as the
+state makes ``save`` a pure copy; a smaller pool caps the memory at the price
+of longer blocking (the caller waits for about ``(state - pool) / write
+bandwidth``).  When buffers of the wanted size are not free but the pool has
+room only through buffers of other sizes that are free, those are dropped
+(their memory is returned) so that the total never exceeds the bound.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
 from .regions import contiguous_pieces
 
-#: Byte alignment of pieces inside a slot (keeps typed views aligned for any dtype).
-_ALIGN = 64
 DEFAULT_STAGING_BYTES = 1 << 30
 
 
 class StagingPool:
-    """At most ``capacity`` bytes of reusable slots; :meth:`acquire` blocks while every slot is in use."""
+    """At most ``capacity`` bytes of reusable buffers; :meth:`acquire` blocks while it cannot allocate."""
 
-    def __init__(self, capacity: int, slot_bytes: int):
-        self.slot_bytes = max(_ALIGN, min(int(slot_bytes), int(capacity)))
-        self.nslots = max(1, int(capacity) // self.slot_bytes)
-        self._free: list[np.ndarray] = []
-        self._allocated = 0
+    def __init__(self, capacity: int):
+        self.capacity = int(capacity)
+        self._free: dict[int, list[np.ndarray]] = {}
+        self._allocated = 0  # bytes of every buffer the pool owns (free or in use)
         self._cond = threading.Condition()
         self.wait_seconds = 0.0  # time acquire() blocked (the cost of a pool smaller than the state)
 
     @property
     def allocated_bytes(self) -> int:
-        return self._allocated * self.slot_bytes
+        return self._allocated
 
-    def acquire(self, nbytes: int | None = None) -> np.ndarray:
-        """A free slot (or, for one element larger than a slot, a one-off buffer of ``nbytes``)."""
-        if nbytes is not None and nbytes > self.slot_bytes:
+    def acquire(self, nbytes: int) -> np.ndarray:
+        """A uint8 buffer of exactly ``nbytes`` (a one-off buffer outside the pool when larger than the pool)."""
+        nbytes = int(nbytes)
+        if nbytes > self.capacity:
             return np.empty(nbytes, np.uint8)  # a single huge element: outside the pool, freed after use
-        import time
-
         with self._cond:
             t = time.perf_counter()
-            while not self._free and self._allocated >= self.nslots:
-                self._cond.wait()
+            while True:
+                same = self._free.get(nbytes)
+                if same:
+                    buf = same.pop()
+                    break
+                if self._allocated + nbytes <= self.capacity:
+                    self._allocated += nbytes
+                    buf = None
+                    break
+                if not self._drop_one_free():
+                    self._cond.wait()
             self.wait_seconds += time.perf_counter() - t
-            if self._free:
-                return self._free.pop()
-            self._allocated += 1
-        return np.empty(self.slot_bytes, np.uint8)
+        if buf is None:
+            try:
+                buf = np.empty(nbytes, np.uint8)
+            except BaseException:
+                with self._cond:
+                    self._allocated -= nbytes
+                raise
+        return buf
+
+    def _drop_one_free(self) -> bool:
+        """Forget the largest free buffer (caller holds the lock); False when none is free."""
+        sizes = [n for n, bufs in self._free.items() if bufs]
+        if not sizes:
+            return False
+        n = max(sizes)
+        self._free[n].pop()
+        self._allocated -= n
+        return True
 
     def release(self, buf: np.ndarray) -> None:
-        if buf.nbytes != self.slot_bytes:
+        if buf.nbytes > self.capacity:
             return  # a one-off buffer
         with self._cond:
-            self._free.append(buf)
+            self._free.setdefault(buf.nbytes, []).append(buf)
             self._cond.notify_all()
 
 
 @dataclass
-class Slot:
-    """A filled slot: the buffer and the pieces in it (variable, global start, count, dtype, offset, nbytes)."""
+class Staged:
+    """One staged array (or piece of one): ``array`` is a C-ordered copy held in ``buffer``.
 
+    ``start`` is the global start of ``array`` (the rank's box start plus the
+    piece's local start); ``remaining`` counts the pieces the writer still has
+    to write before ``buffer`` goes back to the pool.
+    """
+
+    variable: str
+    start: tuple
+    array: np.ndarray
     buffer: np.ndarray
-    pieces: list = field(default_factory=list)
     remaining: int = 0
 
 
@@ -96,50 +134,58 @@ class SlotQueue:
             return self._items.popleft()
 
 
-def stage(arrays: dict, boxes: dict, pool: StagingPool, queue: SlotQueue) -> tuple[int, int]:
-    """Copy every local array into pool slots, handing full slots to ``queue``; return (bytes, pieces).
+def staged_bytes(arrays: dict) -> int:
+    """Bytes the whole-array staging of ``arrays`` takes in the pool."""
+    return sum(int(a.nbytes) for a in arrays.values() if a is not None)
 
-    ``arrays[name]`` is this rank's array (any layout), ``boxes[name][0]`` the
-    global start of its box.  Pieces never straddle slots; a piece is at most
-    one slot (the chunking of the stored version follows the slot size).
-    Ends with ``queue.put(None)``.
+
+def stage(arrays: dict, starts: dict, pool: StagingPool, queue: SlotQueue, piece_bytes: int | None = None
+          ) -> tuple[int, int]:
+    """Copy every local array into pool buffers, handing each to ``queue``; return (bytes, staged items).
+
+    ``arrays[name]`` is this rank's array (any layout, already ``np.asarray``),
+    ``starts[name]`` the global start of its box.  With ``piece_bytes=None``
+    each array is one ``np.copyto`` into a buffer of its size; otherwise each
+    array is copied in pieces of at most ``piece_bytes`` (one buffer each, so
+    the pool can recycle them while the copy goes on).  Ends with
+    ``queue.put(None)``, also after a failure.
     """
     total = count = 0
-    slot: Slot | None = None
-    used = 0
     try:
-        for name in sorted(arrays):
-            local = arrays[name]
-            if local is None:
+        for name, arr in arrays.items():
+            if arr is None or not arr.size:
                 continue
-            arr = np.asarray(local)
-            if not arr.size:
+            box = starts[name]
+            if piece_bytes is None:
+                buf = pool.acquire(arr.nbytes)
+                dst = buf.view(arr.dtype).reshape(arr.shape)
+                np.copyto(dst, arr, casting="no")
+                queue.put(Staged(name, tuple(box), dst, buf))
+                total += arr.nbytes
+                count += 1
                 continue
-            box_start = boxes[name][0]
-            for start, stop in contiguous_pieces(arr.shape, arr.dtype.itemsize, pool.slot_bytes):
+            for start, stop in contiguous_pieces(arr.shape, arr.dtype.itemsize, piece_bytes):
                 extent = tuple(b - a for a, b in zip(start, stop))
                 nbytes = int(np.prod(extent, dtype=np.int64)) * arr.dtype.itemsize
-                if slot is not None and used + nbytes > slot.buffer.nbytes:
-                    queue.put(slot)
-                    slot = None
-                if slot is None:
-                    slot = Slot(pool.acquire(nbytes))
-                    used = 0
-                dest = slot.buffer[used:used + nbytes].view(arr.dtype).reshape(extent)
-                np.copyto(dest, arr[tuple(slice(a, b) for a, b in zip(start, stop))])
-                gstart = tuple(int(b) + int(s) for b, s in zip(box_start, start))
-                slot.pieces.append((name, gstart, extent, arr.dtype, used, nbytes))
-                slot.remaining += 1
-                used += -(-nbytes // _ALIGN) * _ALIGN
+                buf = pool.acquire(nbytes)
+                dst = buf.view(arr.dtype).reshape(extent)
+                np.copyto(dst, arr[tuple(slice(a, b) for a, b in zip(start, stop))] if arr.ndim else arr,
+                          casting="no")
+                queue.put(Staged(name, tuple(int(b) + int(s) for b, s in zip(box, start)), dst, buf))
                 total += nbytes
                 count += 1
-        if slot is not None:
-            queue.put(slot)
-            slot = None
-    except BaseException:
-        if slot is not None:
-            pool.release(slot.buffer)
-        raise
     finally:
         queue.put(None)
     return total, count
+
+
+def pieces_of(item: Staged, piece_bytes: int):
+    """(global start, extent, C-contiguous view) of each piece of a staged array (views: no copy)."""
+    arr = item.array
+    if arr.ndim == 0:
+        yield item.start, (), arr
+        return
+    for start, stop in contiguous_pieces(arr.shape, arr.dtype.itemsize, piece_bytes):
+        extent = tuple(b - a for a, b in zip(start, stop))
+        yield (tuple(int(b) + int(s) for b, s in zip(item.start, start)), extent,
+               arr[tuple(slice(a, b) for a, b in zip(start, stop))])

@@ -85,8 +85,13 @@ def _run_until_killed(cmd, env, timeout):
         pytest.fail(f"mpiexec did not terminate after a SIGKILL within {timeout} s: {exc.stdout!r} {exc.stderr!r}")
 
 
-def _env():
-    return dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+#: Every strategy must survive a SIGKILL; the seeds rotate through them (2 ranks per simulated node).
+STRATEGIES = ("file-per-rank", "aggregated", "shared-file")
+
+
+def _env(seed: int = 0):
+    return dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+                HPCCKPT_TEST_STRATEGY=STRATEGIES[seed % len(STRATEGIES)], HPCCKPT_RANKS_PER_NODE="2")
 
 
 @pytest.mark.parametrize("seed", [BASE + k for k in range(5)])
@@ -99,13 +104,13 @@ def test_kill_at_seeded_io_call(tmp_path, seed):
     # two versions saved before (here, by one plain process), so that there is something to protect
     presave(root, 2)
     cmd = [mpiexec_path(), "-n", str(nranks), sys.executable, SCRIPT, root, "save", 6, victim, kill_at]
-    proc = _run_until_killed(list(map(str, cmd)), _env(), timeout=90)
+    proc = _run_until_killed(list(map(str, cmd)), _env(seed), timeout=90)
     saved = saved_steps(proc.stdout)
     if proc.returncode == 0:  # the schedule fell after the last save: nothing was killed
         assert saved == list(range(2, 8))
     last = saved[-1] if saved else 1
     latest = check_after_crash(root, last)
-    print(f"{nranks} ranks, rank {victim} killed at call {kill_at}: exit {proc.returncode}, saved {saved}, "
+    print(f"{STRATEGIES[seed % 3]}: {nranks} ranks, rank {victim} killed at call {kill_at}: exit {proc.returncode}, saved {saved}, "
           f"latest {latest}, partial {[e.name for e in list_versions(root) if not e.committed]}")
     assert latest >= 1  # the versions committed before the crashed run are still there
     restart(root, rng.choice([1, 2, 3, 4]), latest)
@@ -119,7 +124,7 @@ def test_kill_random_rank_after_random_delay(tmp_path, seed):
     pid_dir = tmp_path / "pids"
     cmd = [mpiexec_path(), "-n", str(nranks), sys.executable, SCRIPT, root, "save", 400]
     proc = subprocess.Popen(list(map(str, cmd)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=_env(), cwd=ROOT)
+                            env=_env(seed + 1), cwd=ROOT)
     try:
         deadline = time.time() + 60
         while time.time() < deadline and not (pid_dir.exists() and len(os.listdir(pid_dir)) == nranks):

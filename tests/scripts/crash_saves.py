@@ -10,6 +10,8 @@ KILL_RANK/KILL_AT, that rank SIGKILLs itself just before its KILL_AT-th
 file-system call among write/fsync/replace/rename/unlink/rmdir/mkdir (inside a
 data write, before an fsync, before the metadata rename, during retention...).
 
+The save strategy comes from HPCCKPT_TEST_STRATEGY (default file-per-rank).
+
 MODE "restore": restore the newest committed step, check its data exactly,
 print "RESTORED k", then save step k+1 (which must clean leftovers) and print
 "SAVED k+1".
@@ -86,7 +88,8 @@ def main(argv) -> int:
     with open(os.path.join(pid_dir, str(comm.Get_rank())), "w") as f:
         f.write(str(os.getpid()))
     comm.Barrier()
-    ck = hpcckpt.Checkpointer(root, comm=comm, keep=2, chunk_bytes=8192, strategy="file-per-rank")
+    strategy = os.environ.get("HPCCKPT_TEST_STRATEGY", "file-per-rank")
+    ck = hpcckpt.Checkpointer(root, comm=comm, keep=2, chunk_bytes=8192, strategy=strategy)
     step = restore(comm, ck)
     if mode == "restore":
         if comm.Get_rank() == 0:
