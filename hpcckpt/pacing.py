@@ -14,7 +14,6 @@ import warnings
 from ._mpi import agree, on_root
 from .policy import FailureHistory, Learned, Schedule, SignalFlag, end_time_from_env
 from .policy.policies import Policy
-from .slurm import detect
 
 #: Codes of the decision allreduce (MAX wins): a signal beats a deadline beats the interval.
 _NONE, _INTERVAL, _DEADLINE, _SIGNAL = 0, 1, 2, 3
@@ -45,6 +44,8 @@ class Pacer:
         if comm.Get_rank() == 0:
             if track_failures:
                 self.history = FailureHistory.load(root)
+                from .slurm import detect  # lazily: `python -m hpcckpt.slurm` must not find it imported
+
                 job = detect()  # SLURM job id and restart count, None outside SLURM
                 self.history.job_start(time.time(), job_id=job.job_id, restart_count=job.restart_count)
             policy = policy if policy is not None else Learned(prior_mtbf=mtbf, history=self.history)
