@@ -29,6 +29,7 @@ unless every rank's writer has already finished).
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import threading
@@ -44,8 +45,10 @@ from .arrays import byte_view
 from .catalog import _NAME, VersionEntry, check_step, current, list_versions, new_version_name, removable, \
     remove_versions
 from .checksum import checksum
-from .codecs.pipeline import EncodedPieces, decide_codecs
-from .errors import CheckpointError
+from .codecs.core import AUTO, spec_to_json
+from .codecs.pipeline import EncodedPieces, codec_summary, decide, decide_codecs, default_threads
+from .encoding import dtype_from_json, encode_value
+from .errors import CheckpointError, TemplateMismatchError
 from .levels import ENGINE_OPTIONS, LevelOptions, data_file, node_dir, node_leader, parity_file, parity_groups, \
     partners
 from .levels.flush import FlushThread
@@ -54,8 +57,9 @@ from .log import logger
 from .metadata import METADATA_FILE
 from .monitor import PhaseTimer
 from .planning import plan_save
-from .saving import SaveOptions, SaveResult, _commit, _describe, _stats
-from .staging import DEFAULT_STAGING_BYTES, SlotQueue, StagingPool, stage
+from .saving import SaveOptions, SaveResult, _commit, _stats
+from .staging import DEFAULT_STAGING_BYTES, SlotQueue, StagingPool, pieces_of, stage, staged_bytes
+from .state import split_state, summarize_for_save
 from .storage.posix import atomic_write, fsync_path
 from .transport.base import Written
 from .transport.file_per_rank import SequentialFile
@@ -193,6 +197,18 @@ class Pending:
 
 
 @dataclass
+class Settled:
+    """Rank 0's reconciled commit: file sizes, chunk rows, variables and codecs; the new plan if it changed."""
+
+    sizes: list
+    tables: list
+    variables: dict
+    codecs: dict
+    layout: tuple | None
+    stats: dict
+
+
+@dataclass
 class Flush:
     name: str
     thread: FlushThread
@@ -228,6 +244,7 @@ class Engine:
         self._parity_comm = None
         self._plan_cache: Layout | None = None  # the agreed plan, reused while the layout is unchanged
         self._names: set[str] = set()  # every version name that may exist (agreed on every rank)
+        self._plan_name = ""
         self.layout = None
         self.node_dir = None
         if self.levels.enabled:
@@ -272,7 +289,7 @@ class Engine:
                 name = self._plan_name
             else:
                 arrays, values, starts, codecs, layout, own, failure = self._replan_locally(state, opts)
-                summaries = own[0] if own is not None else layout.summaries[self.rank]
+                summaries = own[0] if own is not None else layout.summaries[self.rank] if layout else {}
                 name = new_version_name([_entry(n) for n in self._names], step)
             directory = self._target(name)
         local_bytes = staged_bytes(arrays)
@@ -412,7 +429,8 @@ class Engine:
         """Collective: wait for the writers, agree, exchange partner/parity copies, commit the pending save.
 
         Without levels this is one gather (failures, file sizes, chunk rows,
-        timings) and one broadcast of rank 0's verdict; rank 0 writes the
+        timings, and the plan of any rank whose layout changed) and one
+        broadcast of rank 0's verdict; rank 0 reconciles the plans, writes the
         metadata and applies retention in between.
         """
         p, self.pending = self.pending, None
@@ -427,10 +445,15 @@ class Engine:
         failure = None if w.error is None else _describe_failure(w.error)
         stats = {"seconds": {**timer.seconds, "stage": p.stage_seconds}, "timeline": timer.timeline,
                  "bytes": w.written.nbytes}
-        msgs = comm.gather((failure, w.file_bytes, w.written.rows, stats), root=0)
+        msgs = comm.gather((failure, w.file_bytes, w.written.rows, stats, p.name, p.own), root=0)
         try:
+            settled = None
+            if self.rank == 0:
+                settled = _verdict(msgs)
+                if not isinstance(settled, dict):
+                    settled = self._settle(p, msgs)
             if self.levels.enabled:
-                verdict = comm.bcast(on_root(comm, lambda: _verdict(msgs)), root=0)
+                verdict = comm.bcast(settled.sizes if isinstance(settled, Settled) else settled, root=0)
                 if isinstance(verdict, dict):
                     raise _collective_error(what, verdict, comm.Get_size())
                 sizes = verdict
@@ -438,23 +461,30 @@ class Engine:
                     levels = self._redundancy(p, sizes, what)
             else:
                 sizes, levels = None, None
-            out = None
-            if self.rank == 0:
-                out = _verdict(msgs)
-                if not isinstance(out, dict):
-                    try:
-                        out = self._commit_root(p, msgs, levels)
-                    except Exception as exc:  # noqa: BLE001 - reaches every rank in the broadcast
-                        out = {0: _describe_failure(exc)}
+            out = settled
+            if self.rank == 0 and not isinstance(out, dict):
+                try:
+                    out = (self._commit_root(p, settled, levels), settled.layout)
+                except Exception as exc:  # noqa: BLE001 - reaches every rank in the broadcast
+                    out = {0: _describe_failure(exc)}
             out = comm.bcast(out, root=0)
             if isinstance(out, dict):
                 raise _collective_error(what, out, comm.Get_size())
-            total, raw = out
+            (total, raw), layout = out
             if self.levels.enabled:
                 agree(comm, what, lambda: self._commit_nodes(p, raw))
         except CheckpointError:
+            self._plan_cache = None  # the next save plans collectively again (and clears the leftovers)
             self._discard(p.name)
             raise
+        if layout is not None:  # some rank's layout changed: everyone adopts the reconciled plan
+            summaries, variables, boxes, codecs = layout
+            mine = summaries[self.rank]
+            self._plan_cache = Layout(_layout_key({n: {k: v for k, v in s.items() if k != "codec"}
+                                                   for n, s in mine.items()},
+                                                  {n: s["codec"].get("spec", AUTO) for n, s in mine.items()}),
+                                      summaries, variables, boxes, codecs)
+        self._names.add(p.name)
         result = SaveResult(path=self._path(p.name), step=p.step, bytes_written=total[0], nchunks=total[1],
                             timings=dict(timer.seconds), strategy="file-per-rank")
         self.last_result = result
@@ -467,18 +497,67 @@ class Engine:
             self._retention()
             if p.due.get("flush"):
                 self._start_flush(p, raw, sizes)
+            else:
+                self._poll_flush(block=False)
         return result
 
-    def _commit_root(self, p: Pending, msgs, levels) -> tuple:
-        """Rank 0: write the metadata (root version, or rank 0's node-local version) and apply root retention."""
+    def _settle(self, p: Pending, msgs) -> "Settled | dict":
+        """Rank 0: the failures (a dict by rank), or what the commit writes.
+
+        When every rank used the agreed plan (``own`` is None everywhere) it
+        stands as is.  Otherwise the plan is redone from every rank's current
+        summary: it must be valid (names, dtypes, tiling), every rank must have
+        encoded a variable with the same codec, and chunk rows whose box moved
+        (a Ragged whose row offset changed) are shifted to the new offsets.
+        """
+        names = {m[4] for m in msgs}
+        if len(names) != 1:
+            return {0: _describe_failure(CheckpointError(
+                f"the ranks saved different versions {sorted(names)} (different steps?)"))}
         tables = [m[2] for m in msgs]
+        cache = self._plan_cache
+        if all(m[5] is None for m in msgs):
+            return Settled([m[1] for m in msgs], tables, cache.variables, cache.codecs, None,
+                           _stats([m[3] for m in msgs]))
+        try:
+            summaries = [cache.summaries[r] if m[5] is None else m[5][0] for r, m in enumerate(msgs)]
+            used_starts = [{n: b[0] for n, b in cache.boxes[r].items()} if m[5] is None else m[5][1]
+                           for r, m in enumerate(msgs)]
+            used_codecs = [cache.codecs if m[5] is None else m[5][2] for r, m in enumerate(msgs)]
+            variables, boxes = plan_save(summaries)
+            codecs = {}
+            for name in variables:
+                specs = {json.dumps(s[name]["codec"].get("spec", AUTO), sort_keys=True) for s in summaries}
+                if len(specs) != 1:
+                    raise TemplateMismatchError(f"variable {name!r}: the ranks ask for different codecs")
+                used = [u[name] for r, u in enumerate(used_codecs)
+                        if name in u and summaries[r][name].get("dtype") is not None]
+                if any(u != used[0] for u in used):
+                    raise CheckpointError(f"variable {name!r}: the ranks encoded it with different codecs after a "
+                                          "layout change (automatic codec choice); the version was not committed, "
+                                          "save again")
+                codecs[name] = used[0] if used else {"id": "none"}
+            fixed = []
+            for r, rows in enumerate(tables):
+                shift = {n: tuple(int(a) - int(b) for a, b in zip(box[0], used_starts[r].get(n, box[0])))
+                         for n, box in boxes[r].items()}
+                fixed.append([(v, f, off, nb, dg, tuple(a + d for a, d in zip(st, shift[v])), cnt)
+                              if any(shift[v]) else (v, f, off, nb, dg, st, cnt)
+                              for v, f, off, nb, dg, st, cnt in rows])
+        except Exception as exc:  # noqa: BLE001 - reaches every rank in the broadcast
+            return {0: _describe_failure(exc)}
+        return Settled([m[1] for m in msgs], fixed, variables, codecs, (summaries, variables, boxes, codecs),
+                       _stats([m[3] for m in msgs]))
+
+    def _commit_root(self, p: Pending, settled: "Settled", levels) -> tuple:
+        """Rank 0: write the metadata (root version, or rank 0's node-local version) and apply root retention."""
         extra = {"strategy": "file-per-rank", "asynchronous": self.asynchronous,
-                 "stats": _stats([m[3] for m in msgs])}
+                 "stats": settled.stats}
         if levels is not None:
             extra["levels"] = levels
         directory = p.directory if self.levels.enabled else self._path(p.name)
-        total = _commit(directory, p.variables, tables, p.values, self.comm.Get_size(), p.step, extra,
-                        p.options.fsync, p.codecs)
+        total = _commit(directory, settled.variables, settled.tables, p.values, self.comm.Get_size(), p.step,
+                        extra, p.options.fsync, settled.codecs)
         with open(os.path.join(directory, METADATA_FILE), "rb") as f:
             raw = f.read()
         flushing = self.flush.name if self.flush is not None else None  # never a version being flushed
@@ -649,6 +728,11 @@ def _verdict(msgs) -> dict | list:
     """Rank 0: the failures of a gather of (failure, file size, ...) by rank, or the file sizes when none failed."""
     bad = {r: m[0] for r, m in enumerate(msgs) if m[0] is not None}
     return bad or [m[1] for m in msgs]
+
+
+def _layout_key(summaries: dict, specs: dict) -> str:
+    """This rank's layout: names, kinds, dtypes, global shapes, boxes (Block) or rows (Ragged), codec specs."""
+    return repr([(n, summaries[n], specs[n]) for n in sorted(summaries)])
 
 
 def _entry(name: str, committed: bool = True, path: str = "") -> VersionEntry:

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import xxhash
 
-from ._mpi import agree, on_root
+from ._mpi import _attempt, _collective_error, _raise_if_failed, on_root
 from .arrays import byte_view
 from .checksum import checksum
 from .encoding import dtype_from_json, dtype_to_json
@@ -265,8 +265,20 @@ def assemble(variables: dict, dtypes: dict, codecs: dict, per_rank: list[dict]):
 
 # --------------------------------------------------------------------------- the collective save
 
-#: The index of the version this process saved last, on every rank: (real path, metadata stamp, ChainIndex).
+#: Indexes of the versions this process saved (or read) last, on every rank, newest last:
+#: ``{(real path, metadata stamp): ChainIndex}``.  Two entries: the version saved last and its
+#: predecessor (a save on an explicit base, as ``hpcckpt.save(..., base=...)`` repeated on one base).
 _CACHE: dict = {}
+_CACHE_ENTRIES = 2
+#: Node layouts already asked of MPI: ``{(members as COMM_WORLD ranks, ranks per node setting): NodeLayout}``.
+_LAYOUTS: dict = {}
+
+
+def _remember(key, index) -> None:
+    _CACHE.pop(key, None)
+    _CACHE[key] = index
+    while len(_CACHE) > _CACHE_ENTRIES:
+        _CACHE.pop(next(iter(_CACHE)))
 
 
 def _stamp(directory: str):
@@ -297,116 +309,204 @@ def _resolve_base(directory: str, options, io_root: str | None) -> str | None:
     return live[-1].path if live else None
 
 
-def _base_index(directory: str, options, io_root):
-    """Rank 0: (real path of the base, its metadata stamp, its ChainIndex or None when this process has it cached)."""
+def _base_index(directory: str, options, io_root, cached_everywhere):
+    """Rank 0: ``(key, ChainIndex or None)`` of the base (None: every rank has it cached), or None without a base.
+
+    ``cached_everywhere(key)``: whether every rank holds ``key`` in its cache.
+    """
     from .reader import read_metadata
 
     base = _resolve_base(directory, options, io_root)
     if base is None:
         return None
-    real = os.path.realpath(base)
-    stamp = _stamp(base)
-    if _CACHE.get("key") == (real, stamp):
-        return real, stamp, None
-    return real, stamp, ChainIndex.from_metadata(read_metadata(base), os.path.basename(real))
+    key = (os.path.realpath(base), _stamp(base))
+    if cached_everywhere(key):
+        return key, None
+    index = _CACHE.get(key)
+    if index is None:
+        index = ChainIndex.from_metadata(read_metadata(base), os.path.basename(key[0]))
+    return key, index
 
 
-def _distribute_index(comm, what: str, info) -> ChainIndex | None:
-    """Every rank's copy of the base index: its cache when every rank has it, else rank 0's, broadcast."""
-    info = comm.bcast(info, root=0)
-    if info is None:
-        return None
-    real, stamp, index = info
-    have = _CACHE.get("key") == (real, stamp)
-    if all(comm.allgather(have)):
-        return _CACHE["index"]
-    if comm.Get_rank() == 0 and index is None:
-        index = _CACHE["index"]
-    return comm.bcast(index if comm.Get_rank() == 0 else None, root=0)
+def _members(comm) -> tuple:
+    """The COMM_WORLD ranks of ``comm``'s processes (local, no communication): what a node layout depends on."""
+    try:
+        from mpi4py import MPI
+
+        world = MPI.COMM_WORLD.Get_group()
+        group = comm.Get_group()
+        try:
+            return tuple(group.Translate_ranks(list(range(comm.Get_size())), world))
+        finally:
+            group.Free()
+            world.Free()
+    except Exception:  # noqa: BLE001 - a SerialComm or an exotic communicator: never cached
+        return ()
+
+
+def _root_phase(comm, what: str, failure, payload, root_fn):
+    """Gather ``(failure, payload)`` on rank 0, run ``root_fn(payloads)`` there, broadcast its result.
+
+    Two collectives in place of agree's allgather plus a gather and a bcast: any
+    rank's failure (or ``root_fn``'s) becomes the same CheckpointError on every rank.
+    """
+    msgs = comm.gather((failure, None if failure else payload), root=0)
+    out = None
+    if comm.Get_rank() == 0:
+        bad = {r: f for r, (f, _) in enumerate(msgs) if f is not None}
+        result = None
+        if not bad:
+            result, f = _attempt(lambda: root_fn([p for _, p in msgs]))
+            if f is not None:
+                bad = {0: f}
+        out = (bad, None if bad else result)
+    bad, result = comm.bcast(out, root=0)
+    if bad:
+        raise _collective_error(what, bad, comm.Get_size())
+    return result
 
 
 def save_incremental(state, directory: str, comm, options, step: int | None = None, extra: dict | None = None,
                      io_root: str | None = None):
-    """Collectively write ``state`` into the new ``directory`` as an incremental (or full) version; commit it."""
+    """Collectively write ``state`` into the new ``directory`` as an incremental (or full) version; commit it.
+
+    Collectives (the fixed cost of a save): gather + bcast to plan, one allgather
+    after hashing (totals for the policy, new blocks' keys for dedup), the
+    transport's own, gather + bcast to commit; plus a node-layout query on the
+    first save of a communicator and an allgather of all keys when the policy
+    turns a version with reusable blocks into a full one.
+    """
     from . import saving as S
     from .codecs.pipeline import EncodedPieces
-    from .transport import WRITERS, Piece
+    from .transport import WRITERS, Piece, TransportContext
+    from .transport import io_history
+    from .transport.auto import choose_strategy
+    from .transport.topology import node_layout, ranks_per_node_setting
 
-    rank = comm.Get_rank()
+    rank, size = comm.Get_rank(), comm.Get_size()
     timer = PhaseTimer()
     what = f"save of {directory!r}"
     name = os.path.basename(os.path.normpath(directory))
+    members = _members(comm)
+    created = [False]
+
     with timer.phase("plan"):
-        local = agree(comm, what, lambda: S._describe(state, rank, options))
-        summaries = comm.gather(local["summaries"], root=0)
+        def describe():
+            d = S._describe(state, rank, options)
+            k = ranks_per_node_setting(options.ranks_per_node)
+            return d, k
 
-        def plan_on_root():
-            planned = S._plan_and_prepare(summaries, directory, options)
-            try:
-                return planned, _base_index(directory, options, io_root)
-            except Exception:
+        described, failure = _attempt(describe)
+        local, rpn = described if failure is None else (None, None)
+        layout_key = (members, rpn)
+        layout = _LAYOUTS.get(layout_key) if members else None
+        needs_layout = options.strategy in ("auto", "aggregated")
+        local_bytes = sum(np.asarray(a).nbytes for a in local["arrays"].values() if a is not None) if local else 0
+        mine = (local["summaries"] if local else None, local_bytes, list(_CACHE), layout is not None)
+
+        def plan_on_root(msgs):
+            planned = S._plan_and_prepare([m[0] for m in msgs], directory, options)
+            created[0] = True
+            base = _base_index(directory, options, io_root, lambda key: all(key in m[2] for m in msgs))
+            strategy = options.strategy
+            if strategy == "auto":
+                history = io_history.read(io_root)
+                have_layout = layout is not None and all(m[3] for m in msgs)
+                strategy = (choose_strategy(size, sum(m[1] for m in msgs) / size, layout.max_ranks_per_node, history)
+                            if have_layout else ("auto", sum(m[1] for m in msgs), history))
+            return planned, base, strategy, all(m[3] for m in msgs)
+
+        try:
+            planned, base, strategy, all_have_layout = _root_phase(comm, what, failure, mine, plan_on_root)
+        except CheckpointError:
+            if rank == 0 and created[0]:
                 shutil.rmtree(directory, ignore_errors=True)
-                raise
-
-        plan = agree(comm, what, lambda: on_root(comm, plan_on_root))
-        variables, boxes, codecs = plan[0] if plan else (None, None, None)
-        boxes = comm.scatter(boxes, root=0)
-        variables, codecs = comm.bcast((variables, codecs), root=0)
-        index = _distribute_index(comm, what, plan[1] if plan else None)
-        ctx, strategy = S._transport(comm, what, directory, options, local["arrays"], io_root)
-    dtypes = {n: dtype_from_json(v.dtype) for n, v in variables.items()}
+            raise
     try:
+        with timer.phase("plan"):
+            variables, all_boxes, codecs = planned
+            boxes = all_boxes[rank]
+            if base is None:
+                index = None
+            else:
+                key, shipped = base
+                index = shipped if shipped is not None else _CACHE[key]
+                _remember(key, index)
+            if needs_layout and not all_have_layout:
+                layout = node_layout(comm, rpn)  # collective, once per communicator
+                if members:
+                    _LAYOUTS[layout_key] = layout
+            if isinstance(strategy, tuple):  # auto, decided now that the layout is known (same answer everywhere)
+                _, total, history = strategy
+                strategy = choose_strategy(size, total / size, layout.max_ranks_per_node, history)
+            ctx = TransportContext(comm=comm, directory=directory, layout=layout, max_writers=options.max_writers,
+                                   aggregators=options.aggregators, aggregator_buffer=options.aggregator_buffer,
+                                   mpiio_hints=options.mpiio_hints, fsync=options.fsync)
+        dtypes = {n: dtype_from_json(v.dtype) for n, v in variables.items()}
         with timer.phase("hash"):
-            entries = agree(comm, what, lambda: _hash_pieces(local["arrays"], boxes, variables, dtypes, codecs,
+            entries, failure = _attempt(lambda: _hash_pieces(local["arrays"], boxes, variables, dtypes, codecs,
                                                              options.block_bytes, index))
-        totals = comm.allgather((sum(e[5] for e in entries), sum(e[5] for e in entries if e[6] is None)))
-        total_bytes = sum(t[0] for t in totals)
-        changed_bytes = sum(t[1] for t in totals)
+            entries = entries or []
+            new_keys = [e[4] for e in entries if e[6] is None] if options.dedup else None
+            mine = (sum(e[5] for e in entries), sum(e[5] for e in entries if e[6] is None), new_keys,
+                    sum(1 for e in entries if e[6] is not None))
+            everyone = comm.allgather((failure, None if failure else mine))
+            _raise_if_failed(comm, what, [f for f, _ in everyone])
+            everyone = [m for _, m in everyone]
+        total_bytes = sum(m[0] for m in everyone)
+        changed_bytes = sum(m[1] for m in everyone)
         kind, reason = choose_kind(index.depth if index is not None and len(index) else None, changed_bytes,
                                    total_bytes, options.max_chain, options.full_threshold)
+        if options.dedup:
+            keys_per_rank = [m[2] for m in everyone]
         if kind == "full":
+            if options.dedup and any(m[3] for m in everyone):  # reusable blocks are written after all
+                keys_per_rank = comm.allgather([e[4] for e in entries])
             entries = [e[:6] + (None,) for e in entries]
         new = [e for e in entries if e[6] is None]
-        if options.dedup:
-            with timer.phase("dedup"):
-                dup = duplicates(comm.allgather([e[4] for e in new]), rank)
-        else:
-            dup = [False] * len(new)
+        dup = duplicates(keys_per_rank, rank) if options.dedup else [False] * len(new)
         to_write = [e for e, d in zip(new, dup) if not d]
         refs = [(e[0], *e[6], e[1], e[2], e[4][0]) for e in entries if e[6] is not None]
         dups = [(e[0], e[4], e[1], e[2], e[4][0]) for e, d in zip(new, dup) if d]
+        fused = strategy == "file-per-rank"  # checksummed while written, from the cache: no extra pass
 
         def pieces():
             encoder = EncodedPieces.for_save(codecs, local["summaries"], options.codec_threads)
             for variable, start, count, arr in encoder.wrap(((e[0], e[1], e[2], e[3]) for e in to_write), timer):
                 payload = byte_view(arr)
+                if fused:
+                    yield Piece(variable, start, count, payload, None)
+                    continue
                 with timer.phase("hash"):
                     digest = checksum(payload)
                 yield Piece(variable, start, count, payload, digest)
 
         with timer.phase("write"):
-            written = agree(comm, what, lambda: WRITERS[strategy](ctx, pieces()))
-        stats = comm.gather({"seconds": timer.seconds, "timeline": timer.timeline, "bytes": written.nbytes}, root=0)
+            written, failure = _attempt(lambda: WRITERS[strategy](ctx, pieces()))
         with timer.phase("commit"):
-            part = {"written": written.rows, "hashes": {(e[0], tuple(e[1])): e[4][0] for e in to_write},
-                    "refs": refs, "dups": dups}
-            parts = comm.gather(part, root=0)
             info = {"kind": kind, "base": index.name if kind == "incremental" else None,
                     "depth": index.depth + 1 if kind == "incremental" else 0, "reason": reason,
                     "hash": HASH_ALGORITHM, "block_bytes": options.block_bytes, "total_bytes": total_bytes,
                     "changed_bytes": changed_bytes}
-            done = agree(comm, what, lambda: on_root(comm, lambda: _commit(
-                directory, name, variables, dtypes, codecs, parts, local["values"], comm.Get_size(), step,
-                {**(extra or {}), "strategy": strategy, "stats": S._stats(stats), "incremental": info},
-                options.fsync)))
-            done = comm.bcast(done, root=0)
+            mine = None
+            if failure is None:
+                mine = ({"seconds": dict(timer.seconds), "timeline": list(timer.timeline), "bytes": written.nbytes},
+                        {"written": written.rows, "hashes": {(e[0], tuple(e[1])): e[4][0] for e in to_write},
+                         "refs": refs, "dups": dups})
+
+            def commit_on_root(msgs):
+                stats = [m[0] for m in msgs]
+                return _commit(directory, name, variables, dtypes, codecs, [m[1] for m in msgs], local["values"],
+                               size, step, {**(extra or {}), "strategy": strategy, "stats": S._stats(stats),
+                                            "incremental": info}, options.fsync) + (stats,)
+
+            done = _root_phase(comm, what, failure, mine, commit_on_root)
     except CheckpointError:
         if rank == 0:
             shutil.rmtree(directory, ignore_errors=True)
         raise
-    (written_bytes, nchunks, summary), new_stamp, new_index = done
-    _CACHE.clear()
-    _CACHE.update(key=(os.path.realpath(directory), new_stamp), index=new_index)
+    (written_bytes, nchunks, summary), new_stamp, new_index, stats = done
+    _remember((os.path.realpath(directory), new_stamp), new_index)
     if rank == 0:
         logger.info("saved %s (%s, depth %d, base %s: %s): wrote %d of %d bytes in %d chunks, write %.3f s",
                     directory, kind, info["depth"], info["base"], reason, written_bytes, total_bytes, nchunks,

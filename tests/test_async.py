@@ -21,36 +21,69 @@ from hpcckpt.transport import file_per_rank
 
 
 # ----------------------------------------------------------- staging (serial)
-def test_staging_copies_every_layout_and_packs_small_pieces():
+def _drain(queue):
+    items = []
+    while (s := queue.get()) is not None:
+        items.append(s)
+    return items
+
+
+def _reassemble(items, pool_piece=None):
+    from hpcckpt.staging import pieces_of
+
+    got = {}
+    for s in items:
+        for start, count, view in pieces_of(s, pool_piece or 1 << 30):
+            assert view.flags.c_contiguous
+            got.setdefault(s.variable, []).append((start, view.copy()))
+    return got
+
+
+def test_staging_copies_every_layout_whole_with_one_copy_per_array():
     a = np.arange(24.0).reshape(4, 6)
     f = np.asfortranarray(np.arange(12, dtype=np.int32).reshape(3, 4))
     small = {f"s{i}": np.full(3, i, np.int16) for i in range(5)}
-    arrays = {"a": a, "f": f, "v": a[:, ::2], **small}
-    boxes = {"a": ((10, 0), None), "f": ((0, 0), None), "v": ((0, 0), None), **{k: ((0,), None) for k in small}}
-    pool, queue = StagingPool(1 << 20, 256), SlotQueue()
-    nbytes, npieces = stage(arrays, boxes, pool, queue)
-    slots = []
-    while (s := queue.get()) is not None:
-        slots.append(s)
-    got = {}
-    for s in slots:
-        for name, start, count, dtype, off, n in s.pieces:
-            assert n <= pool.slot_bytes and off % 64 == 0
-            got.setdefault(name, []).append((start, s.buffer[off:off + n].view(dtype).reshape(count).copy()))
-    assert nbytes == sum(x.nbytes for x in arrays.values())
-    assert np.array_equal(np.concatenate([p for _, p in got["a"]]), a)
-    assert got["a"][0][0] == (10, 0)
-    assert np.array_equal(np.concatenate([p for _, p in got["f"]]), f)
-    assert np.array_equal(np.concatenate([p for _, p in got["v"]]), a[:, ::2])
-    assert len(slots) < npieces  # small pieces share slots
+    arrays = {"a": a, "f": f, "v": a[:, ::2], "z": np.array(7.5), **small}
+    starts = {"a": (10, 0), "f": (0, 0), "v": (0, 0), "z": (), **{k: (0,) for k in small}}
+    pool, queue = StagingPool(1 << 20), SlotQueue()
+    nbytes, count = stage(arrays, starts, pool, queue)
+    items = _drain(queue)
+    assert count == len(items) == len(arrays)  # one buffer (one np.copyto) per array
+    assert nbytes == sum(x.nbytes for x in arrays.values()) == pool.allocated_bytes
+    got = _reassemble(items)
+    for name, arr in arrays.items():
+        assert len(got[name]) == 1 and np.array_equal(got[name][0][1], arr)
+    assert got["a"][0][0] == (10, 0) and got["z"][0][0] == ()
+    a[:] = -1  # the staged copies do not follow the caller's arrays
+    assert np.array_equal(items[0].array, np.arange(24.0).reshape(4, 6))
+    # the writer's pieces of a staged array are views of its buffer, cut at piece_bytes
+    pieces = list(__import__("hpcckpt.staging", fromlist=["pieces_of"]).pieces_of(items[0], 48))
+    assert [p[0] for p in pieces] == [(10, 0), (11, 0), (12, 0), (13, 0)]
+    assert all(np.shares_memory(p[2], items[0].buffer) for p in pieces)
 
 
-def test_staging_pool_is_bounded_and_blocks_until_a_slot_is_released():
-    pool = StagingPool(256, 128)
-    a, b = pool.acquire(), pool.acquire()
+def test_staging_in_pieces_and_buffers_are_reused():
+    a = np.arange(1000.0)
+    pool, queue = StagingPool(1 << 20), SlotQueue()
+    nbytes, count = stage({"a": a}, {"a": (5,)}, pool, queue, piece_bytes=800)
+    items = _drain(queue)
+    assert count == 10 and nbytes == a.nbytes and items[1].start == (105,)
+    assert np.array_equal(np.concatenate([i.array for i in items]), a)
+    first = [i.buffer for i in items]
+    for i in items:
+        pool.release(i.buffer)
+    stage({"a": a}, {"a": (5,)}, pool, queue, piece_bytes=800)
+    again = _drain(queue)
+    assert {id(i.buffer) for i in again} == {id(b) for b in first}  # warm pool: no new allocation
+    assert pool.allocated_bytes == a.nbytes
+
+
+def test_staging_pool_is_bounded_and_blocks_until_a_buffer_is_released():
+    pool = StagingPool(256)
+    a, b = pool.acquire(128), pool.acquire(128)
     assert pool.allocated_bytes == 256
     got = []
-    t = threading.Thread(target=lambda: got.append(pool.acquire()))
+    t = threading.Thread(target=lambda: got.append(pool.acquire(128)))
     t.start()
     time.sleep(0.1)
     assert not got  # the pool is full: acquire waits
@@ -58,6 +91,11 @@ def test_staging_pool_is_bounded_and_blocks_until_a_slot_is_released():
     t.join(2)
     assert got and got[0] is a and pool.allocated_bytes == 256  # the same buffer, reused
     pool.release(b)
+    pool.release(got[0])
+    c = pool.acquire(200)  # a new size: free buffers of other sizes are dropped to stay within the bound
+    assert c.nbytes == 200 and pool.allocated_bytes <= 256
+    assert pool.acquire(1000).nbytes == 1000  # larger than the whole pool: a one-off buffer
+    assert pool.allocated_bytes <= 256
 
 
 def test_serial_asynchronous_round_trip(tmp_path):
@@ -163,3 +201,72 @@ def test_failure_in_background_is_every_ranks_error_and_not_committed(comm, mpi_
     ck.save({"u": _block(comm, a)}, 2)
     assert ck.steps() == [2]
     ck.close()
+
+
+class _CountingComm:
+    """Wraps a communicator and counts every MPI call made through it."""
+
+    def __init__(self, comm):
+        self._comm, self.calls = comm, []
+
+    def __getattr__(self, name):
+        attr = getattr(self._comm, name)
+        if callable(attr) and name not in ("Get_rank", "Get_size"):
+            def counted(*a, **k):
+                self.calls.append(name)
+                return attr(*a, **k)
+            return counted
+        return attr
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("levels", [False, True])
+def test_repeated_save_with_unchanged_layout_calls_no_mpi(comm, mpi_tmp, levels):
+    extra = {"local_dir": os.path.join(mpi_tmp, "local"), "ranks_per_node": 1, "partner_every": 1} if levels else {}
+    a = np.arange(3000.0) + comm.rank
+    with Checkpointer(os.path.join(mpi_tmp, "root"), asynchronous=True, track_failures=False, chunk_bytes=4096,
+                      **extra) as ck:
+        ck.save({"u": _block(comm, a), "t": 0}, 1)  # plans collectively (one allgather)
+        ck.wait()
+        counting = _CountingComm(ck._engine.comm)
+        ck._engine.comm = counting
+        for step in (2, 3):
+            ck.save({"u": _block(comm, a), "t": step}, step)
+            assert counting.calls == [], counting.calls  # the foreground part: no collective at all
+            a += 1.0
+            ck.wait()  # the commit does the agreement
+            counting.calls.clear()
+        ck._engine.comm = counting._comm
+        assert ck.steps() == [1, 2, 3]
+    with Checkpointer(os.path.join(mpi_tmp, "root"), track_failures=False, **extra) as ck:
+        b = np.zeros(3000)
+        assert ck.restore({"u": _block(comm, b), "t": None})["t"] == 3
+        assert np.array_equal(b, np.arange(3000.0) + comm.rank + 1.0)
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.timeout(60)
+def test_layout_change_on_one_rank_is_reconciled_at_the_commit(comm, mpi_tmp):
+    """Rank 0's Ragged grows: the others reuse the cached plan with stale row offsets, fixed at the commit."""
+    from hpcckpt import Ragged
+
+    rows = lambda step, r: np.arange(10 * (1 + (step if r == 0 else 0)), dtype=np.int64) + 1000 * r  # noqa: E731
+    a = np.arange(500.0) + comm.rank
+    with Checkpointer(mpi_tmp, asynchronous=True, track_failures=False, chunk_bytes=64) as ck:
+        for step in (1, 2, 3):
+            ck.save({"p": Ragged(rows(step, comm.rank)), "u": _block(comm, a)}, step)
+        ck.wait()
+        assert ck._engine._plan_cache.summaries[0]["p"]["rows"] == 40  # everyone adopted the new plan
+        for step in (1, 2, 3):
+            got = ck.restore({"p": Ragged(rows=len(rows(step, comm.rank))), "u": _block(comm, np.zeros(500))},
+                             step=step)
+            assert np.array_equal(got["p"].local, rows(step, comm.rank))
+        # an invalid change (blocks that no longer tile) fails on every rank at the next call, then recovers
+        bad = np.arange(400.0) if comm.rank == 1 else a
+        ck.save({"p": Ragged(rows(3, comm.rank)), "u": _block(comm, bad)}, 4)
+        with pytest.raises(CheckpointError, match="asynchronous save of step 4"):
+            ck.wait()
+        assert ck._engine._plan_cache is None
+        ck.save({"p": Ragged(rows(3, comm.rank)), "u": _block(comm, a)}, 5)
+        assert ck.steps() == [1, 2, 3, 5]
