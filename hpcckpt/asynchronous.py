@@ -29,6 +29,7 @@ unless every rank's writer has already finished).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -49,7 +50,8 @@ from .codecs.core import AUTO, spec_to_json
 from .codecs.pipeline import EncodedPieces, codec_summary, decide, decide_codecs, default_threads
 from .encoding import dtype_from_json, encode_value
 from .errors import CheckpointError, TemplateMismatchError
-from .levels import ENGINE_OPTIONS, LevelOptions, data_file, node_dir, node_leader, parity_file, parity_groups, \
+from .levels import DEFAULT_LOCAL_FAILURE_FRACTION, ENGINE_OPTIONS, FLUSH_MARKER, LEVELS_FILE, LevelOptions, \
+    derived_flush_every, data_file, node_dir, node_leader, parity_file, parity_groups, \
     partners
 from .levels.flush import FlushThread
 from .levels.partner import transfer
@@ -213,14 +215,17 @@ class Flush:
     name: str
     thread: FlushThread
     meta: bytes | None  # rank 0: the metadata to commit on the root
+    local_cost: float = 0.0  # seconds this rank spent on the version's local levels (for derived intervals)
 
 
 class Engine:
     """The asynchronous / multi-level side of a Checkpointer (see the module docstring)."""
 
     def __init__(self, ckpt, asynchronous: bool = False, staging_bytes: int = DEFAULT_STAGING_BYTES,
-                 skip_if_busy: bool = False, local_dir=None, partner_every: int = 0, parity_every: int = 0,
-                 parity_group: int = 8, flush_every: int = 1, flush_bandwidth: float | None = None):
+                 skip_if_busy: bool = False, local_dir=None, partner_every: int | None = None,
+                 parity_every: int | None = None, parity_group: int = 8, flush_every: int | None = None,
+                 flush_bandwidth: float | None = None, level_costs=None,
+                 local_failure_fraction: float = DEFAULT_LOCAL_FAILURE_FRACTION):
         self.ckpt = ckpt
         self.comm = ckpt.comm
         self.rank = self.comm.Get_rank()
@@ -229,8 +234,25 @@ class Engine:
         self.asynchronous = bool(asynchronous)
         self.staging_bytes = staging_bytes
         self.skip_if_busy = bool(skip_if_busy)
-        self.levels = LevelOptions(None if local_dir is None else os.fspath(local_dir), partner_every, parity_every,
-                                   parity_group, flush_every)
+        # no explicit interval: derive them (partner copy every checkpoint, flush_every from Benoit et al.'s
+        # multi-level optimum with the given costs, or with the costs measured on the first checkpoint)
+        self.auto_levels = local_dir is not None and partner_every is parity_every is flush_every is None
+        if level_costs is not None and not self.auto_levels:
+            raise CheckpointError("level_costs derives partner_every/flush_every: give one or the other"
+                                  if local_dir is not None else "level_costs needs local_dir")
+        self.local_failure_fraction = local_failure_fraction
+        self.level_costs: tuple | None = None  # (local, flush) seconds the intervals were derived from
+        self.levels = LevelOptions(None if local_dir is None else os.fspath(local_dir), partner_every or 0,
+                                   parity_every or 0, parity_group, 1 if flush_every is None else flush_every)
+        if self.auto_levels:
+            derived_flush_every(1.0, 1.0, local_failure_fraction)  # validates the fraction
+            if level_costs is not None:
+                try:
+                    local_cost, flush_cost = (float(c) for c in level_costs)
+                except (TypeError, ValueError):
+                    raise CheckpointError(f"level_costs must be (local seconds, flush seconds), got {level_costs!r}"
+                                          ) from None
+                self._derive_intervals(local_cost, flush_cost)
         if flush_bandwidth is not None and (isinstance(flush_bandwidth, bool) or not flush_bandwidth > 0):
             raise CheckpointError(f"flush_bandwidth must be a positive number of bytes/s or None, got {flush_bandwidth!r}")
         self.flush_bandwidth = flush_bandwidth
@@ -254,11 +276,41 @@ class Engine:
             self.leader = node_leader(self.layout, self.rank)
             self.partner = partners(self.layout)
             self.groups = parity_groups(self.layout, self.levels.parity_group)
+            if self.auto_levels and self.partner is not None:
+                self.levels = dataclasses.replace(self.levels, partner_every=1)
             agree(self.comm, f"creating {self.node_dir!r}", lambda: os.makedirs(self.node_dir, exist_ok=True))
             if self.rank == 0 and (self.levels.partner_every and self.partner is None
                                    or self.levels.parity_every and not self.groups):
                 warnings.warn("hpcckpt: a single node: partner copies and parity protect nothing and are skipped",
                               stacklevel=3)
+            self._node_dirs = [node_dir(self.levels.local_dir, self.layout, r, simulated)
+                               for r in (self.layout.ranks_on(k)[0] for k in range(self.layout.nnodes))]
+            self._simulated = simulated
+            self._write_levels_file()
+
+    def _write_levels_file(self) -> None:
+        """Rank 0: ``ROOT/levels.json``, where ``hpcckpt ls`` finds the node-local levels (best effort)."""
+        if self.rank != 0:
+            return
+        doc = {"local_dir": os.path.abspath(self.levels.local_dir), "simulated_nodes": self._simulated,
+               "node_dirs": [os.path.abspath(d) for d in self._node_dirs], "ranks": self.comm.Get_size(),
+               "partner_every": self.levels.partner_every, "parity_every": self.levels.parity_every,
+               "parity_group": self.levels.parity_group, "flush_every": self.levels.flush_every,
+               "derived_from_costs": list(self.level_costs) if self.level_costs else None,
+               "local_failure_fraction": self.local_failure_fraction if self.auto_levels else None}
+        try:
+            atomic_write(os.path.join(self.ckpt.root, LEVELS_FILE), json.dumps(doc, indent=1).encode(), fsync=False)
+        except OSError as exc:
+            warnings.warn(f"hpcckpt: cannot write {LEVELS_FILE} under {self.ckpt.root!r}: {exc}", stacklevel=3)
+
+    def _derive_intervals(self, local_cost: float, flush_cost: float) -> None:
+        """Set ``flush_every`` from the two levels' costs (the same inputs, hence result, on every rank)."""
+        k = derived_flush_every(local_cost, flush_cost, self.local_failure_fraction)
+        self.level_costs = (local_cost, flush_cost)
+        self.levels = dataclasses.replace(self.levels, flush_every=k)
+        if self.rank == 0:
+            logger.info("multi-level intervals: local level %.3g s, L4 flush %.3g s, %.0f%% of failures local: "
+                        "flush every %d checkpoint(s)", local_cost, flush_cost, 100 * self.local_failure_fraction, k)
 
     # ------------------------------------------------------------------ save
     def save(self, state, step: int, **options) -> SaveResult | None:
@@ -393,6 +445,8 @@ class Engine:
                 names += [e.name for e in list_versions(self.node_dir)]
             if self.rank == 0:
                 remove_versions([e for e in list_versions(self.ckpt.root) if not e.committed and e.name != flushing])
+                if self.levels.enabled and flushing is None:
+                    self._flush_marker(None)  # left by a run killed during its flush
                 names += [e.name for e in list_versions(self.ckpt.root)]
         except Exception as exc:  # noqa: BLE001 - every rank learns of it in the same allgather
             failure = _describe_failure(exc)
@@ -496,7 +550,8 @@ class Engine:
         if self.levels.enabled:
             self._retention()
             if p.due.get("flush"):
-                self._start_flush(p, raw, sizes)
+                local_cost = p.stage_seconds + timer.seconds.get("write", 0.0) + timer.seconds.get("levels", 0.0)
+                self._start_flush(p, raw, sizes, local_cost)
             else:
                 self._poll_flush(block=False)
         return result
@@ -622,11 +677,28 @@ class Engine:
                              if e.name != flushing])
 
     # ----------------------------------------------------------------- flush
-    def _start_flush(self, p: Pending, raw: bytes, sizes: list[int]) -> None:
+    def _start_flush(self, p: Pending, raw: bytes, sizes: list[int], local_cost: float = 0.0) -> None:
         self._poll_flush(block=True)  # one flush at a time
         src = os.path.join(p.directory, data_file(self.rank)) if sizes[self.rank] else None
         dst = os.path.join(self._path(p.name), data_file(self.rank))
-        self.flush = Flush(p.name, FlushThread(src, dst, p.options.fsync, self.flush_bandwidth), raw if self.rank == 0 else None)
+        if self.rank == 0:  # the marker `hpcckpt ls` shows; removed when the flush is committed or failed
+            self._flush_marker({"version": p.name, "step": p.step, "ranks": self.comm.Get_size(),
+                                "started": time.time(), "pid": os.getpid()})
+        self.flush = Flush(p.name, FlushThread(src, dst, p.options.fsync, self.flush_bandwidth),
+                           raw if self.rank == 0 else None, local_cost)
+
+    def _flush_marker(self, doc: dict | None) -> None:
+        """Rank 0: write (``doc``) or remove (None) ``ROOT/flush-in-progress.json``; best effort."""
+        path = os.path.join(self.ckpt.root, FLUSH_MARKER)
+        try:
+            if doc is None:
+                os.unlink(path)
+            else:
+                atomic_write(path, json.dumps(doc).encode(), fsync=False)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            warnings.warn(f"hpcckpt: flush marker {path}: {exc}", stacklevel=3)
 
     def _poll_flush(self, block: bool) -> bool:
         """Collective: commit the flushed version on the root once every rank's copy is done; True if none left."""
@@ -637,12 +709,18 @@ class Engine:
             f.thread.join()
         done = f.thread.done
         error = f.thread.error if done else None
-        states = self.comm.allgather((done, None if error is None else f"{type(error).__name__}: {error}"))
-        if not all(done for done, _ in states):
+        states = self.comm.allgather((done, None if error is None else f"{type(error).__name__}: {error}",
+                                      f.local_cost, f.thread.seconds if done else 0.0))
+        if not all(s[0] for s in states):
             return False
         self.flush = None
-        failed = {r: e for r, (_, e) in enumerate(states) if e is not None}
+        failed = {r: s[1] for r, s in enumerate(states) if s[1] is not None}
         path = self._path(f.name)
+        if self.rank == 0:
+            self._flush_marker(None)
+        if not failed and self.auto_levels and self.level_costs is None:  # measured on the first flush
+            self._derive_intervals(max(s[2] for s in states), max(s[3] for s in states))
+            self._write_levels_file()
         if failed:
             if self.rank == 0:
                 shutil.rmtree(path, ignore_errors=True)

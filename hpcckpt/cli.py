@@ -207,9 +207,12 @@ def cmd_ls(args) -> int:
     root = _require_root(args.root)
     rows = _rows(root)
     estimate = _failure_estimate(root, args.prior_mtbf)
+    from .levels.status import format_levels, levels_status
+
+    levels = levels_status(root)  # None unless a multi-level Checkpointer used this root
     if args.json:
         doc = {"root": root, "versions": [_row_json(r) for r in rows],
-               "failure_history": estimate[0] if estimate else None}
+               "failure_history": estimate[0] if estimate else None, "levels": levels}
         print(json.dumps(doc, indent=1))
         return EXIT_OK
     if not rows:
@@ -233,6 +236,8 @@ def cmd_ls(args) -> int:
         print(f"{len(rows)} version{'s' if len(rows) != 1 else ''}: {', '.join(parts)}; {human_bytes(total)} on disk"
               + ("  (hpcckpt gc removes partial and superseded ones)" if counts["partial"] or counts["superseded"]
                  else ""))
+    if levels:
+        print("\n".join(format_levels(levels)))
     if estimate:
         print(estimate[1])
     return EXIT_OK

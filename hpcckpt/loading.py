@@ -192,9 +192,14 @@ def _exchange(comm, meta: Metadata, targets: dict, shared: dict, outgoing: list)
         for k, (reader_rank, parts) in sorted(shared[name].items()):
             for dest, lo, hi in parts:
                 if dest == rank and reader_rank != rank:
-                    buf = np.empty(tuple(b - a for a, b in zip(lo, hi)), dtype=meta.variables[name].dtype)
+                    sel = tuple(slice(a - s, b - s) for a, b, s in zip(lo, hi, start))
+                    dest_view = out[sel]
+                    if dest_view.flags.c_contiguous:  # straight into the caller's array (row splits)
+                        buf = dest_view
+                    else:
+                        buf = np.empty(dest_view.shape, dtype=meta.variables[name].dtype)
+                        incoming.append((out, sel, buf))
                     requests.append(comm.Irecv(byte_view(buf), source=reader_rank, tag=_PART_TAG))
-                    incoming.append((out, tuple(slice(a - s, b - s) for a, b, s in zip(lo, hi, start)), buf))
     for dest, part in outgoing:
         requests.append(comm.Isend(byte_view(part), dest=dest, tag=_PART_TAG))
     from mpi4py import MPI

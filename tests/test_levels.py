@@ -139,3 +139,83 @@ def test_sigkill_during_flush_keeps_last_committed_version(tmp_path):
     shutil.rmtree(local)  # every node lost: the root still has step 1
     out = _run(2, 1, "restore", root, local, 1, "L4", opts)
     assert out.stdout.count("OK restored step 1 from L4") == 2
+
+
+# --------------------------------------------- derived intervals and `hpcckpt ls` (serial)
+def test_derived_flush_every_follows_benoit_et_al():
+    from hpcckpt.levels import derived_flush_every
+    from hpcckpt.policy import multilevel_intervals
+
+    # n_local / n_L4 = sqrt((f / (1 - f)) * C_L4 / C_local): 3 * sqrt(9) = 9 for f = 0.9
+    assert derived_flush_every(1.0, 9.0, 0.9) == 9
+    assert derived_flush_every(1.0, 1.0, 0.5) == 1  # a flush as cheap as the local level: every time
+    assert derived_flush_every(0.5, 40.0, 0.85) == multilevel_intervals([0.5, 40.0], [0.85, 0.15]).counts[0]
+    with pytest.raises(CheckpointError, match="local_failure_fraction"):
+        derived_flush_every(1.0, 2.0, 1.0)
+
+
+def _serial_ck(tmp_path, **kw):
+    from hpcckpt import Checkpointer
+
+    return Checkpointer(tmp_path / "root", local_dir=tmp_path / "local", track_failures=False, **kw)
+
+
+def test_intervals_derived_from_given_costs_unless_explicit(tmp_path):
+    with _serial_ck(tmp_path, level_costs=(0.2, 20.0), local_failure_fraction=0.9) as ck:
+        assert ck._engine.levels.flush_every == derived_flush(0.2, 20.0, 0.9) == 30
+        assert ck._engine.levels.partner_every == 0  # one node: no partner to copy to
+    with _serial_ck(tmp_path, flush_every=4) as ck:  # explicit: taken as given, nothing derived
+        assert ck._engine.levels.flush_every == 4 and not ck._engine.auto_levels
+    with pytest.raises(CheckpointError, match="level_costs"):
+        _serial_ck(tmp_path, flush_every=2, level_costs=(1, 2))
+
+
+def derived_flush(a, b, f):
+    from hpcckpt.levels import derived_flush_every
+
+    return derived_flush_every(a, b, f)
+
+
+def test_intervals_derived_from_measured_costs_after_the_first_flush(tmp_path):
+    from hpcckpt import Block
+
+    a = np.arange(200_000.0)
+    with _serial_ck(tmp_path, asynchronous=True) as ck:
+        eng = ck._engine
+        assert eng.auto_levels and eng.levels.flush_every == 1 and eng.level_costs is None
+        ck.save({"u": Block(a)}, 1)
+        ck.wait()  # the first checkpoint reaches L4; its costs set the interval
+        local, flush = eng.level_costs
+        assert local > 0 and flush > 0
+        assert eng.levels.flush_every == derived_flush(local, flush, 0.85)
+    conf = json.loads((tmp_path / "root" / "levels.json").read_text())
+    assert conf["flush_every"] == eng.levels.flush_every and conf["derived_from_costs"] == [local, flush]
+
+
+def test_ls_shows_levels_and_a_flush_in_progress(tmp_path, capsys):
+    from hpcckpt import Block
+    from hpcckpt.cli import main
+
+    a = np.arange(1000.0)
+    with _serial_ck(tmp_path, asynchronous=True, flush_every=2) as ck:
+        for step in (1, 2, 3):
+            ck.save({"u": Block(a)}, step)
+        ck.latest()  # commits step 3: due for a flush (count 2)
+        assert ck._engine.flushing == "step-000000000003"
+        assert (tmp_path / "root" / "flush-in-progress.json").exists()
+        ck._engine.flush.thread.join()
+        main(["ls", str(tmp_path / "root")])
+        out = capsys.readouterr().out
+        assert "flush to L4 of step-000000000003 in progress" in out
+    assert not (tmp_path / "root" / "flush-in-progress.json").exists()  # removed at the flush's commit
+    main(["ls", str(tmp_path / "root")])
+    out = capsys.readouterr().out
+    assert "levels: L1 in" in out and "flush every 2" in out and "flush to L4" not in out
+    lines = {line.split()[0]: line.split()[1:] for line in out.splitlines() if line.strip().startswith("step-")
+             and len(line.split()) == 5}
+    assert lines["step-000000000001"] == ["1/1", "-", "-", "yes"]  # L1 and L4
+    assert lines["step-000000000002"] == ["1/1", "-", "-", "-"]  # L1 only
+    assert lines["step-000000000003"] == ["1/1", "-", "-", "yes"]
+    main(["ls", "--json", str(tmp_path / "root")])
+    doc = json.loads(capsys.readouterr().out)
+    assert [v["L4"] for v in doc["levels"]["versions"]] == [True, False, True]

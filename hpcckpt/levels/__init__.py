@@ -28,7 +28,15 @@ from ..transport.topology import NodeLayout
 
 #: Options of the asynchronous / multi-level engine (Checkpointer keyword arguments).
 ENGINE_OPTIONS = ("asynchronous", "staging_bytes", "skip_if_busy", "local_dir", "partner_every", "parity_every",
-                  "parity_group", "flush_every", "flush_bandwidth")
+                  "parity_group", "flush_every", "flush_bandwidth", "level_costs", "local_failure_fraction")
+
+#: Fraction of failures that the node-local levels (L1 + partner copy) recover from, when the user says nothing:
+#: most failures take out one node (Moody et al., SC10, report 85% or more recoverable without the file system).
+DEFAULT_LOCAL_FAILURE_FRACTION = 0.85
+
+#: Files in the shared root that describe the levels (read by ``hpcckpt ls``), written by rank 0.
+LEVELS_FILE = "levels.json"
+FLUSH_MARKER = "flush-in-progress.json"
 
 
 @dataclass(frozen=True)
@@ -65,6 +73,29 @@ class LevelOptions:
         every = lambda k: bool(k) and count % k == 0  # noqa: E731
         return {"partner": every(self.partner_every), "parity": every(self.parity_every),
                 "flush": every(self.flush_every)}
+
+
+def derived_flush_every(local_cost: float, flush_cost: float,
+                        local_fraction: float = DEFAULT_LOCAL_FAILURE_FRACTION) -> int:
+    """How many checkpoints per L4 flush, from Benoit et al.'s first-order multi-level optimum.
+
+    Two levels: "local" (L1 + partner copy, cost ``local_cost`` seconds) and
+    L4 (cost ``flush_cost``); a fraction ``local_fraction`` of the failures is
+    recoverable from the local level, the rest needs L4.  With failure rates
+    ``lambda_local = f / M`` and ``lambda_L4 = (1 - f) / M``,
+    :func:`hpcckpt.policy.multilevel_intervals` gives the integer nested pattern;
+    its ``counts[0]`` (local checkpoints per L4 checkpoint, about
+    ``sqrt(f / (1 - f) * flush_cost / local_cost)``) is ``flush_every``.  M
+    cancels out of the ratio, so only the costs and ``f`` matter; the interval
+    between checkpoints themselves stays with the Checkpointer's policy.
+    """
+    from ..policy import multilevel_intervals
+
+    f = float(local_fraction)
+    if not 0.0 < f < 1.0:
+        raise CheckpointError(f"local_failure_fraction must be in (0, 1), got {local_fraction!r}")
+    costs = [max(float(local_cost), 1e-6), max(float(flush_cost), 1e-6)]
+    return int(multilevel_intervals(costs, [f, 1.0 - f]).counts[0])
 
 
 def node_dir(local_dir: str, layout: NodeLayout, rank: int, simulated: bool) -> str:
