@@ -670,11 +670,13 @@ class Engine:
 
     def _retention(self) -> None:
         """Node leaders drop node-local versions beyond ``keep``; local only (rank 0 did the root in the commit,
-        before any rank could start a new flush into it)."""
+        before any rank could start a new flush into it).  Never an uncommitted one: with no collective in a
+        later save's foreground, a rank of this node may already be writing the next version (leftovers of
+        crashed runs are cleared at a run's first save)."""
         flushing = self.flush.name if self.flush is not None else None
         if self.leader:
             remove_versions([e for e in removable(list_versions(self.node_dir), self.ckpt.keep)
-                             if e.name != flushing])
+                             if e.name != flushing and e.committed])
 
     # ----------------------------------------------------------------- flush
     def _start_flush(self, p: Pending, raw: bytes, sizes: list[int], local_cost: float = 0.0) -> None:

@@ -1,0 +1,93 @@
+"""What ``hpcckpt ls ROOT`` shows about the levels: which levels hold each version, and a flush in progress.
+
+The engine's rank 0 writes ``ROOT/levels.json`` (the node-local directories
+and the intervals) when a Checkpointer with ``local_dir`` starts, and
+``ROOT/flush-in-progress.json`` while an L4 flush runs (removed when the flush
+is committed or fails; a run killed mid-flush leaves it, and the next run's
+first save removes it).  From those and the version directories:
+
+* L1: the node directories holding the version committed (``metadata.json``
+  present), e.g. ``2/2`` nodes.  Only the node directories this machine can
+  see are looked at (all of them with simulated nodes; with real nodes, run
+  ``ls`` on a compute node).
+* L2 / L3: the version's metadata records partner copies / XOR parity.
+* L4: the version is committed on the root.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from ..catalog import list_versions
+from ..metadata import METADATA_FILE
+from . import FLUSH_MARKER, LEVELS_FILE
+
+
+def _load_json(path: str):
+    try:
+        with open(path, "rb") as f:
+            return json.loads(f.read())
+    except (OSError, ValueError):
+        return None
+
+
+def levels_status(root: str) -> dict | None:
+    """The levels of every version under ``root`` (None when the root has no ``levels.json``)."""
+    conf = _load_json(os.path.join(root, LEVELS_FILE))
+    marker = _load_json(os.path.join(root, FLUSH_MARKER))
+    if not isinstance(conf, dict):
+        return None if marker is None else {"config": None, "versions": [], "flush": _flush(root, marker)}
+    node_dirs = [d for d in conf.get("node_dirs") or [] if isinstance(d, str)]
+    visible = [d for d in node_dirs if os.path.isdir(d)]
+    on_root = {e.name for e in list_versions(root) if e.committed}
+    by_name: dict[str, dict] = {}
+    for d in visible:
+        for e in list_versions(d):
+            if e.committed:
+                by_name.setdefault(e.name, {"step": e.step, "nodes": 0, "meta": os.path.join(e.path, METADATA_FILE)})
+                by_name[e.name]["nodes"] += 1
+    for name in on_root:
+        if name not in by_name:
+            e = next(x for x in list_versions(root) if x.name == name)
+            by_name[name] = {"step": e.step, "nodes": 0, "meta": os.path.join(e.path, METADATA_FILE)}
+    versions = []
+    for name in sorted(by_name):
+        info = by_name[name]
+        meta = _load_json(info["meta"]) or {}
+        lv = (meta.get("extra") or {}).get("levels") if isinstance(meta.get("extra"), dict) else None
+        lv = lv if isinstance(lv, dict) else {}
+        versions.append({"name": name, "step": info["step"], "L1_nodes": info["nodes"], "nodes": len(node_dirs),
+                         "L2": bool(lv.get("partner")), "L3": bool(lv.get("parity")), "L4": name in on_root})
+    return {"config": conf, "visible_node_dirs": len(visible), "versions": versions, "flush": _flush(root, marker)}
+
+
+def _flush(root: str, marker) -> dict | None:
+    if not isinstance(marker, dict):
+        return None
+    name = marker.get("version")
+    done = isinstance(name, str) and os.path.isfile(os.path.join(root, name, METADATA_FILE))
+    return {**marker, "state": "stale (already committed)" if done else "in progress (or interrupted)"}
+
+
+def format_levels(status: dict) -> list[str]:
+    """The lines ``hpcckpt ls`` prints."""
+    out = []
+    conf = status.get("config")
+    if conf:
+        out.append(f"levels: L1 in {conf.get('local_dir')} ({len(conf.get('node_dirs') or [])} node dir(s), "
+                   f"{status.get('visible_node_dirs', 0)} visible here); partner every {conf.get('partner_every')}, "
+                   f"parity every {conf.get('parity_every')}, flush every {conf.get('flush_every')}"
+                   + (" (derived from costs %s s)" % ", ".join(f"{c:.3g}" for c in conf["derived_from_costs"])
+                      if conf.get("derived_from_costs") else ""))
+        rows = [("VERSION", "L1", "L2", "L3", "L4")]
+        for v in status["versions"]:
+            rows.append((v["name"], f"{v['L1_nodes']}/{v['nodes']}" if v["L1_nodes"] else "-",
+                         "yes" if v["L2"] and v["L1_nodes"] else "-", "yes" if v["L3"] and v["L1_nodes"] else "-",
+                         "yes" if v["L4"] else "-"))
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+        out += ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    f = status.get("flush")
+    if f:
+        out.append(f"flush to L4 of {f.get('version')} {f['state']} (marker {FLUSH_MARKER})")
+    return out
