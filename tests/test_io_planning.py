@@ -75,8 +75,12 @@ def test_simulated_layout_numbers_nodes_in_rank_order():
 
 def test_auto_rule():
     assert choose_strategy(1, 1e9, 1, []) == "file-per-rank"
-    assert choose_strategy(16, SMALL_BYTES / 2, 4, []) == "aggregated"
-    assert choose_strategy(16, SMALL_BYTES / 2, 1, []) == "file-per-rank"  # one rank per node: nothing to gain
+    assert choose_strategy(16, SMALL_BYTES / 2, 4, []) == "file-per-rank"  # nothing measured: the safe choice
+    fpr_only = [{"strategy": "file-per-rank", "nranks": 16, "bytes_per_rank": SMALL_BYTES / 2, "gbps": 1.0}]
+    assert choose_strategy(16, SMALL_BYTES / 2, 4, fpr_only) == "aggregated"  # small writes: try it once
+    assert choose_strategy(16, SMALL_BYTES / 2, 1, fpr_only) == "file-per-rank"  # one rank per node: nothing to gain
+    measured = fpr_only + [{"strategy": "aggregated", "nranks": 16, "bytes_per_rank": SMALL_BYTES / 2, "gbps": 0.5}]
+    assert choose_strategy(16, SMALL_BYTES / 2, 4, measured) == "file-per-rank"  # the measurement decides
     assert choose_strategy(4, 128e6, 4, []) == "file-per-rank"
     history = [{"strategy": "shared-file", "nranks": 4, "bytes_per_rank": 100e6, "gbps": 3.0},
                {"strategy": "file-per-rank", "nranks": 4, "bytes_per_rank": 120e6, "gbps": 1.0}]

@@ -6,11 +6,15 @@ The rule (also in docs/io.md):
 2. If earlier saves under the same root measured at least two strategies at
    this scale (same rank count, bytes per rank within a factor 2), take the
    one with the best median bandwidth.
-3. Otherwise, small writes (under ``SMALL_BYTES`` per rank on average) with
-   several ranks per node go through aggregation: per-file costs (create,
-   metadata, fsync) dominate such writes and one file per node amortises them.
-4. Otherwise file-per-rank: it has no extra copy or message and is what a
-   parallel file system handles best at moderate rank counts.
+3. If only file-per-rank was measured at this scale, the writes are small
+   (under ``SMALL_BYTES`` per rank on average) and nodes hold several ranks,
+   try aggregation once: whether one file per node beats one file per rank
+   depends on the file system's per-file cost (large on Lustre/GPFS, about
+   0.3 ms on a local ext4), which only a measurement tells; rule 2 then keeps
+   the faster.
+4. Otherwise file-per-rank: no extra copy or message, and without a
+   measurement it is the safe choice (bench/compare.py: aggregation lost on a
+   local file system even at 64 KiB per rank).
 
 Pure: the measurements are passed in; io_history.py persists them.
 """
@@ -34,8 +38,8 @@ def choose_strategy(nranks: int, bytes_per_rank: float, ranks_per_node: int, his
             similar.setdefault(row["strategy"], []).append(float(row["gbps"]))
     if len(similar) >= 2:
         return max(similar, key=lambda s: median(similar[s]))
-    if bytes_per_rank < SMALL_BYTES and ranks_per_node >= 2:
-        return "aggregated"
+    if set(similar) == {"file-per-rank"} and bytes_per_rank < SMALL_BYTES and ranks_per_node >= 2:
+        return "aggregated"  # explore once; rule 2 decides from then on
     return "file-per-rank"
 
 
