@@ -30,6 +30,7 @@ from __future__ import annotations
 import datetime as _dt
 import itertools
 import json
+import math
 import os
 import shutil
 from dataclasses import dataclass, field
@@ -167,17 +168,20 @@ class ChainIndex:
         depth = depth if type(depth) is int and depth >= 0 else 0
         own: dict = {}
         refs: dict = {}
+        files = [root_form(f, name) for f in meta.files]
+        is_ref = [split_reference(f) is not None for f in meta.files]
         for var in meta.variables.values():
             c = var.chunks
             if c.hash is None or not len(c):
                 continue
             ck = codec_key(var.codec, var.dtype)
-            raw = (np.prod(c.count, axis=1) if c.count.shape[1] else np.ones(len(c), np.int64)) * var.dtype.itemsize
-            for k in range(len(c)):
-                file = meta.files[int(c.file[k])]
-                key = (c.hash[k], int(raw[k]), ck)
-                loc = (root_form(file, name), int(c.offset[k]), int(c.nbytes[k]), c.checksum[k])
-                if split_reference(file) is None:
+            raw = ((np.prod(c.count, axis=1) if c.count.shape[1] else np.ones(len(c), np.int64))
+                   * var.dtype.itemsize).tolist()
+            for k, (fi, off, nb) in enumerate(zip(c.file.tolist(), c.offset.tolist(), c.nbytes.tolist())):
+                file = files[fi]
+                key = (c.hash[k], raw[k], ck)
+                loc = (file, off, nb, c.checksum[k])
+                if not is_ref[fi]:
                     own.setdefault(key, loc)
                 elif key not in refs or loc[0] > refs[key][0]:
                     refs[key] = loc  # of several older copies, the newest version's (releases old ones sooner)
@@ -235,15 +239,16 @@ def assemble(variables: dict, dtypes: dict, codecs: dict, per_rank: list[dict]):
     hashes = {}
     for part in per_rank:
         hashes.update(part["hashes"])
+    itemsize = {name: dt.itemsize for name, dt in dtypes.items()}
+    ckeys = {name: codec_key(codecs.get(name), dt) for name, dt in dtypes.items()}
     rows = []
     by_key: dict = {}
     for part in per_rank:
         for variable, file, offset, nbytes, digest, start, count in part["written"]:
             h = hashes[(variable, tuple(start))]
             rows.append((variable, file, offset, nbytes, digest, tuple(start), tuple(count), h))
-            raw = int(np.prod(count, dtype=np.int64)) * dtypes[variable].itemsize
-            by_key.setdefault((h, raw, codec_key(codecs.get(variable), dtypes[variable])),
-                              (file, offset, nbytes, digest))
+            raw = math.prod(count) * itemsize[variable]
+            by_key.setdefault((h, raw, ckeys[variable]), (file, offset, nbytes, digest))
     for part in per_rank:
         for row in part["refs"]:
             rows.append(tuple(row[:5]) + (tuple(row[5]), tuple(row[6]), row[7]))
@@ -551,7 +556,7 @@ def _commit(directory, name, variables, dtypes, codecs, parts, values, nranks, s
             raise CheckpointError(f"the base version {ref} was removed during the save")
     written = sum(nbytes for p in parts for _, _, _, nbytes, _, _, _ in p["written"])
     referenced = sum(r[3] for p in parts for r in p["refs"])
-    deduplicated = sum(int(np.prod(d[3], dtype=np.int64)) * dtypes[d[0]].itemsize for p in parts for d in p["dups"])
+    deduplicated = sum(math.prod(d[3]) * dtypes[d[0]].itemsize for p in parts for d in p["dups"])
     summary = {"written_bytes": written, "referenced_bytes": referenced, "deduplicated_bytes": deduplicated}
     extra["incremental"].update(summary)
     meta_vars = {}

@@ -76,3 +76,52 @@ def test_chain_across_rank_counts(tmp_path):
     assert [e.step for e in live][-3:] == [step - 3, step - 2, step - 1]
     for e in live:
         check_version(e.path, SEED)
+
+
+FAIL_SCRIPT = r"""
+import os, sys, numpy as np
+from mpi4py import MPI
+import hpcckpt
+C = MPI.COMM_WORLD; r = C.Get_rank(); n = C.Get_size()
+d = sys.argv[1]
+u = np.full((4, 8), float(r))
+good = lambda: {"u": hpcckpt.Block(u, (4 * r, 0), (4 * n, 8)), "t": hpcckpt.Ragged(np.arange(r + 3))}
+hpcckpt.save(good(), d + "/a", comm=C, incremental=True, block_bytes=64)
+bad = {"u": hpcckpt.Block(u, (4 * r, 0), (4 * n, 8)) if r != 1 else "nonsense", "t": hpcckpt.Ragged(np.arange(3))}
+for label, state, kw in [("describe", bad, {"incremental": True}), ("base", good(), {"base": d + "/nothing"})]:
+    try:
+        hpcckpt.save(state, d + "/b", comm=C, **kw)
+        line = f"NOERROR {label} {r}"
+    except hpcckpt.CheckpointError as exc:
+        line = f"ERROR {label} {r} {type(exc).__name__} " + str(exc).replace(chr(10), " ")
+    lines = C.gather(line, root=0)  # printed by rank 0 only: no interleaved output
+    if r == 0:
+        print(*lines, f"EXISTS {label} {os.path.exists(d + '/b')}", sep=chr(10), flush=True)
+u[0, 0] = 7  # one block per rank changes; every transport continues the chain
+for i, strategy in enumerate(["aggregated", "shared-file", "file-per-rank"]):
+    res = hpcckpt.save(good(), d + f"/c{i}", comm=C, base=d + ("/a" if i == 0 else f"/c{i - 1}"), block_bytes=64,
+                       strategy=strategy)
+    if r == 0:
+        print("SAVED", strategy, res.incremental["kind"], res.bytes_written, flush=True)
+"""
+
+
+def test_failures_reach_every_rank_and_every_transport_continues_the_chain(tmp_path):
+    """The save's few collectives (gather + bcast, allgather, gather + bcast) still agree on failures."""
+    script = tmp_path / "fail.py"
+    script.write_text(FAIL_SCRIPT)
+    out = run_mpi(3, str(script), str(tmp_path), timeout=120).stdout
+    assert "NOERROR" not in out, out
+    for label, needle in (("describe", "differ between ranks"), ("base", "not a committed checkpoint")):
+        lines = [line for line in out.splitlines() if line.startswith(f"ERROR {label} ")]
+        assert len(lines) == 3 and all(needle in line for line in lines), out
+        assert f"EXISTS {label} False" in out, out
+    saved = [line.split() for line in out.splitlines() if line.startswith("SAVED ")]
+    assert [s[2] for s in saved] == ["incremental"] * 3, out
+    assert int(saved[0][3]) > 0 and int(saved[1][3]) == 0 and int(saved[2][3]) == 0, out
+    for i in range(3):
+        with hpcckpt.open(str(tmp_path / f"c{i}")) as view:
+            assert view.verify() == []
+            u = view.read("u")
+            assert u[::4, 0].tolist() == [7, 7, 7] and u[1::4, 0].tolist() == [0, 1, 2]  # each rank changed its row 0
+            assert view.read("t").tolist() == [0, 1, 2, 0, 1, 2, 3, 0, 1, 2, 3, 4]
