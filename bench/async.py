@@ -40,6 +40,7 @@ import numpy as np  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
 from hpcckpt import Block, Checkpointer  # noqa: E402
+from benchutil import drop_cache  # noqa: E402 - bench/ is the script's folder
 
 comm = MPI.COMM_WORLD
 rank, size = comm.rank, comm.size
@@ -55,15 +56,6 @@ def timed(fn) -> float:
     fn()
     return slowest(time.perf_counter() - t)
 
-
-def drop_cache(directory: str) -> None:
-    for dirpath, _, files in os.walk(directory):
-        for f in files:
-            fd = os.open(os.path.join(dirpath, f), os.O_RDONLY)
-            try:
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
 
 
 def stencil_loop(u: np.ndarray, v: np.ndarray, until=None, iterations: int = 0) -> list[float]:

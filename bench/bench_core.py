@@ -56,6 +56,7 @@ import tracemalloc
 
 import numpy as np
 from mpi4py import MPI
+from benchutil import drop_cache  # noqa: E402 - bench/ is the script's folder
 
 try:
     import hpcckpt
@@ -117,16 +118,6 @@ def join(comm) -> None:
     """The working ranks' side of idle_wait."""
     comm.Ibarrier().Wait()
 
-
-def drop_cache(directory: str) -> None:
-    """Drop the page cache of every file under ``directory`` (clean pages only: call after fsync)."""
-    for root, _, files in os.walk(directory):
-        for name in files:
-            fd = os.open(os.path.join(root, name), os.O_RDONLY)
-            try:
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
 
 
 def raw_save(directory: str, local: np.ndarray, rank: int) -> None:

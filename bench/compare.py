@@ -87,6 +87,7 @@ import tempfile
 import time
 
 import numpy as np
+from benchutil import drop_cache  # noqa: E402 - bench/ is the script's folder
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 NCOLS = 1024
@@ -187,15 +188,6 @@ def fill(out: np.ndarray, row0: int) -> None:
         b = min(flat.size, a + step)
         flat[a:b] = np.arange(row0 * NCOLS + a, row0 * NCOLS + b, dtype=np.float64)
 
-
-def drop_cache(directory: str) -> None:
-    for root, _, files in os.walk(directory):
-        for name in files:
-            fd = os.open(os.path.join(root, name), os.O_RDONLY)
-            try:
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
 
 
 def fsync_tree(path: str) -> None:

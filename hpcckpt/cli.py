@@ -485,6 +485,14 @@ def cmd_gc(args) -> int:
 
 # --------------------------------------------------------------------------- main
 
+def add_progress_flags(p: argparse.ArgumentParser, default: str) -> None:
+    """``--progress`` / ``--no-progress`` (``args.progress`` is None when neither is given)."""
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--progress", dest="progress", action="store_true", default=None,
+                   help=f"always show a progress bar on stderr (default: {default})")
+    g.add_argument("--no-progress", dest="progress", action="store_false", help="never show a progress bar")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hpcckpt",
@@ -524,10 +532,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "checksum and that the chunks tile each variable. Exit 0 with one OK line, "
                                    "or 1 with one CORRUPT line per damaged file/chunk.")
     p.add_argument("path", metavar="PATH", help="a checkpoint version directory or a Checkpointer root")
-    g = p.add_mutually_exclusive_group()
-    g.add_argument("--progress", dest="progress", action="store_true", default=None,
-                   help="always show a progress bar on stderr (default: only on a terminal, above 64 MiB)")
-    g.add_argument("--no-progress", dest="progress", action="store_false", help="never show a progress bar")
+    add_progress_flags(p, "only on a terminal, above 64 MiB")
     p.set_defaults(func=cmd_verify)
 
     p = sub.add_parser("gc", help="remove partial and superseded versions (and old ones with --keep)",

@@ -488,10 +488,9 @@ def add_export_command(sub) -> None:
     p.add_argument("path", metavar="PATH", help="a checkpoint version directory or a Checkpointer root")
     p.add_argument("out", metavar="OUT.h5", help="the HDF5 file to write (written as OUT.h5.tmp, then renamed)")
     p.add_argument("--overwrite", action="store_true", help="replace OUT.h5 if it exists")
-    g = p.add_mutually_exclusive_group()
-    g.add_argument("--progress", dest="progress", action="store_true", default=None,
-                   help="always show a progress bar on stderr (default: only on a terminal)")
-    g.add_argument("--no-progress", dest="progress", action="store_false", help="never show a progress bar")
+    from .cli import add_progress_flags
+
+    add_progress_flags(p, "only on a terminal")
     p.set_defaults(func=cmd_export)
 
 
