@@ -335,6 +335,8 @@ def _base_index(directory: str, options, io_root, cached_everywhere):
 
 def _members(comm) -> tuple:
     """The COMM_WORLD ranks of ``comm``'s processes (local, no communication): what a node layout depends on."""
+    if comm.Get_size() == 1 or not hasattr(comm, "Get_group"):
+        return ()  # a single process (SerialComm included: never import mpi4py for it) needs no layout query
     try:
         from mpi4py import MPI
 

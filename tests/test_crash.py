@@ -122,7 +122,7 @@ def test_kill_random_rank_after_random_delay(tmp_path, seed):
     nranks = rng.choice([2, 3])
     root = str(tmp_path / "root")
     pid_dir = tmp_path / "pids"
-    cmd = [mpiexec_path(), "-n", str(nranks), sys.executable, SCRIPT, root, "save", 400]
+    cmd = [mpiexec_path(), "-n", str(nranks), sys.executable, SCRIPT, root, "save", 100000]  # killed long before the end
     proc = subprocess.Popen(list(map(str, cmd)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=_env(seed + 1), cwd=ROOT)
     try:
@@ -142,7 +142,7 @@ def test_kill_random_rank_after_random_delay(tmp_path, seed):
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
-    assert proc.returncode != 0, "the job finished 400 saves before the kill; make the delay shorter"
+    assert proc.returncode != 0, "the job ended before the kill"
     saved = saved_steps(out)
     latest = check_after_crash(root, saved[-1] if saved else None)
     print(f"{nranks} ranks, rank {victim} killed: saved {saved[-3:]}, latest {latest}, "
