@@ -3,16 +3,17 @@
 Public names only; see README.md and docs/ for the guide and the on-disk format.
 """
 
+from . import codecs, policy  # hpcckpt.codecs.Lossy(...), hpcckpt.policy.daly(...)
 from .api import load, open, save
-from .log import configure_from_env as _configure_logging
 from .checkpointer import Checkpointer
 from .errors import CheckpointError, CorruptCheckpointError, TemplateMismatchError
 from .saving import SaveResult
 from .state import Block, Ragged
+from .log import configure_from_env as _configure_logging
 
 __version__ = "0.1.0"
 
 _configure_logging()
 
 __all__ = ["Block", "Ragged", "save", "load", "open", "Checkpointer", "SaveResult", "CheckpointError",
-           "CorruptCheckpointError", "TemplateMismatchError", "__version__"]
+           "CorruptCheckpointError", "TemplateMismatchError", "codecs", "policy", "__version__"]
