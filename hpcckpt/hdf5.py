@@ -215,9 +215,10 @@ def _export_variable(f, view, var, progress, h5py) -> int:
         dset.attrs[RESERVED_PREFIX + "kind"] = var.kind
     written = 0
     order = np.lexsort(var.chunks.start.T[::-1]) if var.shape else np.arange(len(var.chunks))
+    stops = var.chunks.stop  # a computed column: once, not per chunk
     for k in order.tolist():
         start = tuple(var.chunks.start[k].tolist())
-        stop = tuple(var.chunks.stop[k].tolist())
+        stop = tuple(stops[k].tolist())
         if var.shape and volume(b - a for a, b in zip(start, stop)) == 0:
             continue
         sel = tuple(slice(a, b) for a, b in zip(start, stop))

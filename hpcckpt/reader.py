@@ -26,7 +26,7 @@ from .checksum import hexdigest, new_hasher
 from .encoding import decode_value
 from .errors import CheckpointError, CorruptCheckpointError
 from .metadata import MAX_METADATA_BYTES, METADATA_FILE, Metadata, Variable, parse
-from .regions import intersect, overlapping, tiling_problem, volume
+from .regions import overlapping, tiling_problem, volume
 from .storage.posix import confined_path, read_exact
 
 
@@ -154,12 +154,14 @@ class ChunkReader:
         A chunk wholly inside the box that maps to contiguous memory of ``out``
         is read straight into it; any other goes through the scratch buffer.
         """
-        c_start, c_stop = tuple(var.chunks.start[k].tolist()), tuple(var.chunks.stop[k].tolist())
-        stop = tuple(s + n for s, n in zip(start, out.shape))
-        lo, hi = intersect(c_start, c_stop, start, stop) if start else ((), ())
+        # per chunk, so plain Python lists: cheaper than numpy for a few dimensions
+        c_start = var.chunks.start[k].tolist()
+        c_stop = [a + n for a, n in zip(c_start, var.chunks.count[k].tolist())]
+        lo = [max(a, s) for a, s in zip(c_start, start)]
+        hi = [min(b, s + n) for b, s, n in zip(c_stop, start, out.shape)]
         sel = tuple(slice(a - s, b - s) for a, b, s in zip(lo, hi, start))
         dest = out[sel] if sel else out  # out[()] of a 0-d array would be a scalar, not a view
-        if (lo, hi) == (c_start, c_stop) and dest.flags.c_contiguous:
+        if lo == c_start and hi == c_stop and dest.flags.c_contiguous:
             self._fetch(var, k, into=dest)
             return
         dest[...] = self.chunk_array(var, k)[tuple(slice(a - c, b - c) for a, b, c in zip(lo, hi, c_start))]
