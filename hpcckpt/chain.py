@@ -69,14 +69,6 @@ def protected(entries, kept: set[str]) -> set[str]:
     return out
 
 
-def depth_of(version_path: str) -> int | None:
-    """The chain depth recorded in a version's metadata (0 full, None if not an incremental-mode version)."""
-    from .reader import read_metadata
-
-    info = read_metadata(version_path).extra.get("incremental")
-    return info.get("depth") if isinstance(info, dict) else None
-
-
 def compact(root: str, keep: int | None = None, dry_run: bool = False, fsync: bool = True) -> list[str]:
     """Make the newest ``keep`` committed versions (all when None) independent of every other version.
 

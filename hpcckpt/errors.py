@@ -17,14 +17,3 @@ class CorruptCheckpointError(CheckpointError):
 class TemplateMismatchError(CheckpointError):
     """The state template given to load/restore does not fit the checkpoint."""
 
-
-class CollectiveError(CheckpointError):
-    """One or more ranks failed inside a collective operation.
-
-    ``failures`` maps rank -> (exception type name, message).  ``kinds`` lets the
-    caller re-raise with the most specific class that all failures share.
-    """
-
-    def __init__(self, message, failures=None):
-        super().__init__(message)
-        self.failures = dict(failures or {})

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import xxhash
 
-from ._mpi import _attempt, _collective_error, _raise_if_failed, on_root
+from ._mpi import _attempt, _collective_error, _raise_if_failed
 from .arrays import byte_view
 from .checksum import checksum
 from .encoding import dtype_from_json, dtype_to_json

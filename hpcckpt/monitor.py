@@ -12,7 +12,6 @@ class PhaseTimer:
     def __init__(self) -> None:
         self.seconds: dict[str, float] = {}
         self.timeline: list[tuple[str, float, float]] = []  # (phase, start, end) in s since the timer began
-        self.started = time.time()
         self._t0 = time.perf_counter()
 
     @contextmanager

@@ -14,7 +14,6 @@ import time
 import numpy as np
 import pytest
 
-import hpcckpt
 from hpcckpt import Block, Checkpointer, CheckpointError
 from hpcckpt.staging import SlotQueue, StagingPool, stage
 from hpcckpt.transport import file_per_rank

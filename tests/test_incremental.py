@@ -4,9 +4,8 @@ that runs simulated multi-rank saves of a dynamic dataset through that logic aga
 from __future__ import annotations
 
 import numpy as np
-import pytest
 from hypothesis import given, settings, strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from hpcckpt.checksum import checksum
 from hpcckpt.incremental import (ChainIndex, assemble, block_grid, choose_kind, duplicates, grid_boxes, local_piece,

@@ -37,7 +37,7 @@ def saved(tmp_path_factory):
     root = str(tmp_path_factory.mktemp("reshard"))
     for n in COUNTS:
         proc = run_mpi(n, SCRIPT, "save", root, *SEEDS, timeout=180)
-        assert proc.stdout.count(f"OK rank") == n, proc.stdout
+        assert proc.stdout.count("OK rank") == n, proc.stdout
     return root
 
 

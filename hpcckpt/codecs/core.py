@@ -20,7 +20,6 @@ is exactly the chunk's extent.
 
 from __future__ import annotations
 
-import math
 import struct
 
 import numpy as np
@@ -313,7 +312,3 @@ def resolve(spec, dtype) -> Codec:
             raise CheckpointError(f"unknown codec {spec!r}; known: {sorted(NAMES) + [AUTO]}")
         spec = NAMES[spec](dtype.itemsize)
     return from_config(spec, dtype, error=CheckpointError)
-
-
-def is_finite_positive(value) -> bool:
-    return type(value) in (int, float) and math.isfinite(value) and value > 0

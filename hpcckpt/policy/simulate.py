@@ -332,7 +332,7 @@ def run_simulation(scenario: Scenario, seeds: int = 200, seed: int = 0,
     for k in learn_keys:
         pols[k] = PolicyStats(k, None, learn_ms[k], learn_nf[k], s.work, final_intervals=learn_tau[k])
     best = int(np.argmin(fixed_ms.mean(axis=1)))
-    pols["best fixed"] = PolicyStats(f"best fixed", float(sweep[best]), fixed_ms[best], fixed_nf[best], s.work)
+    pols["best fixed"] = PolicyStats("best fixed", float(sweep[best]), fixed_ms[best], fixed_nf[best], s.work)
     opt = empirical_optimum(sweep, fixed_ms.mean(axis=1))
     exact = formulas.exact_optimum(s.cost, s.mtbf) if s.dist == "exponential" else float("nan")
     return SimulationResults(s, seeds, seed, tuple(prior_factors), sweep_stats, pols, opt, tau_y, tau_d, exact)

@@ -20,7 +20,6 @@ import warnings
 import numpy as np
 from mpi4py import MPI
 
-import hpcckpt
 from hpcckpt import Block, Checkpointer, CheckpointError
 
 comm = MPI.COMM_WORLD

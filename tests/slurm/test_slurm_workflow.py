@@ -180,7 +180,7 @@ def test_preempt_requeue_resubmit_bitwise(slurm_cluster, tmp_path):
     assert u.tobytes() == u_ref.tobytes()
     order, order_ref = np.argsort(tr["id"], kind="stable"), np.argsort(tr_ref["id"], kind="stable")
     assert tr[order].tobytes() == tr_ref[order_ref].tobytes()
-    print(f"\nSLURM workflow timings (cumulative s): "
+    print("\nSLURM workflow timings (cumulative s): "
           + ", ".join(f"{k} {v:.1f}" for k, v in timings.items()))
 
 
