@@ -56,13 +56,14 @@ import tracemalloc
 
 import numpy as np
 from mpi4py import MPI
-from benchutil import drop_cache  # noqa: E402 - bench/ is the script's folder
+from benchutil import drop_cache, fill_rows  # noqa: E402 - bench/ is the script's folder
 
 try:
     import hpcckpt
 except ImportError:  # running from a checkout without installing: use the checkout's package
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     import hpcckpt
+from hpcckpt.regions import even_rows  # rank r of n gets rows [r*T//n, (r+1)*T//n)
 
 NCOLS = 1024  # float64 columns: 8 KiB rows
 GIB = float(1 << 30)
@@ -77,17 +78,9 @@ TARGETS = {  # method -> (baseline method, largest ratio allowed)
 
 # ----------------------------------------------------------------------------- helpers
 
-def rows_of(nrows: int, nparts: int, part: int) -> tuple[int, int]:
-    return part * nrows // nparts, (part + 1) * nrows // nparts
-
-
 def fill_expected(out: np.ndarray, row0: int) -> None:
-    """Element (i, j) of the global array is i*NCOLS + j (exact in float64 below 2^53)."""
-    flat = out.reshape(-1)
-    step = 1 << 20
-    for a in range(0, flat.size, step):
-        b = min(flat.size, a + step)
-        flat[a:b] = np.arange(row0 * NCOLS + a, row0 * NCOLS + b, dtype=np.float64)
+    """Element (i, j) of the global array is i*NCOLS + j."""
+    fill_rows(out, row0, NCOLS)
 
 
 def check_expected(out: np.ndarray, row0: int, what: str) -> None:
@@ -170,12 +163,12 @@ def measure_memory(fn) -> tuple[int, int]:
 
 def run_repeats(args, world, sub, base: str, nrows: int, times: dict, save_phases: list) -> None:
     rank, size = world.Get_rank(), world.Get_size()
-    lo, hi = rows_of(nrows, size, rank)
+    lo, hi = even_rows(nrows, size, rank)
     state = np.empty((hi - lo, NCOLS), np.float64)
     fill_expected(state, lo)
     target = np.zeros_like(state)
     if sub != MPI.COMM_NULL:
-        lo3, hi3 = rows_of(nrows, 3, sub.Get_rank())
+        lo3, hi3 = even_rows(nrows, 3, sub.Get_rank())
         state3 = np.empty((hi3 - lo3, NCOLS), np.float64)
         fill_expected(state3, lo3)
         target3 = np.zeros_like(state3)
@@ -258,7 +251,7 @@ def run_repeats(args, world, sub, base: str, nrows: int, times: dict, save_phase
 def run_memory(args, world, sub, base: str, nrows: int) -> list[tuple]:
     """Peak extra memory per operation, max over ranks, in an untimed pass."""
     rank, size = world.Get_rank(), world.Get_size()
-    lo, hi = rows_of(nrows, size, rank)
+    lo, hi = even_rows(nrows, size, rank)
     state = np.empty((hi - lo, NCOLS), np.float64)
     fill_expected(state, lo)
     target = np.zeros_like(state)
@@ -291,7 +284,7 @@ def run_memory(args, world, sub, base: str, nrows: int) -> list[tuple]:
     if sub == MPI.COMM_NULL:
         idle_wait(world)
     else:
-        lo3, hi3 = rows_of(nrows, 3, sub.Get_rank())
+        lo3, hi3 = even_rows(nrows, 3, sub.Get_rank())
         target3 = np.empty((hi3 - lo3, NCOLS), np.float64)
         target3.fill(0.0)  # make it resident first: only memory beyond the target counts
         tmpl3 = {"u": hpcckpt.Block(target3, offset=(lo3, 0), global_shape=(nrows, NCOLS))}

@@ -2,6 +2,8 @@
 
 import os
 
+import numpy as np
+
 
 def drop_cache(directory: str) -> None:
     """Drop the page cache of every file under ``directory`` (clean pages only: call after fsync)."""
@@ -12,3 +14,13 @@ def drop_cache(directory: str) -> None:
                 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
             finally:
                 os.close(fd)
+
+
+def fill_rows(out: np.ndarray, row0: int, ncols: int) -> None:
+    """Rows of the benchmarks' global array from ``row0`` on: element (i, j) is i*ncols + j
+    (exact in float64 below 2^53), written 1 Mi elements at a time to bound the temporary."""
+    flat = out.reshape(-1)
+    step = 1 << 20
+    for a in range(0, flat.size, step):
+        b = min(flat.size, a + step)
+        flat[a:b] = np.arange(row0 * ncols + a, row0 * ncols + b, dtype=np.float64)

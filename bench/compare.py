@@ -87,7 +87,7 @@ import tempfile
 import time
 
 import numpy as np
-from benchutil import drop_cache  # noqa: E402 - bench/ is the script's folder
+from benchutil import drop_cache, fill_rows  # noqa: E402 - bench/ is the script's folder
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 NCOLS = 1024
@@ -182,11 +182,7 @@ def rows_of(nrows: int, nparts: int, part: int) -> tuple[int, int]:
 
 
 def fill(out: np.ndarray, row0: int) -> None:
-    flat = out.reshape(-1)
-    step = 1 << 20
-    for a in range(0, flat.size, step):
-        b = min(flat.size, a + step)
-        flat[a:b] = np.arange(row0 * NCOLS + a, row0 * NCOLS + b, dtype=np.float64)
+    fill_rows(out, row0, NCOLS)
 
 
 
