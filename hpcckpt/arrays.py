@@ -6,6 +6,7 @@ from typing import Iterator
 
 import numpy as np
 
+from .devices import array_module
 from .regions import contiguous_pieces
 
 
@@ -19,12 +20,14 @@ def local_pieces(local: np.ndarray, max_bytes: int) -> Iterator[tuple[tuple[int,
 
     For a C-contiguous ``local`` every piece is a view of the caller's memory;
     for Fortran-ordered or strided arrays each piece is copied, so the extra
-    memory is one piece, never the whole array.
+    memory is one piece, never the whole array.  A CuPy array's pieces stay on
+    its device.
     """
+    xp = array_module(local)
     for start, stop in contiguous_pieces(local.shape, local.dtype.itemsize, max_bytes):
         sel = tuple(slice(a, b) for a, b in zip(start, stop))
         extent = tuple(b - a for a, b in zip(start, stop))
-        yield start, extent, np.ascontiguousarray(local[sel])
+        yield start, extent, xp.ascontiguousarray(local[sel])
 
 
 def global_pieces(items: dict[str, tuple[np.ndarray, tuple]], max_bytes: int):

@@ -38,10 +38,10 @@ import time
 import warnings
 from dataclasses import dataclass, field
 
-import numpy as np
 
 from ._mpi import _collective_error, agree, on_root
 from ._mpi import _describe as _describe_failure
+from .devices import as_local_array, is_device_array
 from .arrays import byte_view
 from .catalog import _NAME, VersionEntry, check_step, current, list_versions, new_version_name, removable, \
     remove_versions
@@ -345,8 +345,9 @@ class Engine:
                 name = new_version_name([_entry(n) for n in self._names], step)
             directory = self._target(name)
         local_bytes = staged_bytes(arrays)
-        if self.pool is None:
-            self.pool = StagingPool(self.staging_bytes)
+        if self.pool is None:  # page-locked when the state holds GPU arrays (fast device-to-host copies)
+            self.pool = StagingPool(self.staging_bytes,
+                                    pinned=any(is_device_array(a) for a in arrays.values() if a is not None))
         fits = local_bytes <= self.pool.capacity
         queue = SlotQueue()
         writer = BackgroundWrite(directory, data_file(self.rank), self.pool, queue,
@@ -389,7 +390,7 @@ class Engine:
             summaries[name] = summarize_for_save(name, value)
             spec = getattr(value, "codec", None)
             specs[name] = spec_to_json(opts.codec if spec is None else spec)
-            arrays[name] = None if value.local is None else np.asarray(value.local)
+            arrays[name] = None if value.local is None else as_local_array(value.local)
         key = _layout_key(summaries, specs)
         if measure:
             for name, value in distributed.items():

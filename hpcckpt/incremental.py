@@ -38,9 +38,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import xxhash
 
+from . import blockhash
 from ._mpi import _attempt, _collective_error, _raise_if_failed
 from .arrays import byte_view
 from .checksum import checksum
+from .devices import array_module, as_local_array, is_device_array
 from .encoding import dtype_from_json, dtype_to_json
 from .errors import CheckpointError
 from .log import logger
@@ -50,7 +52,7 @@ from .monitor import PhaseTimer
 #: Name of the content hash stored in the optional ``hash`` column of the chunk table.
 HASH_ALGORITHM = "xxh3_128"
 
-Key = tuple[str, int, str]  # (xxh3_128 of the raw bytes, raw byte count, codec key)
+Key = tuple[str, int, str]  # (content hash of the raw bytes, raw byte count, codec key)
 Location = tuple[str, int, int, str]  # (file as "@VERSION/path", offset, stored nbytes, checksum)
 
 
@@ -118,20 +120,36 @@ def grid_boxes(shape, itemsize: int, block_bytes: int, lo, hi):
             yield prefix + (a,) + tail_start, (1,) * axis + (b - a,) + tail_count
 
 
-def local_piece(arr: np.ndarray, lo, start, count) -> np.ndarray:
-    """The C-contiguous piece ``[start, start + count)`` (global) of the local array whose box starts at ``lo``."""
+def local_piece(arr, lo, start, count):
+    """The C-contiguous piece ``[start, start + count)`` (global) of the local array whose box starts at ``lo``.
+
+    A CuPy array's piece stays on its device.
+    """
+    xp = array_module(arr)
     if not count:
-        return np.ascontiguousarray(arr).reshape(())
+        return xp.ascontiguousarray(arr).reshape(())
     sel = tuple(slice(s - l, s - l + n) for s, l, n in zip(start, lo, count))
-    return np.ascontiguousarray(arr[sel])
+    return xp.ascontiguousarray(arr[sel])
 
 
 def raw_hash(buffer) -> str:
-    """xxh3_128 of a contiguous buffer, 32 lower-case hex digits."""
+    """xxh3_128 of a contiguous host buffer, 32 lower-case hex digits."""
     view = memoryview(buffer)
     if view.ndim != 1 or view.format != "B":
         view = view.cast("B")
     return xxhash.xxh3_128_hexdigest(view)
+
+
+def content_hash(piece) -> str:
+    """The content hash of a contiguous piece: xxh3_128 on the host, ``mix128:...`` (blockhash.py) on a GPU.
+
+    The device hash carries its name, so it never matches a host hash: a
+    variable that moves between GPU and CPU ranks starts a fresh baseline.
+    """
+    if is_device_array(piece):
+        with piece.device:
+            return f"{blockhash.NAME}:{blockhash.mix128(array_module(piece), piece)}"
+    return raw_hash(byte_view(piece))
 
 
 def codec_key(codec: dict, dtype) -> str:
@@ -408,7 +426,7 @@ def save_incremental(state, directory: str, comm, options, step: int | None = No
         layout_key = (members, rpn)
         layout = _LAYOUTS.get(layout_key) if members else None
         needs_layout = options.strategy in ("auto", "aggregated")
-        local_bytes = sum(np.asarray(a).nbytes for a in local["arrays"].values() if a is not None) if local else 0
+        local_bytes = sum(as_local_array(a).nbytes for a in local["arrays"].values() if a is not None) if local else 0
         mine = (local["summaries"] if local else None, local_bytes, list(_CACHE), layout is not None)
 
         def plan_on_root(msgs):
@@ -533,7 +551,7 @@ def _hash_pieces(arrays: dict, boxes: dict, variables: dict, dtypes: dict, codec
         local = arrays[name]
         if local is None:
             continue
-        arr = np.asarray(local)
+        arr = as_local_array(local)
         if not arr.size:
             continue
         lo, hi = boxes[name]
@@ -541,7 +559,7 @@ def _hash_pieces(arrays: dict, boxes: dict, variables: dict, dtypes: dict, codec
         ck = codec_key(codecs.get(name), dtype)
         for start, count in grid_boxes(variables[name].shape, dtype.itemsize, block_bytes, lo, hi):
             piece = local_piece(arr, lo, start, count)
-            key = (raw_hash(byte_view(piece)), piece.nbytes, ck)
+            key = (content_hash(piece), piece.nbytes, ck)
             out.append((name, start, count, piece, key, piece.nbytes, locations.get(key)))
     return out
 

@@ -15,6 +15,7 @@ import numpy as np
 
 from ._mpi import agree, allgather_checked, bcast_checked
 from .arrays import byte_view
+from .devices import copy_into, is_device_array
 from .encoding import decode_value
 from .log import logger
 from .errors import TemplateMismatchError
@@ -93,7 +94,7 @@ def _check_block(name: str, block: Block, var: Variable):
     if block.local.dtype != var.dtype:
         raise TemplateMismatchError(f"variable {name!r}: the template's dtype {block.local.dtype} differs from the "
                                     f"stored {var.dtype}")
-    if not block.local.flags.writeable:
+    if not getattr(block.local.flags, "writeable", True):  # CuPy arrays have no read-only flag
         raise TemplateMismatchError(f"variable {name!r}: the template's local array is read-only")
     return ("block", start, stop)
 
@@ -175,7 +176,7 @@ def _read_local(directory: str, meta: Metadata, targets: dict, shared: dict, ran
                 for dest, lo, hi in parts:
                     part = chunk[tuple(slice(a - c, b - c) for a, b, c in zip(lo, hi, c0))]
                     if dest == rank:
-                        out[tuple(slice(a - s, b - s) for a, b, s in zip(lo, hi, start))] = part
+                        copy_into(out[tuple(slice(a - s, b - s) for a, b, s in zip(lo, hi, start))], part)
                     else:
                         outgoing.append((dest, part.copy()))  # a copy: chunk is the reader's reused scratch
     return outgoing
@@ -194,7 +195,7 @@ def _exchange(comm, meta: Metadata, targets: dict, shared: dict, outgoing: list)
                 if dest == rank and reader_rank != rank:
                     sel = tuple(slice(a - s, b - s) for a, b, s in zip(lo, hi, start))
                     dest_view = out[sel]
-                    if dest_view.flags.c_contiguous:  # straight into the caller's array (row splits)
+                    if dest_view.flags.c_contiguous and not is_device_array(dest_view):  # straight in (row splits)
                         buf = dest_view
                     else:
                         buf = np.empty(dest_view.shape, dtype=meta.variables[name].dtype)
@@ -206,7 +207,7 @@ def _exchange(comm, meta: Metadata, targets: dict, shared: dict, outgoing: list)
 
     MPI.Request.Waitall(requests)  # all parts were read and verified before: nothing here can fail half-way
     for out, sel, buf in incoming:
-        out[sel] = buf
+        copy_into(out[sel], buf)
 
 
 _PART_TAG = 7311

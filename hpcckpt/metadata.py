@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from . import blockhash
 from .codecs.core import check_config as check_codec_config, max_stored_bytes
 from .encoding import dtype_from_json, dtype_to_json
 from .errors import CorruptCheckpointError
@@ -35,6 +36,16 @@ _MAX_NDIM = 32
 _MAX_BYTES = 1 << 62
 KINDS = ("block", "ragged")
 _HEX_DIGITS = frozenset("0123456789abcdef")
+_DEVICE_HASH_PREFIX = f"{blockhash.NAME}:"  # blocks hashed on a GPU
+
+
+def _is_content_hash(h) -> bool:
+    """32 lower-case hex digits (xxh3_128), optionally prefixed by ``mix128:`` (the device hash)."""
+    if type(h) is not str:
+        return False
+    if h.startswith(_DEVICE_HASH_PREFIX):
+        h = h[len(_DEVICE_HASH_PREFIX):]
+    return len(h) == 32 and _HEX_DIGITS.issuperset(h)
 
 
 @dataclass
@@ -227,9 +238,8 @@ def _parse_chunks(name: str, doc, ndim: int, nfiles: int) -> ChunkTable:
     _expect(all(type(c) is str and len(c) == 16 and _HEX_DIGITS.issuperset(c) for c in checksum),
             f"chunks of {name!r} have malformed checksums")
     hashes = doc.get("hash")
-    if hashes is not None:  # optional column (incremental saves): 32 lower-case hex digits per chunk
-        _expect(isinstance(hashes, list) and len(hashes) == n
-                and all(type(h) is str and len(h) == 32 and _HEX_DIGITS.issuperset(h) for h in hashes),
+    if hashes is not None:  # optional column (incremental saves): a content hash per chunk
+        _expect(isinstance(hashes, list) and len(hashes) == n and all(_is_content_hash(h) for h in hashes),
                 f"chunks of {name!r}: column 'hash' is malformed")
     return ChunkTable(ints["file"], ints["offset"], ints["nbytes"], checksum,
                       ints["start"].reshape(n, ndim), ints["count"].reshape(n, ndim), hashes)

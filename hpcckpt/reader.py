@@ -10,8 +10,9 @@ that they cover the box exactly once, and fetches each chunk:
   overlapping part copied out.
 
 So a load on the same decomposition moves each byte once, and a reshard load
-reads at most one chunk per boundary beyond what it needs.  Every chunk is
-verified on every read; a truncated file or a bad checksum raises
+reads at most one chunk per boundary beyond what it needs.  A CuPy target gets
+each chunk's verified stored bytes on its device, where they are decoded
+(codecs/gpu.py).  Every chunk is verified on every read; a truncated file or a bad checksum raises
 CorruptCheckpointError naming the file.
 """
 
@@ -23,6 +24,7 @@ import numpy as np
 
 from .arrays import byte_view
 from .checksum import hexdigest, new_hasher
+from .devices import array_module, is_device_array, pinned_empty
 from .encoding import decode_value
 from .errors import CheckpointError, CorruptCheckpointError
 from .metadata import MAX_METADATA_BYTES, METADATA_FILE, Metadata, Variable, parse
@@ -58,6 +60,7 @@ class ChunkReader:
         self.meta = meta
         self._files: dict[int, tuple[int, int, str]] = {}  # index -> (fd, size, path)
         self._scratch = np.empty(0, np.uint8)
+        self._pinned_scratch = np.empty(0, np.uint8)  # replaced by page-locked memory when a GPU target is read
         self._decoded = np.empty(0, np.uint8)  # decoded chunks that are copied out partially
         self._codecs: dict = {}  # variable name -> codec object (compressed variables only)
 
@@ -86,6 +89,17 @@ class ChunkReader:
 
     def _fetch(self, var: Variable, k: int, into: np.ndarray | None) -> np.ndarray:
         """Read chunk ``k`` of ``var`` into ``into`` (a contiguous target) or the scratch buffer; verify it."""
+        coded = var.codec.get("id") != "none"
+        buf, path = self._read_verified(var, k, None if into is None or coded else byte_view(into))
+        if coded:  # the checksum covers the stored (compressed) bytes; decode into the target or scratch
+            return self._decode(var, k, buf, into, path)
+        return buf
+
+    def _read_verified(self, var: Variable, k: int, buf: np.ndarray | None, pinned: bool = False):
+        """(stored bytes, file path) of chunk ``k``, read into ``buf`` or a reused scratch buffer and checksummed.
+
+        ``pinned``: the scratch buffer is page-locked (its bytes go on to a GPU).
+        """
         chunks = var.chunks
         fd, size, path = self._file(int(chunks.file[k]))
         offset, nbytes = int(chunks.offset[k]), int(chunks.nbytes[k])
@@ -93,13 +107,11 @@ class ChunkReader:
             raise CorruptCheckpointError(
                 f"{path} is truncated: a chunk of {var.name!r} needs bytes {offset}..{offset + nbytes}, "
                 f"the file has {size}")
-        coded = var.codec.get("id") != "none"
-        if into is None or coded:
-            if self._scratch.nbytes < nbytes:
-                self._scratch = np.empty(nbytes, np.uint8)
-            buf = self._scratch[:nbytes]
-        else:
-            buf = byte_view(into)
+        if buf is None:
+            attr = "_pinned_scratch" if pinned else "_scratch"
+            if getattr(self, attr).nbytes < nbytes:
+                setattr(self, attr, pinned_empty(nbytes, np.uint8) if pinned else np.empty(nbytes, np.uint8))
+            buf = getattr(self, attr)[:nbytes]
         hasher = new_hasher()
         read_exact(fd, offset, buf, path, hasher)
         digest = hexdigest(hasher)
@@ -107,16 +119,18 @@ class ChunkReader:
             raise CorruptCheckpointError(
                 f"{path}: the chunk of {var.name!r} at offset {offset} fails its checksum "
                 f"(stored {chunks.checksum[k]}, read {digest})")
-        if coded:  # the checksum covers the stored (compressed) bytes; decode into the target or scratch
-            return self._decode(var, k, buf, into, path)
-        return buf
+        return buf, path
+
+    def _codec(self, var: Variable):
+        """The codec object of ``var`` (made once per variable)."""
+        if var.name not in self._codecs:
+            from .codecs import from_config
+
+            self._codecs[var.name] = from_config(var.codec, var.dtype)
+        return self._codecs[var.name]
 
     def _decode(self, var: Variable, k: int, stored: np.ndarray, into: np.ndarray | None, path: str) -> np.ndarray:
         """Decode a verified compressed chunk into ``into`` or the decode scratch buffer (exact size checked)."""
-        from .codecs import from_config
-
-        if var.name not in self._codecs:
-            self._codecs[var.name] = from_config(var.codec, var.dtype)
         raw = int(np.prod(var.chunks.count[k])) * var.dtype.itemsize
         if into is None:
             if self._decoded.nbytes < raw:
@@ -125,7 +139,7 @@ class ChunkReader:
         else:
             out = byte_view(into)
         try:
-            self._codecs[var.name].decode(stored, out)
+            self._codec(var).decode(stored, out)
         except CorruptCheckpointError as exc:
             raise CorruptCheckpointError(f"{path}: the chunk of {var.name!r} at offset "
                                          f"{int(var.chunks.offset[k])} cannot be decoded: {exc}") from None
@@ -161,10 +175,31 @@ class ChunkReader:
         hi = [min(b, s + n) for b, s, n in zip(c_stop, start, out.shape)]
         sel = tuple(slice(a - s, b - s) for a, b, s in zip(lo, hi, start))
         dest = out[sel] if sel else out  # out[()] of a 0-d array would be a scalar, not a view
+        if is_device_array(dest):
+            self._fill_device(var, k, dest, tuple(slice(a - c, b - c) for a, b, c in zip(lo, hi, c_start)))
+            return
         if lo == c_start and hi == c_stop and dest.flags.c_contiguous:
             self._fetch(var, k, into=dest)
             return
         dest[...] = self.chunk_array(var, k)[tuple(slice(a - c, b - c) for a, b, c in zip(lo, hi, c_start))]
+
+    def _fill_device(self, var: Variable, k: int, dest, part: tuple) -> None:
+        """Fill the CuPy array ``dest`` with the ``part`` of chunk ``k``: the stored bytes cross to the device
+        (from a pinned buffer) and are decoded there, straight into ``dest`` when it is the whole chunk."""
+        from .codecs.gpu import device_decode
+
+        stored, path = self._read_verified(var, k, None, pinned=True)
+        extent = tuple(int(n) for n in var.chunks.count[k])
+        whole = tuple(dest.shape) == extent and dest.flags.c_contiguous
+        with dest.device:
+            target = dest if whole else array_module(dest).empty(extent, var.dtype)
+            try:
+                device_decode(self._codec(var), stored, target)
+            except CorruptCheckpointError as exc:
+                raise CorruptCheckpointError(f"{path}: the chunk of {var.name!r} at offset "
+                                             f"{int(var.chunks.offset[k])} cannot be decoded: {exc}") from None
+            if not whole:
+                dest[...] = target[part]
 
     def chunk_array(self, var: Variable, k: int) -> np.ndarray:
         """Chunk ``k`` of ``var`` as an array of its extent, verified (a view of the reused scratch buffer)."""

@@ -14,12 +14,12 @@ import os
 import shutil
 from dataclasses import dataclass, field
 
-import numpy as np
 
 from ._mpi import agree, on_root
 from .arrays import byte_view, global_pieces
 from .checksum import checksum
 from .codecs.pipeline import EncodedPieces, check_codec_option, codec_summary, decide_codecs
+from .devices import as_local_array
 from .encoding import dtype_from_json, encode_value
 from .log import logger
 from .errors import CheckpointError
@@ -168,7 +168,7 @@ def _transport(comm, what: str, directory: str, options: SaveOptions, arrays: di
     layout = node_layout(comm, options.ranks_per_node) if needs_layout else None
     strategy = options.strategy
     if strategy == "auto":
-        local_bytes = sum(np.asarray(a).nbytes for a in arrays.values() if a is not None)
+        local_bytes = sum(as_local_array(a).nbytes for a in arrays.values() if a is not None)
         total = comm.allreduce(local_bytes)
         history = comm.bcast(io_history.read(io_root) if comm.Get_rank() == 0 else None, root=0)
         strategy = choose_strategy(comm.Get_size(), total / comm.Get_size(), layout.max_ranks_per_node, history)
@@ -186,7 +186,7 @@ def _pieces(arrays: dict, boxes: dict, chunk_bytes: int, timer: PhaseTimer, enco
     """
     items = {}
     for name, local in arrays.items():
-        arr = np.asarray(local) if local is not None else None
+        arr = as_local_array(local) if local is not None else None
         if arr is not None and arr.size:
             items[name] = (arr, boxes[name][0])
     for variable, start, count, arr in encoder.wrap(global_pieces(items, chunk_bytes), timer):

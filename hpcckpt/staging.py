@@ -17,6 +17,10 @@ Two ways to stage, chosen per rank and per save:
   buffers; ``acquire`` blocks while the pool is full, until the writer releases
   a buffer.
 
+CuPy arrays are staged into page-locked host buffers (a pool made with
+``pinned=True``), with one device-to-host copy each: the copy runs at the
+link's full speed and the buffers are reused like any others.
+
 Trade-off of the bound (``staging_bytes``): a pool at least as large as the
 state makes ``save`` a pure copy; a smaller pool caps the memory at the price
 of longer blocking (the caller waits for about ``(state - pool) / write
@@ -34,16 +38,21 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .devices import copy_into, pinned_empty
 from .regions import contiguous_pieces
 
 DEFAULT_STAGING_BYTES = 1 << 30
 
 
 class StagingPool:
-    """At most ``capacity`` bytes of reusable buffers; :meth:`acquire` blocks while it cannot allocate."""
+    """At most ``capacity`` bytes of reusable buffers; :meth:`acquire` blocks while it cannot allocate.
 
-    def __init__(self, capacity: int):
+    ``pinned``: the buffers are page-locked host memory (for staging CuPy arrays).
+    """
+
+    def __init__(self, capacity: int, pinned: bool = False):
         self.capacity = int(capacity)
+        self.pinned = pinned
         self._free: dict[int, list[np.ndarray]] = {}
         self._allocated = 0  # bytes of every buffer the pool owns (free or in use)
         self._cond = threading.Condition()
@@ -57,7 +66,7 @@ class StagingPool:
         """A uint8 buffer of exactly ``nbytes`` (a one-off buffer outside the pool when larger than the pool)."""
         nbytes = int(nbytes)
         if nbytes > self.capacity:
-            return np.empty(nbytes, np.uint8)  # a single huge element: outside the pool, freed after use
+            return self._allocate(nbytes)  # a single huge element: outside the pool, freed after use
         with self._cond:
             t = time.perf_counter()
             while True:
@@ -74,12 +83,15 @@ class StagingPool:
             self.wait_seconds += time.perf_counter() - t
         if buf is None:
             try:
-                buf = np.empty(nbytes, np.uint8)
+                buf = self._allocate(nbytes)
             except BaseException:
                 with self._cond:
                     self._allocated -= nbytes
                 raise
         return buf
+
+    def _allocate(self, nbytes: int) -> np.ndarray:
+        return pinned_empty(nbytes, np.uint8) if self.pinned else np.empty(nbytes, np.uint8)
 
     def _drop_one_free(self) -> bool:
         """Forget the largest free buffer (caller holds the lock); False when none is free."""
@@ -143,9 +155,10 @@ def stage(arrays: dict, starts: dict, pool: StagingPool, queue: SlotQueue, piece
           ) -> tuple[int, int]:
     """Copy every local array into pool buffers, handing each to ``queue``; return (bytes, staged items).
 
-    ``arrays[name]`` is this rank's array (any layout, already ``np.asarray``),
+    ``arrays[name]`` is this rank's array (any layout; numpy, or CuPy: then the
+    copy is a device-to-host copy),
     ``starts[name]`` the global start of its box.  With ``piece_bytes=None``
-    each array is one ``np.copyto`` into a buffer of its size; otherwise each
+    each array is one copy into a buffer of its size; otherwise each
     array is copied in pieces of at most ``piece_bytes`` (one buffer each, so
     the pool can recycle them while the copy goes on).  Ends with
     ``queue.put(None)``, also after a failure.
@@ -159,7 +172,7 @@ def stage(arrays: dict, starts: dict, pool: StagingPool, queue: SlotQueue, piece
             if piece_bytes is None:
                 buf = pool.acquire(arr.nbytes)
                 dst = buf.view(arr.dtype).reshape(arr.shape)
-                np.copyto(dst, arr, casting="no")
+                copy_into(dst, arr)
                 queue.put(Staged(name, tuple(box), dst, buf))
                 total += arr.nbytes
                 count += 1
@@ -169,8 +182,7 @@ def stage(arrays: dict, starts: dict, pool: StagingPool, queue: SlotQueue, piece
                 nbytes = int(np.prod(extent, dtype=np.int64)) * arr.dtype.itemsize
                 buf = pool.acquire(nbytes)
                 dst = buf.view(arr.dtype).reshape(extent)
-                np.copyto(dst, arr[tuple(slice(a, b) for a, b in zip(start, stop))] if arr.ndim else arr,
-                          casting="no")
+                copy_into(dst, arr[tuple(slice(a, b) for a, b in zip(start, stop))] if arr.ndim else arr)
                 queue.put(Staged(name, tuple(int(b) + int(s) for b, s in zip(box, start)), dst, buf))
                 total += nbytes
                 count += 1

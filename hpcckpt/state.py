@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from .devices import as_local_array, is_device_array
 from .encoding import dtype_to_json
 from .errors import TemplateMismatchError
 
@@ -22,7 +23,9 @@ from .errors import TemplateMismatchError
 class Block:
     """This rank's rectangular part of a global N-d array.
 
-    ``local`` is a numpy array (any layout: C, Fortran or strided views),
+    ``local`` is a numpy or CuPy array (any layout: C, Fortran or strided views;
+    a CuPy array is compressed on its device and crosses to the host once, see
+    docs/compression.md, "GPU ranks"),
     ``offset`` the global index of its first element, ``global_shape`` the
     shape of the whole array.  Blocks of all ranks must tile the global array
     without overlap; a rank may hold an empty block.  ``Block(a)`` alone means
@@ -68,8 +71,9 @@ def is_distributed(value: Any) -> bool:
 
 
 def _check_array(name: str, arr, what: str) -> np.ndarray:
-    if not isinstance(arr, np.ndarray):
-        raise TemplateMismatchError(f"variable {name!r}: {what} must be a numpy array, got {type(arr).__name__}")
+    if not isinstance(arr, np.ndarray) and not is_device_array(arr):
+        raise TemplateMismatchError(
+            f"variable {name!r}: {what} must be a numpy or CuPy array, got {type(arr).__name__}")
     if arr.dtype.hasobject:
         raise TemplateMismatchError(f"variable {name!r}: dtype {arr.dtype} holds Python objects (not storable)")
     return arr
@@ -112,7 +116,7 @@ def summarize_for_save(name: str, value) -> dict:
     local = value.local
     if local is None:
         return {"kind": "ragged", "dtype": None, "trailing": None, "rows": 0}
-    arr = _check_array(name, np.asarray(local), "the local rows of a Ragged")
+    arr = _check_array(name, as_local_array(local), "the local rows of a Ragged")
     if arr.ndim == 0:
         raise TemplateMismatchError(f"variable {name!r}: Ragged rows need at least one axis")
     return {"kind": "ragged", "dtype": dtype_to_json(arr.dtype), "trailing": list(arr.shape[1:]),

@@ -295,3 +295,20 @@ def test_mutations_do_not_share_state():
     a, b = valid_doc(), valid_doc()
     MALFORMED["path traversal"](a)
     assert b["files"][0] == "data/part-000000.bin" and copy.deepcopy(b) == valid_doc()
+
+
+@pytest.mark.parametrize("hashes, ok", [
+    (["0" * 32, "mix128:" + "a" * 32], True),  # host (xxh3_128) and device (mix128) blocks side by side
+    (["0" * 32, "mix128:" + "a" * 31], False),
+    (["0" * 32, "xxh3:" + "a" * 32], False),
+    (["0" * 32, "MIX128:" + "a" * 32], False),
+    (["0" * 32, 5], False),
+])
+def test_content_hash_column_accepts_host_and_device_hashes_only(hashes, ok):
+    doc = valid_doc()
+    doc["variables"]["u"]["chunks"]["hash"] = hashes
+    if ok:
+        assert parse(corrupt(doc)).variables["u"].chunks.hash == hashes
+    else:
+        with pytest.raises(CorruptCheckpointError, match="column 'hash' is malformed"):
+            parse(corrupt(doc))

@@ -121,7 +121,7 @@ def test_block_outside_global_shape_is_rejected_locally():
         summarize_for_save("u", Block(np.zeros((3,)), offset=(-1,), global_shape=(4,)))
     with pytest.raises(TemplateMismatchError, match="variable 'u'.*integers"):
         summarize_for_save("u", Block(np.zeros((3,)), offset=(0.5,), global_shape=(4,)))
-    with pytest.raises(TemplateMismatchError, match="variable 'u'.*numpy array"):
+    with pytest.raises(TemplateMismatchError, match="variable 'u'.*numpy or CuPy array"):
         summarize_for_save("u", Block([1, 2, 3], offset=(0,), global_shape=(3,)))
     with pytest.raises(TemplateMismatchError, match="variable 'u'.*objects"):
         summarize_for_save("u", Block(np.zeros(3, object), offset=(0,), global_shape=(3,)))

@@ -22,6 +22,7 @@ import time
 
 import numpy as np
 
+from ..devices import array_module, to_host
 from .core import resolve
 
 SAMPLE_BYTES = 96 << 10
@@ -47,20 +48,24 @@ def write_bandwidth() -> float:
     return float(np.median(_bandwidth)) if _bandwidth else DEFAULT_WRITE_BANDWIDTH
 
 
-def _sample(arr: np.ndarray) -> np.ndarray:
-    """Up to SAMPLE_BYTES of ``arr`` from its start, middle and end, as one contiguous array (small copy)."""
+def _sample(arr) -> np.ndarray:
+    """Up to SAMPLE_BYTES of ``arr`` from its start, middle and end, as one contiguous host array (small copy).
+
+    A CuPy array is sampled on its device and only the sample crosses to the host.
+    """
+    xp = array_module(arr)
     if arr.nbytes <= SAMPLE_BYTES:
-        return np.ascontiguousarray(arr).reshape(-1)
+        return to_host(xp.ascontiguousarray(arr).reshape(-1))
     if arr.flags.c_contiguous:
         flat = arr.reshape(-1)
     else:  # a few leading rows only: never copy the whole array to sample it
         rows = max(1, (4 * SAMPLE_BYTES) // max(1, arr[0].nbytes))
-        flat = np.ascontiguousarray(arr[:rows]).reshape(-1)
+        flat = xp.ascontiguousarray(arr[:rows]).reshape(-1)
     per = max(1, SAMPLE_BYTES // (3 * flat.itemsize))
     if flat.size <= 3 * per:
-        return flat
+        return to_host(flat)
     mid = flat.size // 2
-    return np.concatenate([flat[:per], flat[mid:mid + per], flat[-per:]])
+    return to_host(xp.concatenate([flat[:per], flat[mid:mid + per], flat[-per:]]))
 
 
 def measure(arr, dtype) -> dict:

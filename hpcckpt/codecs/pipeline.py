@@ -1,12 +1,13 @@
 """The codec stage of the save and load pipelines.
 
 Save: :class:`EncodedPieces` wraps the stream of (variable, start, count,
-array) pieces a transport writes.  Pieces of uncompressed variables pass
+array) pieces a transport writes.  Pieces of uncompressed host variables pass
 through untouched (still views of the caller's memory: zero-copy); pieces of
-compressed variables are encoded in a thread pool (numcodecs releases the GIL
-while it compresses), at most ``2 * threads`` pieces ahead of the writer, so
-the extra memory is bounded by a few chunks whatever the state's size.  Output
-order is input order.
+compressed variables, and every piece of a CuPy array (filtered and maybe
+compressed on its device, then copied to pinned host memory: codecs/gpu.py),
+are encoded in a thread pool (numcodecs and CUDA copies release the GIL), at
+most ``2 * threads`` pieces ahead of the writer, so the extra memory is bounded
+by a few chunks whatever the state's size.  Output order is input order.
 
 Load: :func:`plan_codecs` and the reader's ``_fetch`` decode one chunk at a
 time, only the chunks a read needs.
@@ -18,9 +19,12 @@ import os
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 
+from ..devices import as_local_array, is_device_array
 from . import auto
 from .core import AUTO, NAMES, NoneCodec, from_config, resolve, spec_to_json
+from .gpu import device_encode
 
 
 def default_threads() -> int:
@@ -47,17 +51,18 @@ class EncodedPieces:
 
     def wrap(self, pieces, timer=None):
         """Yield (variable, start, count, array or stored uint8 bytes) in input order; record the write bandwidth."""
-        compress = any(not c.is_none for c in self.codecs.values())
-        pool = ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="hpcckpt-codec") if compress else None
+        pool = None  # started at the first piece that needs encoding
         pending: deque = deque()
         try:
             for variable, start, count, arr in pieces:
                 self.raw_bytes += arr.nbytes
-                codec = self.codecs.get(variable)
-                if pool is None or codec is None or codec.is_none:
+                job = self._job(self.codecs.get(variable), arr)
+                if job is None:
                     pending.append((variable, start, count, arr, None))
                 else:
-                    pending.append((variable, start, count, None, pool.submit(codec.encode, arr)))
+                    if pool is None:
+                        pool = ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="hpcckpt-codec")
+                    pending.append((variable, start, count, None, pool.submit(job)))
                 while len(pending) > (2 * self.threads if pool is not None else 0):
                     yield from self._emit(pending.popleft(), timer)
             while pending:
@@ -66,6 +71,15 @@ class EncodedPieces:
         finally:
             if pool is not None:
                 pool.shutdown(wait=True, cancel_futures=True)
+
+    @staticmethod
+    def _job(codec, arr):
+        """What turns the piece into its stored bytes, or None when it is stored as it is (a host array, no codec)."""
+        if is_device_array(arr):
+            return partial(device_encode, codec or NoneCodec(), arr)
+        if codec is None or codec.is_none:
+            return None
+        return partial(codec.encode, arr)
 
     def _emit(self, item, timer):
         variable, start, count, arr, future = item
@@ -125,14 +139,12 @@ def check_codec_option(codec, threads) -> None:
 
 def codec_summary(value, summary: dict, default) -> dict:
     """This rank's codec summary of a Block/Ragged (its own codec, else the save's default)."""
-    import numpy as np
-
     from ..encoding import dtype_from_json
 
     spec = getattr(value, "codec", None)
     spec = default if spec is None else spec
     dtype = dtype_from_json(summary["dtype"]) if summary.get("dtype") is not None else None
-    arr = np.asarray(value.local) if value.local is not None else None
+    arr = as_local_array(value.local) if value.local is not None else None
     return summary_for(spec, arr, dtype)
 
 
