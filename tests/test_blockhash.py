@@ -65,5 +65,5 @@ def test_device_hashes_never_look_like_host_hashes():
 
 def test_nvcomp_status_says_why_it_is_not_used_without_the_package():
     status = nvcomp.status()
-    assert set(status) == {"lz4", "zstd"}
+    assert set(status) == {"zstd"}
     assert all(isinstance(v, str) and v for v in status.values())

@@ -11,7 +11,7 @@ import pytest
 import hpcckpt
 from hpcckpt import codecs
 from hpcckpt.codecs import Lossy, auto, from_config, resolve
-from hpcckpt.codecs.core import decoded_size
+from hpcckpt.codecs.core import decoded_size, zstd_frames
 from hpcckpt.errors import CheckpointError, CorruptCheckpointError
 from hpcckpt.metadata import METADATA_FILE
 
@@ -105,6 +105,36 @@ def test_decoded_size_is_checked():
             with pytest.raises(CorruptCheckpointError):
                 codec.decode(stored, np.empty(n, np.uint8))
     assert decoded_size({"id": "zstd"}, b"junk") is None
+
+
+def _frames_like_a_gpu(codec, x, sub):
+    """What nvCOMP writes for a shuffle+zstd chunk (codecs/nvcomp.py): one zstd frame per ``sub`` bytes of the
+    shuffled chunk, concatenated (made here with numcodecs' Zstd, frame by frame)."""
+    import numcodecs
+
+    shuffled = np.asarray(codec.filters[0].encode(x.reshape(-1).view(np.uint8))).view(np.uint8)
+    z = numcodecs.Zstd(level=1)
+    return np.concatenate([np.frombuffer(z.encode(shuffled[i:i + sub]), np.uint8)
+                           for i in range(0, shuffled.nbytes, sub)])
+
+
+@pytest.mark.parametrize("sub", [8, 1000, 64 << 10])
+def test_multi_frame_zstd_chunks_decode_on_the_cpu(sub):
+    x = smooth((70000,))
+    codec = resolve("shuffle+zstd", x.dtype)
+    stored = _frames_like_a_gpu(codec, x, sub)
+    frames = zstd_frames(stored)
+    assert len(frames) == -(-x.nbytes // sub) and decoded_size({"id": "zstd"}, stored) == x.nbytes
+    out = np.empty(x.nbytes, np.uint8)
+    codec.decode(stored, out)
+    assert out.tobytes() == x.tobytes()
+    for cut in (1, 7, len(stored) // 2):  # a truncated stream is refused before decoding
+        left = zstd_frames(stored[:-cut])  # None, or whole frames (a cut between frames) that add up to less
+        assert left is None or sum(f[2] for f in left) < x.nbytes
+        with pytest.raises(CorruptCheckpointError):
+            codec.decode(stored[:-cut], np.empty(x.nbytes, np.uint8))
+    with pytest.raises(CorruptCheckpointError):  # frames that add up to another size
+        codec.decode(stored, np.empty(x.nbytes - 8, np.uint8))
 
 
 def _state(codec_a, codec_b=None, seed=0):

@@ -101,17 +101,49 @@ def decoded_size(config: dict, stored) -> int | None:
     return None
 
 
+ZSTD_MAGIC = 0xFD2FB528
+
+
+def zstd_frames(b) -> list[tuple[int, int, int]] | None:
+    """``(start, end, decoded size)`` of each Zstandard frame of a stream of concatenated frames (RFC 8878).
+
+    None when the stream is malformed, or when a frame does not declare its
+    decoded size (the decoders here need it).  numcodecs' Zstd writes one
+    frame; nvCOMP on a GPU writes one per sub-chunk (codecs/nvcomp.py), and
+    numcodecs decodes both.  Only headers are read: one step per block.
+    """
+    frames, pos, n = [], 0, len(b)
+    while pos < n:
+        start = pos
+        if n - pos < 6 or int.from_bytes(bytes(b[pos:pos + 4]), "little") != ZSTD_MAGIC:
+            return None
+        fhd = int(b[pos + 4])
+        fcs_flag, single, checksum, did_flag = fhd >> 6, (fhd >> 5) & 1, (fhd >> 2) & 1, fhd & 3
+        pos += 5 + (0 if single else 1) + (0, 1, 2, 4)[did_flag]
+        size = (1 if single else 0, 2, 4, 8)[fcs_flag]
+        if size == 0 or pos + size > n:
+            return None
+        content = int.from_bytes(bytes(b[pos:pos + size]), "little") + (256 if size == 2 else 0)
+        pos += size
+        last = False
+        while not last:
+            if pos + 3 > n:
+                return None
+            header = int.from_bytes(bytes(b[pos:pos + 3]), "little")
+            last, kind, block = header & 1, (header >> 1) & 3, header >> 3
+            if kind == 3:
+                return None
+            pos += 3 + (1 if kind == 1 else block)
+        pos += 4 * checksum
+        if pos > n:
+            return None
+        frames.append((start, pos, content))
+    return frames
+
+
 def _zstd_content_size(b) -> int | None:
-    if len(b) < 6 or struct.unpack_from("<I", b, 0)[0] != 0xFD2FB528:
-        return None
-    fhd = b[4]
-    fcs_flag, single, did_flag = fhd >> 6, (fhd >> 5) & 1, fhd & 3
-    pos = 5 + (0 if single else 1) + (0, 1, 2, 4)[did_flag]
-    size = (1 if single else 0, 2, 4, 8)[fcs_flag]
-    if size == 0 or len(b) < pos + size:
-        return None
-    value = int.from_bytes(bytes(b[pos:pos + size]), "little")
-    return value + 256 if size == 2 else value
+    frames = zstd_frames(b)
+    return sum(f[2] for f in frames) if frames else None
 
 
 class Compressor:

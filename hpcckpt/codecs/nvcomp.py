@@ -1,128 +1,126 @@
-"""nvCOMP (``nvidia-nvcomp-cu12``/``-cu13``) as the device-side lossless stage of chain codecs.
+"""nvCOMP (``nvidia-nvcomp-cu12``/``-cu13``) as the device-side Zstd stage of chain codecs.
 
-The stored bytes stay exactly the numcodecs formats that the CPU path writes
-and reads, so what a GPU writes a CPU reads and the other way round:
+nvCOMP is fast only on many independent chunks at once: a whole 8 MiB chunk
+compressed as one raw stream ran at 0.03 GB/s (LZ4) and 0.2 GB/s (Zstd) on an
+H200, slower than one CPU core.  So a chunk is cut into ``SUB_BYTES``
+sub-chunks that nvCOMP compresses in one batch, each into one standard
+Zstandard frame (nvCOMP's RAW bitstream).  The stored bytes are those frames,
+concatenated: still exactly what numcodecs' Zstd decodes (a Zstandard stream
+may hold several frames), so what a GPU writes a CPU reads.  Every frame must
+declare its decoded size (core.zstd_frames checks them all on read); a batch
+whose frames do not is compressed again on the host and nvCOMP is not used
+again in this process.
 
-* ``{"id": "lz4"}``: numcodecs' LZ4 layout is a 4-byte little-endian decoded
-  size followed by one raw LZ4 block.  nvCOMP's RAW bitstream of LZ4 is such a
-  block; the header is added on the host.
-* ``{"id": "zstd"}``: numcodecs' Zstd stores one standard Zstandard frame,
-  which nvCOMP's RAW zstd writes too.  The CPU decoder needs the frame to
-  declare its decoded size; a frame that does not is compressed again on the
-  host, and nvCOMP's zstd is not used again in this process.
+LZ4 stays on the host: numcodecs' LZ4 layout is one block per chunk, which
+cannot be split into sub-chunks, and one 8 MiB block is the slow case above.
+On load, nvCOMP decodes streams of at least ``MIN_FRAMES`` frames (GPU-written
+ones); a CPU-written single-frame chunk is decompressed on the host (faster, see
+above) and its bytes copied to the device.
 
-Anything nvCOMP cannot do (not installed, a chunk over its largest raw chunk
-of 16 MiB, an error) falls back to the host codec: nvCOMP only ever makes a
-save or load faster, never different.  :func:`status` says what was used and
-why not (bench/gpu_check.sh prints it).
+Anything nvCOMP cannot do (not installed, an older API, an error) falls back
+to the host codec: nvCOMP only ever changes where the work runs, never what is
+stored.  :func:`status` says what is used and why not (bench/gpu_check.sh
+prints it).
 """
 
 from __future__ import annotations
 
-import struct
 import threading
 
 import numpy as np
 
 from ..devices import to_host
-from ..errors import CorruptCheckpointError
-from .core import decoded_size
+from .core import zstd_frames
 
-#: The largest chunk nvCOMP compresses as one raw block (LZ4 and Zstd alike).
-MAX_RAW_BYTES = 1 << 24
-_ALGORITHMS = {"lz4": "LZ4", "zstd": "Zstd"}
-_local = threading.local()  # nvCOMP Codec objects keep scratch state: one per thread and algorithm
-_disabled: dict[str, str] = {}  # numcodecs id -> why nvCOMP is not used for it
+#: Sub-chunk size: nvCOMP's own default chunk for Zstd (enough sub-chunks per chunk to fill the GPU).
+SUB_BYTES = 64 << 10
+#: Device decoding pays only with this many frames to decode in parallel.
+MIN_FRAMES = 8
+_local = threading.local()  # nvCOMP Codec objects keep scratch state: one per thread
+_disabled: dict[str, str] = {}  # "zstd" -> why nvCOMP is not used
 
 
 def status() -> dict[str, str]:
-    """Per compressor id: "nvCOMP <version>" when the device path is usable, else the reason it is not."""
-    out = {}
-    for cid in _ALGORITHMS:
-        if cid in _disabled:
-            out[cid] = _disabled[cid]
-        elif _codec(cid) is not None:
-            from nvidia import nvcomp  # noqa: PLC0415
+    """``{"zstd": "nvCOMP <version>"}`` when the device path is usable, else the reason it is not."""
+    if _codec() is None:
+        return {"zstd": _disabled["zstd"]}
+    from nvidia import nvcomp  # noqa: PLC0415
 
-            out[cid] = f"nvCOMP {getattr(nvcomp, '__version__', '?')}"
-        else:
-            out[cid] = _disabled[cid]
-    return out
+    return {"zstd": f"nvCOMP {getattr(nvcomp, '__version__', '?')}"}
 
 
-def _codec(cid: str):
-    """This thread's nvCOMP codec for the numcodecs compressor id ``cid``, or None when unusable."""
-    if cid not in _ALGORITHMS or cid in _disabled:
+def _codec():
+    """This thread's nvCOMP Zstd codec, or None when unusable."""
+    if "zstd" in _disabled:
         return None
-    cache = _local.__dict__.setdefault("codecs", {})
-    if cid not in cache:
+    if not hasattr(_local, "codec"):
         try:
             from nvidia import nvcomp  # noqa: PLC0415
 
-            cache[cid] = nvcomp.Codec(algorithm=_ALGORITHMS[cid], bitstream_kind=nvcomp.BitstreamKind.RAW)
+            _local.codec = nvcomp.Codec(algorithm="Zstd", bitstream_kind=nvcomp.BitstreamKind.RAW)
         except Exception as exc:  # noqa: BLE001 - not installed, no device, an older API: use the host
-            _disabled[cid] = f"nvCOMP unusable: {type(exc).__name__}: {exc}"
+            _disabled["zstd"] = f"nvCOMP unusable: {type(exc).__name__}: {exc}"
             return None
-    return cache[cid]
-
-
-def _usable(config: dict, nbytes: int):
-    return _codec(config["id"]) if 0 < nbytes <= MAX_RAW_BYTES else None
+    return _local.codec
 
 
 def compress(config: dict, data):
-    """The stored bytes (a host uint8 array) of the numcodecs compressor ``config`` for the device uint8 array
-    ``data``, compressed by nvCOMP on the device; None when the host codec must do it."""
-    codec = _usable(config, int(data.nbytes))
+    """The stored bytes (host uint8) of the compressor ``config`` for the device uint8 array ``data``,
+    compressed by nvCOMP; None when the host codec must do it (not zstd, nvCOMP unusable)."""
+    if config["id"] != "zstd" or not data.nbytes:
+        return None
+    codec = _codec()
     if codec is None:
         return None
-    cid = config["id"]
     try:
         import cupy  # noqa: PLC0415
         from nvidia import nvcomp  # noqa: PLC0415
 
         cupy.cuda.Device().synchronize()  # nvCOMP runs on its own stream: the data must be ready
-        compressed = cupy.asarray(codec.encode(nvcomp.as_array(data))).view(np.uint8).reshape(-1)
+        parts = [nvcomp.as_array(data[i:i + SUB_BYTES]) for i in range(0, data.nbytes, SUB_BYTES)]
+        frames = [cupy.asarray(f).view(np.uint8).reshape(-1) for f in codec.encode(parts)]
         cupy.cuda.Device().synchronize()
-        body = to_host(compressed)
+        stored = to_host(cupy.concatenate(frames))
     except Exception as exc:  # noqa: BLE001
-        _disabled[cid] = f"nvCOMP {cid} failed: {type(exc).__name__}: {exc}"
+        _disabled["zstd"] = f"nvCOMP zstd failed: {type(exc).__name__}: {exc}"
         return None
-    if cid == "lz4":
-        stored = np.empty(4 + body.nbytes, np.uint8)
-        stored[:4] = np.frombuffer(struct.pack("<I", int(data.nbytes)), np.uint8)
-        stored[4:] = body
-        return stored
-    if decoded_size(config, body) != data.nbytes:
-        _disabled[cid] = "nvCOMP's zstd frames do not declare their decoded size (the CPU decoder needs it)"
+    found = zstd_frames(stored)
+    if found is None or sum(f[2] for f in found) != data.nbytes:
+        _disabled["zstd"] = "nvCOMP's zstd frames do not declare their decoded size (the CPU decoder needs it)"
         return None
-    return body
+    return stored
 
 
 def decompress(config: dict, stored: np.ndarray, out) -> bool:
-    """Decode the host bytes ``stored`` into the device uint8 array ``out`` with nvCOMP; False to use the host.
+    """Decode the verified host bytes ``stored`` into the device uint8 array ``out`` with nvCOMP.
 
-    The declared size is checked first (CorruptCheckpointError), as on the host.
+    False (the host decodes instead, and names a damaged stream) when the
+    stream is not zstd, has fewer than MIN_FRAMES frames, does not add up to
+    ``out``, or nvCOMP fails.
     """
-    codec = _usable(config, int(out.nbytes))
+    if config["id"] != "zstd":
+        return False
+    frames = zstd_frames(stored)
+    if frames is None or len(frames) < MIN_FRAMES or sum(f[2] for f in frames) != out.nbytes:
+        return False
+    codec = _codec()
     if codec is None:
         return False
-    declared = decoded_size(config, stored)
-    if declared != out.nbytes:
-        raise CorruptCheckpointError(
-            f"a {config['id']} stream declares {declared} decoded bytes where {out.nbytes} were expected")
-    body = stored[4:] if config["id"] == "lz4" else stored
     try:
         import cupy  # noqa: PLC0415
         from nvidia import nvcomp  # noqa: PLC0415
 
-        source = cupy.asarray(body)
+        source = cupy.asarray(stored)
         cupy.cuda.Device().synchronize()
-        decoded = cupy.asarray(codec.decode(nvcomp.as_array(source))).view(np.uint8).reshape(-1)
+        decoded = codec.decode([nvcomp.as_array(source[a:b]) for a, b, _ in frames])
         cupy.cuda.Device().synchronize()
-    except Exception:  # noqa: BLE001 - the host decoder decides (and names a damaged stream)
+        pos = 0
+        for part, (_, _, size) in zip(decoded, frames):
+            part = cupy.asarray(part).view(np.uint8).reshape(-1)
+            if part.nbytes != size:
+                return False
+            out[pos:pos + size] = part
+            pos += size
+    except Exception:  # noqa: BLE001 - the host decoder decides
         return False
-    if decoded.nbytes != out.nbytes:
-        return False
-    out[...] = decoded
     return True

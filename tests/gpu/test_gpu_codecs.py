@@ -19,7 +19,7 @@ cupy = require_gpu()
 
 from hpcckpt.codecs import Lossy, nvcomp, resolve  # noqa: E402
 from hpcckpt.codecs import kernels  # noqa: E402
-from hpcckpt.codecs.core import ChainCodec  # noqa: E402
+from hpcckpt.codecs.core import ChainCodec, NumcodecsCodec, zstd_frames  # noqa: E402
 from hpcckpt.codecs.gpu import device_decode, device_encode  # noqa: E402
 
 CODECS = ["none", "lz4", "zstd", "shuffle+lz4", "shuffle+zstd", Lossy(abs=1e-3), Lossy(rel=1e-4),
@@ -37,7 +37,7 @@ def field(dtype):
 @pytest.fixture
 def without_nvcomp(monkeypatch):
     """The device filters with the host's lossless stage: byte-identical to the CPU codecs."""
-    monkeypatch.setattr(nvcomp, "_disabled", {"lz4": "off for this test", "zstd": "off for this test"})
+    monkeypatch.setattr(nvcomp, "_disabled", {"zstd": "off for this test"})
 
 
 @pytest.mark.parametrize("spec", CODECS, ids=str)
@@ -47,11 +47,17 @@ def test_device_bytes_equal_cpu_bytes_both_ways(spec, dtype, without_nvcomp):
     codec = resolve(spec, x.dtype)
     cpu = codec.encode(x)
     gpu = device_encode(codec, cupy.asarray(x))
-    assert gpu.tobytes() == cpu.tobytes()
-    dev_out = cupy.empty_like(cupy.asarray(x))
-    device_decode(codec, cpu, dev_out)
     host_out = np.empty(x.nbytes, np.uint8)
     codec.decode(gpu, host_out)
+    if isinstance(codec, NumcodecsCodec):
+        # blosc has no device filters: the device path is one copy, then the very same host codec, whose
+        # multi-threaded zstd output was seen to differ between two calls on the same bytes; what matters is
+        # that either side decodes the other's bytes exactly
+        assert host_out.tobytes() == x.tobytes()
+    else:
+        assert gpu.tobytes() == cpu.tobytes()
+    dev_out = cupy.empty_like(cupy.asarray(x))
+    device_decode(codec, cpu, dev_out)
     assert cupy.asnumpy(dev_out).tobytes() == host_out.tobytes()
 
 
@@ -64,22 +70,29 @@ def test_bitround_and_shuffle_kernels_on_device(keepbits):
     assert cupy.asnumpy(kernels.shuffle(cupy, cupy.asarray(b), 4)).tobytes() == kernels.shuffle(np, b, 4).tobytes()
 
 
-@pytest.mark.parametrize("spec", ["shuffle+lz4", "shuffle+zstd"])
 @pytest.mark.parametrize("dtype", ["<f4", "<f8"])
-def test_nvcomp_chunks_decode_on_the_cpu_and_cpu_chunks_on_the_device(spec, dtype):
-    x = field(dtype)
-    codec = resolve(spec, x.dtype)
+@pytest.mark.parametrize("n", [1000, 1 << 20, (4 << 20) + 12])
+def test_nvcomp_chunks_decode_on_the_cpu_and_cpu_chunks_on_the_device(dtype, n):
+    x = np.resize(field(dtype), n)
+    codec = resolve("shuffle+zstd", x.dtype)
     assert isinstance(codec, ChainCodec)
     gpu = device_encode(codec, cupy.asarray(x))
     host_out = np.empty(x.nbytes, np.uint8)
     codec.decode(gpu, host_out)  # the CPU decoder reads what the device wrote
     assert host_out.tobytes() == x.tobytes()
     dev_out = cupy.empty_like(cupy.asarray(x))
+    device_decode(codec, gpu, dev_out)  # nvCOMP reads it back on the device (many frames)
+    assert cupy.asnumpy(dev_out).tobytes() == x.tobytes()
+    dev_out[...] = 0
     device_decode(codec, codec.encode(x), dev_out)  # and the device reads what the CPU wrote
     assert cupy.asnumpy(dev_out).tobytes() == x.tobytes()
     print("nvCOMP:", nvcomp.status())
 
 
-def test_nvcomp_is_used_for_lz4_when_installed():
+def test_nvcomp_is_used_for_zstd_when_installed():
     pytest.importorskip("nvidia.nvcomp", reason="nvidia-nvcomp is not installed")
-    assert nvcomp.status()["lz4"].startswith("nvCOMP"), nvcomp.status()
+    x = cupy.asarray(field("<f8"))
+    stored = device_encode(resolve("shuffle+zstd", np.float64), x)
+    assert nvcomp.status()["zstd"].startswith("nvCOMP"), nvcomp.status()
+    frames = zstd_frames(stored)
+    assert len(frames) == -(-x.nbytes // nvcomp.SUB_BYTES)  # one frame per sub-chunk: written by nvCOMP
