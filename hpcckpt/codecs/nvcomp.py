@@ -1,8 +1,13 @@
-"""nvCOMP (``nvidia-nvcomp-cu12``/``-cu13``) as the device-side Zstd stage of chain codecs.
+"""nvCOMP (``nvidia-nvcomp-cu12``/``-cu13``) as the device-side Zstd stage of chain codecs: opt-in.
+
+Off unless ``HPCCKPT_NVCOMP=1``, because on the one GPU measured (an H200 with
+16 host cores, bench/gpu_bench.py, docs/compression.md) it lost to the default
+device shuffle + host zstd: 0.75 GB/s compress and 1.5 GB/s decompress per
+8 MiB chunk against 1.4 and 2.8 GB/s on one host thread.
 
 nvCOMP is fast only on many independent chunks at once: a whole 8 MiB chunk
-compressed as one raw stream ran at 0.03 GB/s (LZ4) and 0.2 GB/s (Zstd) on an
-H200, slower than one CPU core.  So a chunk is cut into ``SUB_BYTES``
+compressed as one raw stream ran at 0.03 GB/s (LZ4) and 0.2 GB/s (Zstd) on
+that H200.  So a chunk is cut into ``SUB_BYTES``
 sub-chunks that nvCOMP compresses in one batch, each into one standard
 Zstandard frame (nvCOMP's RAW bitstream).  The stored bytes are those frames,
 concatenated: still exactly what numcodecs' Zstd decodes (a Zstandard stream
@@ -25,6 +30,7 @@ prints it).
 
 from __future__ import annotations
 
+import os
 import threading
 
 import numpy as np
@@ -36,12 +42,18 @@ from .core import zstd_frames
 SUB_BYTES = 64 << 10
 #: Device decoding pays only with this many frames to decode in parallel.
 MIN_FRAMES = 8
+#: The environment variable that turns nvCOMP on ("1").
+ENABLE = "HPCCKPT_NVCOMP"
+_OFF = (f"off (set {ENABLE}=1 to use it; on an H200 it was slower than device shuffle + host zstd, "
+        "docs/compression.md)")
 _local = threading.local()  # nvCOMP Codec objects keep scratch state: one per thread
 _disabled: dict[str, str] = {}  # "zstd" -> why nvCOMP is not used
 
 
 def status() -> dict[str, str]:
-    """``{"zstd": "nvCOMP <version>"}`` when the device path is usable, else the reason it is not."""
+    """``{"zstd": "nvCOMP <version>"}`` when the device path is on and usable, else why not."""
+    if os.environ.get(ENABLE) != "1":
+        return {"zstd": _OFF}
     if _codec() is None:
         return {"zstd": _disabled["zstd"]}
     from nvidia import nvcomp  # noqa: PLC0415
@@ -50,8 +62,8 @@ def status() -> dict[str, str]:
 
 
 def _codec():
-    """This thread's nvCOMP Zstd codec, or None when unusable."""
-    if "zstd" in _disabled:
+    """This thread's nvCOMP Zstd codec, or None when off or unusable."""
+    if os.environ.get(ENABLE) != "1" or "zstd" in _disabled:
         return None
     if not hasattr(_local, "codec"):
         try:
@@ -59,7 +71,7 @@ def _codec():
 
             _local.codec = nvcomp.Codec(algorithm="Zstd", bitstream_kind=nvcomp.BitstreamKind.RAW)
         except Exception as exc:  # noqa: BLE001 - not installed, no device, an older API: use the host
-            _disabled["zstd"] = f"nvCOMP unusable: {type(exc).__name__}: {exc}"
+            _disabled["zstd"] = f"unusable: {type(exc).__name__}: {exc}"
             return None
     return _local.codec
 
@@ -78,15 +90,15 @@ def compress(config: dict, data):
 
         cupy.cuda.Device().synchronize()  # nvCOMP runs on its own stream: the data must be ready
         parts = [nvcomp.as_array(data[i:i + SUB_BYTES]) for i in range(0, data.nbytes, SUB_BYTES)]
-        frames = [cupy.asarray(f).view(np.uint8).reshape(-1) for f in codec.encode(parts)]
+        frames = [cupy.asarray(f).view(np.uint8).reshape(-1) for f in codec.encode(nvcomp.as_arrays(parts))]
         cupy.cuda.Device().synchronize()
         stored = to_host(cupy.concatenate(frames))
     except Exception as exc:  # noqa: BLE001
-        _disabled["zstd"] = f"nvCOMP zstd failed: {type(exc).__name__}: {exc}"
+        _disabled["zstd"] = f"failed: {type(exc).__name__}: {exc}"
         return None
     found = zstd_frames(stored)
     if found is None or sum(f[2] for f in found) != data.nbytes:
-        _disabled["zstd"] = "nvCOMP's zstd frames do not declare their decoded size (the CPU decoder needs it)"
+        _disabled["zstd"] = "not used: its zstd frames do not declare their decoded size (the CPU decoder needs it)"
         return None
     return stored
 
@@ -112,7 +124,7 @@ def decompress(config: dict, stored: np.ndarray, out) -> bool:
 
         source = cupy.asarray(stored)
         cupy.cuda.Device().synchronize()
-        decoded = codec.decode([nvcomp.as_array(source[a:b]) for a, b, _ in frames])
+        decoded = codec.decode(nvcomp.as_arrays([nvcomp.as_array(source[a:b]) for a, b, _ in frames]))
         cupy.cuda.Device().synchronize()
         pos = 0
         for part, (_, _, size) in zip(decoded, frames):

@@ -36,8 +36,16 @@ def field(dtype):
 
 @pytest.fixture
 def without_nvcomp(monkeypatch):
-    """The device filters with the host's lossless stage: byte-identical to the CPU codecs."""
-    monkeypatch.setattr(nvcomp, "_disabled", {"zstd": "off for this test"})
+    """The device filters with the host's lossless stage (the default): byte-identical to the CPU codecs."""
+    monkeypatch.delenv(nvcomp.ENABLE, raising=False)
+
+
+@pytest.fixture
+def with_nvcomp(monkeypatch):
+    """nvCOMP turned on (opt-in), as a user does with HPCCKPT_NVCOMP=1."""
+    pytest.importorskip("nvidia.nvcomp", reason="nvidia-nvcomp is not installed")
+    monkeypatch.setenv(nvcomp.ENABLE, "1")
+    monkeypatch.setattr(nvcomp, "_disabled", {})
 
 
 @pytest.mark.parametrize("spec", CODECS, ids=str)
@@ -72,7 +80,7 @@ def test_bitround_and_shuffle_kernels_on_device(keepbits):
 
 @pytest.mark.parametrize("dtype", ["<f4", "<f8"])
 @pytest.mark.parametrize("n", [1000, 1 << 20, (4 << 20) + 12])
-def test_nvcomp_chunks_decode_on_the_cpu_and_cpu_chunks_on_the_device(dtype, n):
+def test_nvcomp_chunks_decode_on_the_cpu_and_cpu_chunks_on_the_device(dtype, n, with_nvcomp):
     x = np.resize(field(dtype), n)
     codec = resolve("shuffle+zstd", x.dtype)
     assert isinstance(codec, ChainCodec)
@@ -89,10 +97,15 @@ def test_nvcomp_chunks_decode_on_the_cpu_and_cpu_chunks_on_the_device(dtype, n):
     print("nvCOMP:", nvcomp.status())
 
 
-def test_nvcomp_is_used_for_zstd_when_installed():
-    pytest.importorskip("nvidia.nvcomp", reason="nvidia-nvcomp is not installed")
+def test_nvcomp_is_used_for_zstd_when_turned_on(with_nvcomp):
     x = cupy.asarray(field("<f8"))
     stored = device_encode(resolve("shuffle+zstd", np.float64), x)
     assert nvcomp.status()["zstd"].startswith("nvCOMP"), nvcomp.status()
     frames = zstd_frames(stored)
     assert len(frames) == -(-x.nbytes // nvcomp.SUB_BYTES)  # one frame per sub-chunk: written by nvCOMP
+
+
+def test_nvcomp_is_off_by_default(without_nvcomp):
+    x = cupy.asarray(field("<f8"))
+    stored = device_encode(resolve("shuffle+zstd", np.float64), x)
+    assert len(zstd_frames(stored)) == 1 and nvcomp.status()["zstd"].startswith("off")
