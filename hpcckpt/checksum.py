@@ -24,6 +24,22 @@ def checksum(buffer) -> str:
 PIECE = 256 << 10
 
 
+#: Above this many bytes, XXH3 hashes every input the same way for its 64- and 128-bit digests.
+_XXH3_MIDSIZE_MAX = 240
+
+
+def checksum_from_xxh3_128(digest128: str, nbytes: int) -> str | None:
+    """The checksum of a buffer of ``nbytes`` bytes whose xxh3_128 hex digest is ``digest128``; None when too short.
+
+    Past 240 bytes XXH3's 64-bit digest is the low half of its 128-bit one (the
+    same accumulator loop and the same final merge; XXH3's output is frozen
+    since xxHash 0.8.0), so an incremental save, which hashes every block with
+    xxh3_128 anyway, gets the checksum of each block it writes without another
+    pass over the bytes.  Shorter inputs take different paths: checksum them.
+    """
+    return digest128[16:] if nbytes > _XXH3_MIDSIZE_MAX else None
+
+
 def new_hasher():
     """A streaming xxh3_64: ``update`` it piece by piece; same digest as :func:`checksum` of the whole."""
     return xxhash.xxh3_64()

@@ -41,7 +41,7 @@ import xxhash
 from . import blockhash
 from ._mpi import _attempt, _collective_error, _raise_if_failed
 from .arrays import byte_view
-from .checksum import checksum
+from .checksum import checksum, checksum_from_xxh3_128
 from .devices import array_module, as_local_array, is_device_array
 from .encoding import dtype_from_json, dtype_to_json
 from .errors import CheckpointError
@@ -493,17 +493,20 @@ def save_incremental(state, directory: str, comm, options, step: int | None = No
         to_write = [e for e, d in zip(new, dup) if not d]
         refs = [(e[0], *e[6], e[1], e[2], e[4][0]) for e in entries if e[6] is not None]
         dups = [(e[0], e[4], e[1], e[2], e[4][0]) for e, d in zip(new, dup) if d]
-        fused = strategy == "file-per-rank"  # checksummed while written, from the cache: no extra pass
+        fused = strategy == "file-per-rank"  # it checksums the others while it writes them (from the cache)
 
         def pieces():
+            """The blocks to write as Pieces; an uncompressed block's checksum comes from its content hash."""
             encoder = EncodedPieces.for_save(codecs, local["summaries"], options.codec_threads)
-            for variable, start, count, arr in encoder.wrap(((e[0], e[1], e[2], e[3]) for e in to_write), timer):
+            encoded = encoder.wrap(((e[0], e[1], e[2], e[3]) for e in to_write), timer)
+            for (variable, start, count, arr), e in zip(encoded, to_write):  # wrap first: zip then runs it to its end
                 payload = byte_view(arr)
-                if fused:
-                    yield Piece(variable, start, count, payload, None)
-                    continue
-                with timer.phase("hash"):
-                    digest = checksum(payload)
+                (content, _, ck) = e[4]
+                host_hashed = not content.startswith(f"{blockhash.NAME}:")  # xxh3_128, not the device hash
+                digest = checksum_from_xxh3_128(content, payload.nbytes) if ck == "none" and host_hashed else None
+                if digest is None and not fused:
+                    with timer.phase("hash"):
+                        digest = checksum(payload)
                 yield Piece(variable, start, count, payload, digest)
 
         with timer.phase("write"):

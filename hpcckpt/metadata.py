@@ -39,15 +39,6 @@ _HEX_DIGITS = frozenset("0123456789abcdef")
 _DEVICE_HASH_PREFIX = f"{blockhash.NAME}:"  # blocks hashed on a GPU
 
 
-def _is_content_hash(h) -> bool:
-    """32 lower-case hex digits (xxh3_128), optionally prefixed by ``mix128:`` (the device hash)."""
-    if type(h) is not str:
-        return False
-    if h.startswith(_DEVICE_HASH_PREFIX):
-        h = h[len(_DEVICE_HASH_PREFIX):]
-    return len(h) == 32 and _HEX_DIGITS.issuperset(h)
-
-
 @dataclass
 class ChunkTable:
     """Columns of a variable's chunk index (one row per chunk, all int64 except checksums)."""
@@ -234,15 +225,33 @@ def _parse_chunks(name: str, doc, ndim: int, nfiles: int) -> ChunkTable:
     ints = {key: _int_column(name, key, cols[key]) for key in ("file", "offset", "nbytes", "start", "count")}
     _expect(bool(np.all((ints["file"] >= 0) & (ints["file"] < nfiles))), f"chunks of {name!r} name a file that is not listed")
     checksum = cols["checksum"]
-    # exactly 16 lower-case hex digits (int(c, 16) would also take "0x..", "+..", "_" and non-ASCII digits)
-    _expect(all(type(c) is str and len(c) == 16 and _HEX_DIGITS.issuperset(c) for c in checksum),
-            f"chunks of {name!r} have malformed checksums")
+    _expect(_hex_strings(checksum, 16), f"chunks of {name!r} have malformed checksums")
     hashes = doc.get("hash")
     if hashes is not None:  # optional column (incremental saves): a content hash per chunk
-        _expect(isinstance(hashes, list) and len(hashes) == n and all(_is_content_hash(h) for h in hashes),
+        _expect(isinstance(hashes, list) and len(hashes) == n and _content_hashes(hashes),
                 f"chunks of {name!r}: column 'hash' is malformed")
     return ChunkTable(ints["file"], ints["offset"], ints["nbytes"], checksum,
                       ints["start"].reshape(n, ndim), ints["count"].reshape(n, ndim), hashes)
+
+
+def _hex_strings(values: list, digits: int) -> bool:
+    """Whether every value is a string of exactly ``digits`` lower-case hex digits.
+
+    Checked column-wide (C loops: types, then lengths, then the characters of
+    all of them joined), as the per-item test cost more than the JSON parse of
+    a version with many chunks.  Not ``int(c, 16)``: it would also take "0x..",
+    "+..", "_" and non-ASCII digits.
+    """
+    return (set(map(type, values)) <= {str} and set(map(len, values)) <= {digits}
+            and _HEX_DIGITS.issuperset("".join(values)))
+
+
+def _content_hashes(values: list) -> bool:
+    """Whether every value is 32 hex digits (xxh3_128), optionally prefixed by ``mix128:`` (the device hash)."""
+    if not set(map(type, values)) <= {str}:
+        return False
+    p = _DEVICE_HASH_PREFIX
+    return _hex_strings([h[len(p):] if h.startswith(p) else h for h in values], 32)
 
 
 def _int_column(name: str, key: str, values: list) -> np.ndarray:

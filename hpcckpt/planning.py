@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .errors import TemplateMismatchError
-from .regions import even_rows, intersect, overlapping, tiling_problem, volume
+from .regions import even_rows, overlapping, tiling_problem, volume
 
 
 @dataclass(frozen=True)
@@ -128,14 +128,18 @@ def plan_shared_reads(chunk_starts: np.ndarray, chunk_stops: np.ndarray,
     on ties), so each byte is read once and the least data moves.  Chunks that
     one rank alone needs are not listed: that rank reads them itself.
     """
+    hits = [(rank, box, overlapping(chunk_starts, chunk_stops, box[0], box[1]))
+            for rank, box in enumerate(boxes) if box is not None]
+    if not hits:
+        return {}
+    shared = np.bincount(np.concatenate([k for _, _, k in hits]), minlength=len(chunk_starts)) > 1
     users: dict[int, list[tuple[int, tuple, tuple]]] = {}
-    for rank, box in enumerate(boxes):
-        if box is None:
-            continue
-        start, stop = box
-        for k in overlapping(chunk_starts, chunk_stops, start, stop).tolist():
-            lo, hi = intersect(chunk_starts[k], chunk_stops[k], start, stop) if len(start) else ((), ())
-            users.setdefault(k, []).append((rank, lo, hi))
+    for rank, (start, stop), ks in hits:  # only the chunks several ranks need: the vectorised intersections
+        ks = ks[shared[ks]]
+        lo = np.maximum(chunk_starts[ks], np.asarray(start, np.int64).reshape(1, -1)).tolist()
+        hi = np.minimum(chunk_stops[ks], np.asarray(stop, np.int64).reshape(1, -1)).tolist()
+        for k, a, b in zip(ks.tolist(), lo, hi):
+            users.setdefault(k, []).append((rank, tuple(a), tuple(b)))
     plan = {}
     for k, parts in users.items():
         if len(parts) > 1:

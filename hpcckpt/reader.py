@@ -5,7 +5,10 @@ that they cover the box exactly once, and fetches each chunk:
 
 * a chunk that lies wholly inside the target and maps onto contiguous target
   memory is read straight into the caller's buffer (no copy) and checksummed
-  there;
+  there; runs of such chunks stored back to back in one file and adjacent in
+  the target are read in one pass (:func:`coalesce`), each chunk still
+  checksummed on its own slice (an incremental version's chunks are many and
+  small, so their per-chunk cost is what a chain restore pays);
 * any other chunk is read into one reused scratch buffer, checksummed, and the
   overlapping part copied out.
 
@@ -29,7 +32,7 @@ from .encoding import decode_value
 from .errors import CheckpointError, CorruptCheckpointError
 from .metadata import MAX_METADATA_BYTES, METADATA_FILE, Metadata, Variable, parse
 from .regions import overlapping, tiling_problem, volume
-from .storage.posix import confined_path, read_exact
+from .storage.posix import confined_path, read_exact, read_segments
 
 
 def read_metadata(directory: str) -> Metadata:
@@ -52,6 +55,54 @@ def read_metadata(directory: str) -> Metadata:
     return parse(raw, source=path)
 
 
+def direct_targets(starts: np.ndarray, counts: np.ndarray, box_start, shape, itemsize: int):
+    """Which chunks can be read straight into a C-ordered target, and where: ``(mask, byte offsets)``.
+
+    ``starts``/``counts``: ``(n, ndim)`` global boxes of chunks; the target is
+    the box at ``box_start`` of extent ``shape``.  A chunk qualifies when it lies
+    wholly inside the box and its elements form one contiguous run of the
+    target: every axis after its first one longer than 1 spans the whole box.
+    The offset (meaningful where the mask is set) is its first byte's in the target.
+    """
+    shape_arr = np.asarray(shape, np.int64)
+    rel = starts - np.asarray(box_start, np.int64)
+    inside = np.all((rel >= 0) & (rel + counts <= shape_arr), axis=1)
+    longer = counts > 1
+    after_first_long = np.cumsum(longer, axis=1) > longer
+    contiguous = np.all(~after_first_long | (counts == shape_arr), axis=1)
+    strides = np.append(np.cumprod(shape_arr[:0:-1])[::-1], 1) * itemsize
+    return inside & contiguous, rel @ strides
+
+
+def coalesce(file: np.ndarray, offset: np.ndarray, nbytes: np.ndarray, target: np.ndarray) -> list[tuple[int, int]]:
+    """Runs ``[a, b)`` of chunks to read in one pass: each follows the previous in its file and in the target.
+
+    The chunks are given in target order (``target``: ascending byte offsets).
+    Chunk ``i + 1`` joins chunk ``i``'s run when it is in the same file, starts
+    where chunk ``i`` ends there, and lands where chunk ``i`` ends in the target.
+    """
+    n = len(file)
+    if n == 0:
+        return []
+    joins = ((file[1:] == file[:-1]) & (offset[1:] == offset[:-1] + nbytes[:-1])
+             & (target[1:] == target[:-1] + nbytes[:-1]))
+    cuts = np.flatnonzero(~joins) + 1
+    bounds = [0, *cuts.tolist(), n]
+    return list(zip(bounds[:-1], bounds[1:]))
+
+
+def _truncated(path: str, var: Variable, offset: int, nbytes: int, size: int) -> CorruptCheckpointError:
+    """The error for a chunk that runs past the end of its file."""
+    return CorruptCheckpointError(f"{path} is truncated: a chunk of {var.name!r} needs bytes "
+                                  f"{offset}..{offset + nbytes}, the file has {size}")
+
+
+def _bad_checksum(path: str, var: Variable, offset: int, stored: str, read: str) -> CorruptCheckpointError:
+    """The error for a chunk whose bytes do not match its stored checksum."""
+    return CorruptCheckpointError(f"{path}: the chunk of {var.name!r} at offset {offset} fails its checksum "
+                                  f"(stored {stored}, read {read})")
+
+
 class ChunkReader:
     """Reads and verifies chunks of one version; keeps its files open until :meth:`close`."""
 
@@ -59,6 +110,7 @@ class ChunkReader:
         self.directory = directory
         self.meta = meta
         self._files: dict[int, tuple[int, int, str]] = {}  # index -> (fd, size, path)
+        self._roots: dict = {}  # version name (None: this one) -> its real directory, resolved once
         self._scratch = np.empty(0, np.uint8)
         self._pinned_scratch = np.empty(0, np.uint8)  # replaced by page-locked memory when a GPU target is read
         self._decoded = np.empty(0, np.uint8)  # decoded chunks that are copied out partially
@@ -77,7 +129,7 @@ class ChunkReader:
 
     def _file(self, index: int) -> tuple[int, int, str]:
         if index not in self._files:
-            path = confined_path(self.directory, self.meta.files[index])
+            path = confined_path(self.directory, self.meta.files[index], self._roots)
             try:
                 fd = os.open(path, os.O_RDONLY)
             except FileNotFoundError:
@@ -104,9 +156,7 @@ class ChunkReader:
         fd, size, path = self._file(int(chunks.file[k]))
         offset, nbytes = int(chunks.offset[k]), int(chunks.nbytes[k])
         if offset + nbytes > size:
-            raise CorruptCheckpointError(
-                f"{path} is truncated: a chunk of {var.name!r} needs bytes {offset}..{offset + nbytes}, "
-                f"the file has {size}")
+            raise _truncated(path, var, offset, nbytes, size)
         if buf is None:
             attr = "_pinned_scratch" if pinned else "_scratch"
             if getattr(self, attr).nbytes < nbytes:
@@ -116,9 +166,7 @@ class ChunkReader:
         read_exact(fd, offset, buf, path, hasher)
         digest = hexdigest(hasher)
         if digest != chunks.checksum[k]:
-            raise CorruptCheckpointError(
-                f"{path}: the chunk of {var.name!r} at offset {offset} fails its checksum "
-                f"(stored {chunks.checksum[k]}, read {digest})")
+            raise _bad_checksum(path, var, offset, chunks.checksum[k], digest)
         return buf, path
 
     def _codec(self, var: Variable):
@@ -158,9 +206,44 @@ class ChunkReader:
         starts, stops = var.chunks.start, var.chunks.stop
         idx = overlapping(starts, stops, start, stop)
         self._check_cover(var, starts[idx], stops[idx], start, stop)
-        for k in idx.tolist():
-            if k not in skip:
-                self.fill_from_chunk(var, k, start, out)
+        if skip:
+            idx = np.asarray([k for k in idx.tolist() if k not in skip], np.int64)
+        rest = idx
+        # host memory only: any other kind of target (device arrays) goes through fill_from_chunk
+        if var.codec.get("id") == "none" and isinstance(out, np.ndarray) and out.flags.c_contiguous and out.ndim:
+            direct, target = direct_targets(starts[idx], var.chunks.count[idx], start, out.shape, out.itemsize)
+            rest = idx[~direct]
+            self._read_direct(var, idx[direct], target[direct], byte_view(out))
+        for k in rest.tolist():
+            self.fill_from_chunk(var, k, start, out)
+
+    def _read_direct(self, var: Variable, ks: np.ndarray, target: np.ndarray, out: np.ndarray) -> None:
+        """Read uncompressed chunks ``ks`` straight into the flat bytes ``out`` at byte offsets ``target``.
+
+        Runs that are back to back both in their file and in ``out`` are read in
+        one pass; every chunk is verified against its own checksum.
+        """
+        chunks = var.chunks
+        order = np.argsort(target, kind="stable")
+        ks, target = ks[order], target[order]
+        for a, b in coalesce(chunks.file[ks], chunks.offset[ks], chunks.nbytes[ks], target):
+            run = ks[a:b].tolist()
+            self._read_run(var, run, out[int(target[a]):int(target[b - 1]) + int(chunks.nbytes[run[-1]])])
+
+    def _read_run(self, var: Variable, run: list[int], dest: np.ndarray) -> None:
+        """Read chunks ``run`` of ``var`` (stored back to back in one file) into ``dest``; verify each one."""
+        chunks = var.chunks
+        fd, size, path = self._file(int(chunks.file[run[0]]))
+        offsets, sizes = chunks.offset[run].tolist(), chunks.nbytes[run].tolist()
+        if offsets[-1] + sizes[-1] > size:  # back to back: the last chunk ends last; name the first cut short
+            i = next(i for i, (o, n) in enumerate(zip(offsets, sizes)) if o + n > size)
+            raise _truncated(path, var, offsets[i], sizes[i], size)
+        hashers = [new_hasher() for _ in run]
+        read_segments(fd, offsets[0], dest, path, zip(sizes, hashers))
+        for k, offset, hasher in zip(run, offsets, hashers):
+            digest = hexdigest(hasher)
+            if digest != chunks.checksum[k]:
+                raise _bad_checksum(path, var, offset, chunks.checksum[k], digest)
 
     def fill_from_chunk(self, var: Variable, k: int, start, out: np.ndarray) -> None:
         """Copy the part of chunk ``k`` that overlaps the box starting at ``start`` with ``out``'s shape.

@@ -55,6 +55,38 @@ def test_each_needed_byte_is_read_once_and_delivered_exactly(layout):
     assert np.all(reads <= 1)
 
 
+@st.composite
+def grids_2d(draw):
+    """A 2-D array cut into a grid of chunks (the save) and into rank boxes, some empty or None (the load)."""
+    shape = (draw(st.integers(1, 12)), draw(st.integers(1, 12)))
+    rows, cols = _cuts(draw, shape[0], draw(st.integers(1, 4))), _cuts(draw, shape[1], draw(st.integers(1, 4)))
+    chunks = [((a, c), (b, d)) for a, b in zip(rows, rows[1:]) for c, d in zip(cols, cols[1:]) if b > a and d > c]
+    boxes = []
+    for _ in range(draw(st.integers(1, 5))):
+        lo = (draw(st.integers(0, shape[0])), draw(st.integers(0, shape[1])))
+        hi = (draw(st.integers(lo[0], shape[0])), draw(st.integers(lo[1], shape[1])))
+        boxes.append(draw(st.sampled_from([None, (lo, hi)])))
+    return chunks, boxes
+
+
+@settings(max_examples=200, deadline=None)
+@given(grids_2d())
+def test_shared_reads_list_every_rank_of_every_shared_chunk_with_its_part(case):
+    chunks, boxes = case
+    starts = np.array([c[0] for c in chunks], np.int64)
+    stops = np.array([c[1] for c in chunks], np.int64)
+    plan = plan_shared_reads(starts, stops, boxes)
+    for k, (lo, hi) in enumerate(chunks):
+        parts = [(r, *intersect(lo, hi, *box)) for r, box in enumerate(boxes) if box and intersect(lo, hi, *box)]
+        if len(parts) > 1:
+            reader, got = plan[k]
+            assert got == parts
+            sizes = [volume(np.subtract(b, a)) for _, a, b in parts]
+            assert reader == parts[sizes.index(max(sizes))][0]
+        else:
+            assert k not in plan
+
+
 @given(st.lists(st.integers(0, 3), min_size=1, max_size=20), st.one_of(st.none(), st.integers(1, 25)))
 def test_aggregator_groups_partition_the_ranks(ids, count):
     layout = layout_from_ids(ids)

@@ -9,6 +9,7 @@ and every name read from metadata is resolved inside the checkpoint directory.
 from __future__ import annotations
 
 import os
+import stat
 from typing import Iterable
 
 from ..checksum import PIECE
@@ -22,14 +23,15 @@ _MAX_IO = 1 << 30
 def write_all(fd: int, buffer, hasher=None) -> int:
     """Write every byte of ``buffer`` to ``fd`` (looping over short writes); return the count.
 
-    With ``hasher`` (checksum.new_hasher), the bytes are also hashed, a cache-sized
-    step at a time right after they are written, instead of in a second pass.
+    The bytes go a cache-sized step at a time, hashed or not: with several ranks
+    writing at once, 1 MiB writes were measured slower than 256 KiB ones
+    (docs/incremental.md, "Benchmark").  With ``hasher`` (checksum.new_hasher),
+    each step is also hashed right after it is written, instead of in a second pass.
     """
     view = _bytes(buffer)
     total = len(view)
-    step = PIECE if hasher is not None else _MAX_IO
-    for lo in range(0, total, step):
-        hi = min(lo + step, total)
+    for lo in range(0, total, PIECE):
+        hi = min(lo + PIECE, total)
         done = lo
         while done < hi:
             done += os.write(fd, view[done:hi])
@@ -49,19 +51,35 @@ def read_exact(fd: int, offset: int, buffer, name: str, hasher=None) -> None:
     With ``hasher``, each cache-sized step is hashed right after it is read.
     """
     view = _bytes(buffer)
+    read_segments(fd, offset, view, name, [(len(view), hasher)])
+
+
+def read_segments(fd: int, offset: int, buffer, name: str, segments) -> None:
+    """Fill ``buffer`` from ``fd`` at ``offset``, hashing each of its consecutive segments into its own hasher.
+
+    ``segments``: ``(nbytes, hasher or None)`` pairs that cut ``buffer`` from
+    its start (several chunks stored back to back, read in one pass).  Each
+    cache-sized step, never straddling two segments, is hashed right after it
+    is read.  CorruptCheckpointError if the file ends first.
+    """
+    view = _bytes(buffer)
     total = len(view)
-    step = PIECE if hasher is not None else _MAX_IO
-    for lo in range(0, total, step):
-        hi = min(lo + step, total)
-        done = lo
-        while done < hi:
-            n = os.preadv(fd, [view[done:hi]], offset + done)
-            if n == 0:
-                raise CorruptCheckpointError(f"{name} is truncated: wanted {total} bytes at offset {offset}, "
-                                             f"the file ends after {done}")
-            done += n
-        if hasher is not None:
-            hasher.update(view[lo:hi])
+    lo = 0
+    for nbytes, hasher in segments:
+        end = lo + nbytes
+        step = PIECE if hasher is not None else _MAX_IO
+        for a in range(lo, end, step):
+            b = min(a + step, end)
+            done = a
+            while done < b:
+                n = os.preadv(fd, [view[done:b]], offset + done)
+                if n == 0:
+                    raise CorruptCheckpointError(f"{name} is truncated: wanted {total} bytes at offset {offset}, "
+                                                 f"the file ends after {done}")
+                done += n
+            if hasher is not None:
+                hasher.update(view[a:b])
+        lo = end
 
 
 def fsync_path(path: str) -> None:
@@ -93,29 +111,63 @@ def create_exclusive(path: str) -> int:
     return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
 
 
-def confined_path(directory: str, name: str) -> str:
+def confined_path(directory: str, name: str, roots: dict | None = None) -> str:
     """The absolute path of data file ``name`` inside ``directory``; refuses anything that escapes it.
 
     A reference ``@NAME/path`` (incremental saves) resolves inside the sibling
     version ``NAME`` of ``directory`` (same parent), which must be a committed
-    checkpoint directory; it may not leave that version either.
+    checkpoint directory; it may not leave that version either.  ``roots``: a
+    dict the caller keeps across calls (a reader opening the files of many
+    versions), so that each version directory is resolved and checked once.
     """
     check_relative_path(name)
     ref = split_reference(name)
-    if ref is not None:
-        parent = os.path.dirname(os.path.realpath(directory))
-        sibling = os.path.realpath(os.path.join(parent, ref[0]))
-        if os.path.dirname(sibling) != parent:
-            raise CorruptCheckpointError(f"data file {name!r} refers to a version outside {parent}")
-        if not os.path.isfile(os.path.join(sibling, METADATA_FILE)):
-            raise CorruptCheckpointError(f"data file {name!r} refers to {sibling}, which is not a committed version "
-                                         "(removed or never committed)")
-        directory, name = sibling, ref[1]
-    root = os.path.realpath(directory)
-    full = os.path.realpath(os.path.join(root, name))
+    key = ref[0] if ref is not None else None
+    root = roots.get(key) if roots is not None else None
+    if root is None:
+        own = (roots.get(None) if roots is not None else None) or os.path.realpath(directory)
+        root = own if key is None else _sibling_root(own, key, name)
+        if roots is not None:
+            roots[None], roots[key] = own, root
+    full = _resolve_inside(root, ref[1] if ref is not None else name)
     if not full.startswith(root + os.sep):
+        name = ref[1] if ref is not None else name
         raise CorruptCheckpointError(f"data file {name!r} resolves outside the checkpoint directory")
     return full
+
+
+def _sibling_root(own: str, version: str, name: str) -> str:
+    """The real path of the committed version ``version`` next to the version at real path ``own``.
+
+    ``name`` (the reference being resolved) is only for the error messages.
+    """
+    parent = os.path.dirname(own)
+    sibling = _resolve_inside(parent, version)
+    if os.path.dirname(sibling) != parent:
+        raise CorruptCheckpointError(f"data file {name!r} refers to a version outside {parent}")
+    if not os.path.isfile(os.path.join(sibling, METADATA_FILE)):
+        raise CorruptCheckpointError(f"data file {name!r} refers to {sibling}, which is not a committed version "
+                                     "(removed or never committed)")
+    return sibling
+
+
+def _resolve_inside(root: str, name: str) -> str:
+    """``os.path.realpath(root/name)`` for a real ``root`` and a normalised relative ``name``, cheaply.
+
+    Only the components of ``name`` can be symbolic links, so when none is (one
+    lstat each) the joined path is already the real one; otherwise realpath
+    resolves it.  A component that cannot be examined (missing, not a
+    directory) ends the walk, as it does for realpath: nothing below it exists.
+    """
+    path = root
+    for part in name.split("/"):
+        path = os.path.join(path, part)
+        try:
+            if stat.S_ISLNK(os.lstat(path).st_mode):
+                return os.path.realpath(os.path.join(root, name))
+        except OSError:
+            break
+    return os.path.join(root, name)
 
 
 def sizes(directory: str, names: Iterable[str]) -> list[int]:
