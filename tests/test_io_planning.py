@@ -119,3 +119,14 @@ def test_auto_rule():
     assert choose_strategy(4, 128e6, 4, history) == "shared-file"
     assert choose_strategy(8, 128e6, 4, history) == "file-per-rank"  # other scale: measurements do not apply
     assert choose_strategy(4, 1e9, 4, history) == "file-per-rank"  # other size
+
+
+def test_auto_keeps_the_strategy_in_use_unless_another_is_clearly_faster():
+    def row(strategy, gbps):
+        return {"strategy": strategy, "nranks": 4, "bytes_per_rank": 1e6, "gbps": gbps}
+
+    close = [row("file-per-rank", 1.0), row("aggregated", 1.05)]
+    assert choose_strategy(4, 1e6, 2, close) == "aggregated"  # in use, and the other is not 10% better
+    assert choose_strategy(4, 1e6, 2, close + [row("aggregated", 0.95)]) == "aggregated"
+    assert choose_strategy(4, 1e6, 2, close + [row("aggregated", 0.5)]) == "file-per-rank"  # median now clearly lower
+    assert choose_strategy(4, 1e6, 2, [row("aggregated", 1.0), row("file-per-rank", 1.2)]) == "file-per-rank"

@@ -5,7 +5,9 @@ The rule (also in docs/io.md):
 1. One rank: file-per-rank (nothing to aggregate).
 2. If earlier saves under the same root measured at least two strategies at
    this scale (same rank count, bytes per rank within a factor 2), take the
-   one with the best median bandwidth.
+   one with the best median bandwidth, unless the strategy used last at this
+   scale is within ``HYSTERESIS`` of it: then keep that one, so that noise in
+   the measurements does not make saves switch back and forth.
 3. If only file-per-rank was measured at this scale, the writes are small
    (under ``SMALL_BYTES`` per rank on average) and nodes hold several ranks,
    try aggregation once: whether one file per node beats one file per rank
@@ -25,6 +27,8 @@ from statistics import median
 
 STRATEGIES = ("file-per-rank", "aggregated", "shared-file")
 SMALL_BYTES = 8 << 20
+#: Another strategy replaces the one in use only when its median bandwidth is this much better.
+HYSTERESIS = 0.10
 
 
 def choose_strategy(nranks: int, bytes_per_rank: float, ranks_per_node: int, history: list[dict]) -> str:
@@ -32,12 +36,17 @@ def choose_strategy(nranks: int, bytes_per_rank: float, ranks_per_node: int, his
     if nranks <= 1:
         return "file-per-rank"
     similar: dict[str, list[float]] = {}
+    last = None  # the strategy of the newest measurement at this scale
     for row in history:
         if row.get("nranks") == nranks and row.get("strategy") in STRATEGIES and _within(
                 row.get("bytes_per_rank", 0), bytes_per_rank):
             similar.setdefault(row["strategy"], []).append(float(row["gbps"]))
+            last = row["strategy"]
     if len(similar) >= 2:
-        return max(similar, key=lambda s: median(similar[s]))
+        best = max(similar, key=lambda s: median(similar[s]))
+        if median(similar[best]) <= (1 + HYSTERESIS) * median(similar[last]):
+            return last  # not clearly better than what runs now
+        return best
     if set(similar) == {"file-per-rank"} and bytes_per_rank < SMALL_BYTES and ranks_per_node >= 2:
         return "aggregated"  # explore once; rule 2 decides from then on
     return "file-per-rank"
