@@ -35,11 +35,6 @@ def as_local_array(obj):
     return obj if is_device_array(obj) else np.asarray(obj)
 
 
-def device_of(arr):
-    """The CUDA device context of a device array (work on it must run there, also in helper threads)."""
-    return arr.device
-
-
 def pinned_empty(shape, dtype) -> np.ndarray:
     """A numpy array in page-locked host memory from CuPy's pinned memory pool (reused once freed)."""
     import cupyx  # noqa: PLC0415
@@ -51,7 +46,7 @@ def to_host(arr) -> np.ndarray:
     """A C-ordered host copy of the device array ``arr`` in pinned memory (a numpy array passes through)."""
     if not is_device_array(arr):
         return arr
-    with device_of(arr):
+    with arr.device:  # work on a device array runs on its device, also from helper threads
         host = pinned_empty(arr.shape, arr.dtype)
         array_module(arr).ascontiguousarray(arr).get(out=host)
     return host
@@ -60,11 +55,11 @@ def to_host(arr) -> np.ndarray:
 def copy_into(dest, src) -> None:
     """``dest[...] = src`` where either side may live on the device (a host-device copy when they differ)."""
     if is_device_array(dest):
-        with device_of(dest):
+        with dest.device:
             dest[...] = src if is_device_array(src) else array_module(dest).asarray(src)
     elif is_device_array(src):
         if dest.flags.c_contiguous:
-            with device_of(src):
+            with src.device:
                 array_module(src).ascontiguousarray(src).get(out=dest)
         else:
             dest[...] = to_host(src)
