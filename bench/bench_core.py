@@ -56,7 +56,7 @@ import tracemalloc
 
 import numpy as np
 from mpi4py import MPI
-from benchutil import drop_cache, fill_rows  # noqa: E402 - bench/ is the script's folder
+from benchutil import drop_cache, fill_rows, print_table  # noqa: E402 - bench/ is the script's folder
 
 try:
     import hpcckpt
@@ -354,15 +354,6 @@ def table(times: dict, size_bytes: int) -> list[list[str]]:
             rows.append([key, cache, f"{med:.3f}", f"{min(ts):.3f}", f"{size_bytes / GIB / med:.2f}",
                          "1.00", "(baseline)", ""])
     return rows
-
-
-def print_table(header: list[str], rows: list[list[str]]) -> None:
-    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
-    line = lambda r: "| " + " | ".join(str(x).ljust(w) for x, w in zip(r, widths)) + " |"
-    print(line(header))
-    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
-    for r in rows:
-        print(line(r))
 
 
 def main() -> None:

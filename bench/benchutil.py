@@ -24,3 +24,16 @@ def fill_rows(out: np.ndarray, row0: int, ncols: int) -> None:
     for a in range(0, flat.size, step):
         b = min(flat.size, a + step)
         flat[a:b] = np.arange(row0 * ncols + a, row0 * ncols + b, dtype=np.float64)
+
+
+def print_table(header: list, rows: list) -> None:
+    """A Markdown table of ``rows`` under ``header``, columns padded to their widest cell."""
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
+
+    def line(r):
+        return "| " + " | ".join(str(x).ljust(w) for x, w in zip(r, widths)) + " |"
+
+    print(line(header))
+    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    for r in rows:
+        print(line(r))

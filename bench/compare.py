@@ -87,7 +87,7 @@ import tempfile
 import time
 
 import numpy as np
-from benchutil import drop_cache, fill_rows  # noqa: E402 - bench/ is the script's folder
+from benchutil import drop_cache, fill_rows, print_table  # noqa: E402 - bench/ is the script's folder
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 NCOLS = 1024
@@ -564,15 +564,6 @@ def med(xs):
 def paired(a, b):
     """Median over repeats of a[i] / b[i]."""
     return statistics.median(x / y for x, y in zip(a, b)) if a and b else float("nan")
-
-
-def print_table(header, rows) -> None:
-    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
-    line = lambda r: "| " + " | ".join(str(x).ljust(w) for x, w in zip(r, widths)) + " |"
-    print(line(header))
-    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
-    for r in rows:
-        print(line(r))
 
 
 def report(results: dict, args) -> list[tuple]:
