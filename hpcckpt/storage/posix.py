@@ -13,7 +13,7 @@ import stat
 from typing import Iterable
 
 from ..checksum import PIECE
-from ..errors import CorruptCheckpointError
+from ..errors import CheckpointError, CorruptCheckpointError
 from ..metadata import METADATA_FILE, check_relative_path, split_reference
 
 #: Largest single os.write/os.preadv call (Linux moves at most ~2 GiB per call anyway).
@@ -80,6 +80,67 @@ def read_segments(fd: int, offset: int, buffer, name: str, segments) -> None:
             if hasher is not None:
                 hasher.update(view[a:b])
         lo = end
+
+
+def open_regular(path: str) -> int:
+    """Open ``path`` read-only as a file descriptor, refusing anything that is not a regular file.
+
+    A FIFO, device, socket or directory planted where a checkpoint file should be
+    must not block or feed a reader: the open never blocks (``O_NONBLOCK``, which
+    regular files ignore) and the opened object is checked with ``fstat``.
+    FileNotFoundError passes through (callers say which file is missing); any
+    other failure is a CheckpointError, a non-regular file a CorruptCheckpointError.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except (FileNotFoundError, NotADirectoryError):
+        raise FileNotFoundError(path) from None
+    except IsADirectoryError:
+        raise CorruptCheckpointError(f"{path} is a directory, not a regular file") from None
+    except OSError as exc:
+        raise CheckpointError(f"cannot open {path}: {exc.strerror}") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise CorruptCheckpointError(f"{path} is not a regular file ({_file_kind(mode)})")
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _file_kind(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")):
+        if test(mode):
+            return name
+    return "not a plain file"
+
+
+def read_bounded(path: str, limit: int) -> bytes:
+    """The whole content of the regular file ``path``, refusing more than ``limit`` bytes.
+
+    Bounded by the bytes actually read, not by the size the file reports
+    (``/proc`` files and some devices report 0): at most ``limit + 1`` bytes are
+    ever read into memory.  CorruptCheckpointError when the file is longer.
+    """
+    fd = open_regular(path)
+    try:
+        chunks, total = [], 0
+        while True:
+            piece = os.read(fd, min(_MAX_IO, limit + 1 - total))
+            if not piece:
+                break
+            chunks.append(piece)
+            total += len(piece)
+            if total > limit:
+                raise CorruptCheckpointError(f"{path} is longer than {limit} bytes, more than any real one")
+    except OSError as exc:
+        raise CheckpointError(f"cannot read {path}: {exc.strerror}") from None
+    finally:
+        os.close(fd)
+    return b"".join(chunks)
 
 
 def fsync_path(path: str) -> None:
