@@ -24,8 +24,9 @@ import os
 import numpy as np
 
 from .checksum import checksum
-from .errors import CorruptCheckpointError
+from .errors import CheckpointError, CorruptCheckpointError
 from .metadata import MAX_METADATA_BYTES, METADATA_FILE, ChunkTable, split_reference
+from .storage.posix import read_bounded
 
 _REFS_CACHE: dict = {}
 
@@ -38,11 +39,8 @@ def referenced(version_path: str) -> set[str]:
         stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
         if _REFS_CACHE.get(path, (None,))[0] == stamp:
             return _REFS_CACHE[path][1]
-        if st.st_size > MAX_METADATA_BYTES:
-            return set()
-        with open(path, "rb") as f:
-            raw = f.read()
-    except OSError:
+        raw = read_bounded(path, MAX_METADATA_BYTES)
+    except (OSError, CheckpointError):  # unreadable or damaged: it is not a committed version to protect
         return set()
     names: set[str] = set()
     if b'"@' in raw:  # most versions reference nothing: skip the parse

@@ -37,6 +37,7 @@ def dtype_to_json(dtype: np.dtype):
 def dtype_from_json(descr) -> np.dtype:
     """Parse an untrusted dtype descriptor; CorruptCheckpointError when it is not a plain data dtype."""
     try:
+        _check_byte_orders(descr)
         dtype = np.lib.format.descr_to_dtype(_tuplify(descr))
     except Exception as exc:  # numpy raises TypeError, ValueError, KeyError... for junk
         raise CorruptCheckpointError(f"invalid dtype descriptor {str(descr)[:80]!r}: {exc}") from None
@@ -45,6 +46,24 @@ def dtype_from_json(descr) -> np.dtype:
     if dtype.itemsize > _MAX_ITEMSIZE:
         raise CorruptCheckpointError(f"dtype {str(descr)[:80]!r} has an implausible item size {dtype.itemsize}")
     return dtype
+
+
+def _check_byte_orders(descr) -> None:
+    """Refuse a descriptor whose byte order is implicit: every type string starts with ``<``, ``>`` or ``|``,
+    and ``|`` ("does not apply") only for one-byte, bytes and void types (``=f8`` or ``f8`` would mean
+    "whatever the reading machine uses", so the same file would read differently on different machines)."""
+    if isinstance(descr, list):
+        for field in descr:
+            if isinstance(field, list) and len(field) >= 2:
+                _check_byte_orders(field[1])
+        return
+    if isinstance(descr, str):
+        if descr[:1] not in ("<", ">", "|"):
+            raise ValueError("the byte order must be explicit ('<', '>' or '|')")
+        if descr[0] == "|":
+            dtype = np.dtype(descr)
+            if dtype.itemsize > 1 and dtype.kind not in "SV":
+                raise ValueError(f"{descr!r} needs a byte order ('<' or '>'), not '|'")
 
 
 def _listify(descr):

@@ -6,9 +6,10 @@ shape, dtype and codec, and a table of chunks, each a global box mapped to
 number of ranks can read it back.  docs/format.md specifies it for readers in
 other languages.
 
-Everything read from disk is untrusted: :func:`parse` validates types, ranges
-and paths (vectorised, so an index of 100,000 chunks parses in well under a
-second) before any caller allocates or reads a byte.
+Everything read from disk is untrusted: :func:`parse` first checks the
+file's own checksum (every byte is covered, see :func:`seal`), then validates
+types, ranges and paths (vectorised, so an index of 100,000 chunks parses in
+well under a second) before any caller allocates or reads a byte.
 """
 
 from __future__ import annotations
@@ -22,16 +23,27 @@ from typing import Any
 import numpy as np
 
 from . import blockhash
+from .checksum import checksum
 from .codecs.core import check_config as check_codec_config, max_stored_bytes
 from .encoding import dtype_from_json, dtype_to_json
 from .errors import CorruptCheckpointError
 
 FORMAT_NAME = "hpcckpt"
-FORMAT_VERSION = 1
+#: The version this hpcckpt writes, and every version it reads (1: before metadata checksums).
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 METADATA_FILE = "metadata.json"
 CHECKSUM_ALGORITHM = "xxh3_64"
-#: Refuse metadata files larger than this before reading them.
-MAX_METADATA_BYTES = 1 << 31
+#: The literal start of a sealed metadata file; 16 hex digits of its checksum and '",' follow (docs/format.md, 3).
+SEAL_PREFIX = b'{"metadata_checksum":"'
+SEAL_LENGTH = len(SEAL_PREFIX) + 16 + 2
+#: Metadata longer than this is refused, counting the bytes actually read: 256 MiB holds the chunk
+#: index of 65,536 ranks x 20 variables (1.3 million chunks at about 100 bytes each, 130 MB) twice over.
+MAX_METADATA_BYTES = 256 << 20
+#: Steps are at most int64 (readers in other languages hold them in one).
+MAX_STEP = (1 << 63) - 1
+_VARIABLE_KEYS = frozenset({"kind", "dtype", "shape", "codec", "chunks"})
+_CHUNK_KEYS = frozenset({"file", "offset", "nbytes", "checksum", "start", "count", "hash"})
 _MAX_NDIM = 32
 _MAX_BYTES = 1 << 62
 KINDS = ("block", "ragged")
@@ -121,21 +133,55 @@ class Metadata:
     extra: dict = field(default_factory=dict)  # room for later features (strategy, incremental base...)
 
     def to_json_bytes(self) -> bytes:
+        """The committed bytes of ``metadata.json``: one JSON object, sealed by its own checksum."""
         doc = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "checksum": CHECKSUM_ALGORITHM,
                "step": self.step, "created": self.created, "nranks": self.nranks, "files": self.files,
                "variables": {name: v.to_json() for name, v in self.variables.items()},
                "values": self.values, "extra": self.extra}
-        return json.dumps(doc, separators=(",", ":"), allow_nan=False).encode()
+        return seal(json.dumps(doc, separators=(",", ":"), allow_nan=False).encode())
+
+
+def seal(document: bytes) -> bytes:
+    """Put the checksum of a compact JSON object inside it, as its first key, covering every other byte.
+
+    ``{"a":1}`` becomes ``{"metadata_checksum":"<16 hex>","a":1}``: the digest
+    (xxh3_64, as for chunks) covers everything after the 40-byte prefix, and the
+    prefix itself is a fixed literal plus the digest, so no byte of the file can
+    change unnoticed and the file stays plain JSON for other tools.
+    """
+    if not document.startswith(b"{") or document == b"{}":
+        raise ValueError("seal takes a non-empty compact JSON object")
+    body = document[1:]
+    return SEAL_PREFIX + checksum(body).encode() + b'",' + body
+
+
+def unseal(raw: bytes, source: str) -> bool:
+    """Check the seal of metadata bytes; True when sealed and intact, False for an unsealed (version 1) file.
+
+    CorruptCheckpointError when the seal is damaged or the checksum does not
+    match (a flipped byte anywhere, or a file cut short).
+    """
+    if not raw.startswith(SEAL_PREFIX):
+        return False
+    digest, comma = raw[len(SEAL_PREFIX):SEAL_LENGTH - 2], raw[SEAL_LENGTH - 2:SEAL_LENGTH]
+    if comma != b'",' or len(digest) != 16 or not _HEX_DIGITS.issuperset(digest.decode("latin-1")):
+        raise CorruptCheckpointError(f"{source}: the metadata checksum at its start is damaged")
+    actual = checksum(memoryview(raw)[SEAL_LENGTH:])
+    if actual.encode() != digest:
+        raise CorruptCheckpointError(f"{source}: the metadata fails its checksum (stored {digest.decode()}, "
+                                     f"read {actual}): damaged or truncated")
+    return True
 
 
 def parse(raw: bytes, source: str = "metadata") -> Metadata:
-    """Parse and validate untrusted metadata bytes; CorruptCheckpointError on anything malformed."""
+    """Check, parse and validate untrusted metadata bytes; CorruptCheckpointError on anything damaged or malformed."""
+    sealed = unseal(raw, source)
     try:
-        doc = json.loads(raw, parse_constant=_reject_constant)
+        doc = json.loads(raw, parse_constant=_reject_constant, object_pairs_hook=_unique_keys)
     except (ValueError, RecursionError) as exc:
         raise CorruptCheckpointError(f"{source}: not valid JSON ({exc})") from None
     try:
-        return _parse_doc(doc)
+        return _parse_doc(doc, sealed)
     except CorruptCheckpointError as exc:
         raise CorruptCheckpointError(f"{source}: {exc}") from None
     except (TypeError, KeyError, ValueError, OverflowError) as exc:
@@ -146,15 +192,29 @@ def _reject_constant(name):
     raise ValueError(f"{name} is not allowed")
 
 
-def _parse_doc(doc) -> Metadata:
+def _unique_keys(pairs: list) -> dict:
+    """A JSON object as a dict, refusing duplicate keys (JSON libraries disagree on which one wins)."""
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen = set()
+        duplicate = next(k for k, _ in pairs if k in seen or seen.add(k))
+        raise ValueError(f"the key {duplicate[:80]!r} appears twice in one object")
+    return out
+
+
+def _parse_doc(doc, sealed: bool) -> Metadata:
     _expect(isinstance(doc, dict), "the top level must be an object")
     _expect(doc.get("format") == FORMAT_NAME, "this is not an hpcckpt checkpoint")
     version = doc.get("format_version")
     _expect(type(version) is int, "format_version missing")
-    _expect(version == FORMAT_VERSION, f"format version {version} is not supported (this hpcckpt reads {FORMAT_VERSION})")
+    _expect(version in READABLE_VERSIONS,
+            f"format version {version} is not supported (this hpcckpt reads {', '.join(map(str, READABLE_VERSIONS))})")
+    _expect(sealed == (version >= 2), f"format version {version} metadata must "
+            + ("start with its checksum (the seal is missing or damaged)" if version >= 2 else "not be sealed"))
     _expect(doc.get("checksum") == CHECKSUM_ALGORITHM, f"unknown checksum algorithm {doc.get('checksum')!r}")
     step = doc.get("step")
-    _expect(step is None or type(step) is int, "step must be an integer or null")
+    _expect(step is None or (type(step) is int and 0 <= step <= MAX_STEP),
+            f"step must be null or an integer in [0, 2^63), got {str(step)[:40]}")
     files = doc["files"]
     _expect(isinstance(files, list), "files must be a list")
     for name in files:
@@ -179,6 +239,7 @@ def _parse_doc(doc) -> Metadata:
 
 def _parse_variable(name: str, doc, nfiles: int) -> Variable:
     _expect(isinstance(doc, dict), f"variable {name!r} must be an object")
+    _expect(_VARIABLE_KEYS.issuperset(doc), f"variable {name!r} has unknown keys {sorted(set(doc) - _VARIABLE_KEYS)}")
     kind = doc["kind"]
     _expect(kind in KINDS, f"variable {name!r} has unknown kind {kind!r}")
     dtype = dtype_from_json(doc["dtype"])
@@ -197,7 +258,8 @@ def _parse_variable(name: str, doc, nfiles: int) -> Variable:
         raise CorruptCheckpointError(f"variable {name!r}: {exc}") from None
     chunks = _parse_chunks(name, doc["chunks"], len(shape), nfiles)
     if len(chunks):
-        _expect(bool(np.all(chunks.start + chunks.count <= np.asarray(shape, np.int64))) if shape else True,
+        bounds = np.asarray(shape, np.int64)  # start <= shape, then count <= shape - start: no int64 overflow
+        _expect(bool(np.all(chunks.start <= bounds) and np.all(chunks.count <= bounds - chunks.start)),
                 f"variable {name!r} has a chunk outside its global shape")
         volumes = np.prod(chunks.count, axis=1) if shape else np.ones(len(chunks), np.int64)
         if codec["id"] == "none":
@@ -215,6 +277,7 @@ def _parse_variable(name: str, doc, nfiles: int) -> Variable:
 
 def _parse_chunks(name: str, doc, ndim: int, nfiles: int) -> ChunkTable:
     _expect(isinstance(doc, dict), f"chunks of {name!r} must be an object")
+    _expect(_CHUNK_KEYS.issuperset(doc), f"chunks of {name!r} have unknown columns {sorted(set(doc) - _CHUNK_KEYS)}")
     cols = {key: doc[key] for key in ("file", "offset", "nbytes", "checksum", "start", "count")}
     n = len(cols["file"])
     for key in ("file", "offset", "nbytes", "checksum"):
@@ -258,7 +321,8 @@ def _int_column(name: str, key: str, values: list) -> np.ndarray:
     arr = np.asarray(values) if values else np.zeros(0, np.int64)
     _expect(arr.dtype.kind in "iu" and arr.ndim == 1, f"chunks of {name!r}: column {key!r} must hold integers")
     arr = arr.astype(np.int64, casting="safe") if arr.dtype.kind == "i" else _from_unsigned(arr)
-    _expect(bool(np.all(arr >= 0)), f"chunks of {name!r}: column {key!r} has negative values")
+    _expect(bool(np.all((arr >= 0) & (arr < _MAX_BYTES))), f"chunks of {name!r}: column {key!r} has values "
+            "outside [0, 2^62)")
     return arr
 
 

@@ -32,27 +32,27 @@ from .encoding import decode_value
 from .errors import CheckpointError, CorruptCheckpointError
 from .metadata import MAX_METADATA_BYTES, METADATA_FILE, Metadata, Variable, parse
 from .regions import overlapping, tiling_problem, volume
-from .storage.posix import confined_path, read_exact, read_segments
+from .storage.posix import confined_path, read_bounded, read_exact, read_segments
 
 
 def read_metadata(directory: str) -> Metadata:
-    """Read and validate ``directory/metadata.json``; CheckpointError if there is no committed version."""
+    """Read, check and validate ``directory/metadata.json``; CheckpointError if there is no committed version."""
+    path = os.path.join(directory, METADATA_FILE)
+    return parse(read_metadata_bytes(directory), source=path)
+
+
+def read_metadata_bytes(directory: str) -> bytes:
+    """The raw bytes of ``directory/metadata.json``, read safely (a regular file, at most MAX_METADATA_BYTES).
+
+    Not yet checked: :func:`hpcckpt.metadata.parse` checks its seal.
+    """
     path = os.path.join(directory, METADATA_FILE)
     try:
-        with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            if size > MAX_METADATA_BYTES:
-                raise CorruptCheckpointError(f"{path} is {size} bytes, larger than any real metadata")
-            raw = f.read()
+        return read_bounded(path, MAX_METADATA_BYTES)
     except FileNotFoundError:
+        if os.path.exists(directory) and not os.path.isdir(directory):
+            raise CheckpointError(f"{directory!r} is not a checkpoint directory") from None
         raise CheckpointError(f"no committed checkpoint at {directory!r} ({METADATA_FILE} is missing)") from None
-    except IsADirectoryError:
-        raise CorruptCheckpointError(f"{path} is a directory") from None
-    except NotADirectoryError:
-        raise CheckpointError(f"{directory!r} is not a checkpoint directory") from None
-    except PermissionError as exc:
-        raise CheckpointError(f"cannot read {path}: {exc.strerror}") from None
-    return parse(raw, source=path)
 
 
 def direct_targets(starts: np.ndarray, counts: np.ndarray, box_start, shape, itemsize: int):

@@ -5,6 +5,7 @@ import os
 import pytest
 
 from hpcckpt.cli import main
+from metadata_tools import sealed
 from mpitools import run_mpi
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "strategy_roundtrip.py")
@@ -30,8 +31,7 @@ def test_stats_without_a_record_is_one_clean_error(tmp_path, capsys):
 
     hpcckpt.save({"a": hpcckpt.Block(np.arange(4))}, tmp_path / "ck")
     meta_path = tmp_path / "ck" / "metadata.json"
-    text = meta_path.read_text()
-    meta_path.write_text(text.replace('"stats":', '"nostats":'))
+    meta_path.write_bytes(sealed(meta_path.read_bytes().replace(b'"stats":', b'"nostats":')))
     assert main(["stats", str(tmp_path / "ck")]) == 1
     err = capsys.readouterr().err
     assert err.startswith("hpcckpt: error:") and "no timing record" in err and "Traceback" not in err

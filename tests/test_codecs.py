@@ -14,6 +14,7 @@ from hpcckpt.codecs import Lossy, auto, from_config, resolve
 from hpcckpt.codecs.core import decoded_size, zstd_frames
 from hpcckpt.errors import CheckpointError, CorruptCheckpointError
 from hpcckpt.metadata import METADATA_FILE
+from metadata_tools import sealed
 
 numcodecs = pytest.importorskip("numcodecs")
 
@@ -222,7 +223,7 @@ def test_bogus_compressed_chunk_with_valid_checksum(tmp_path):
     file.write_bytes(bytes(data))
     chunks["nbytes"][0] = int(other.nbytes)
     chunks["checksum"][0] = checksum(other)
-    meta_path.write_text(json.dumps(meta))
+    meta_path.write_bytes(sealed(meta))
     with hpcckpt.open(tmp_path / "c") as view:
         with pytest.raises(CorruptCheckpointError, match="decoded"):
             view.read("a")
@@ -233,7 +234,7 @@ def test_metadata_refuses_unknown_codec(tmp_path):
     meta_path = tmp_path / "c" / METADATA_FILE
     meta = json.loads(meta_path.read_text())
     meta["variables"]["a"]["codec"] = {"id": "pickle"}
-    meta_path.write_text(json.dumps(meta))
+    meta_path.write_bytes(sealed(meta))
     with pytest.raises(CorruptCheckpointError, match="pickle"):
         hpcckpt.open(tmp_path / "c")
 

@@ -17,6 +17,7 @@ import hpcckpt  # noqa: E402
 from hpcckpt import hdf5  # noqa: E402
 from hpcckpt._mpi import SerialComm  # noqa: E402
 from hpcckpt.errors import CheckpointError, CorruptCheckpointError, TemplateMismatchError  # noqa: E402
+from hpcckpt.metadata import FORMAT_VERSION  # noqa: E402
 from hpcckpt.reader import CheckpointView  # noqa: E402
 
 
@@ -73,7 +74,7 @@ def test_export_round_trip_against_plain_h5py(tmp_path):
         assert np.array_equal(f["parts"][()], parts)
         assert isinstance(f["fields"], h5py.Group)  # a name with '/' is an HDF5 path
         a = f.attrs
-        assert a["hpcckpt.format"] == "hpcckpt" and a["hpcckpt.format_version"] == 1 and a["hpcckpt.step"] == 7
+        assert a["hpcckpt.format"] == "hpcckpt" and a["hpcckpt.format_version"] == FORMAT_VERSION and a["hpcckpt.step"] == 7
         assert a["step"] == 7 and a["dt"] == 0.125 and a["title"] == "run A" and a["flag"] == np.True_
         assert np.isnan(a["nan"]) and a["f32"].dtype == np.float32 and a["f32"] == 1.5
         assert np.array_equal(a["arr"], values["arr"]) and a["arr"].dtype == np.float32

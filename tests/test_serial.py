@@ -15,6 +15,7 @@ from numpy.lib.recfunctions import repack_fields
 import hpcckpt
 from hpcckpt import Block, CheckpointError, CorruptCheckpointError, Ragged, TemplateMismatchError
 from hpcckpt.catalog import gc, list_versions
+from metadata_tools import rewrite_metadata, sealed
 
 STRUCT = np.dtype([("id", "<i8"), ("pos", ">f4", (3,)), ("tag", "S3"), ("ok", "?")])
 PADDED = np.dtype({"names": ["x", "y"], "formats": ["<i2", "<f8"], "offsets": [0, 8], "itemsize": 24})
@@ -389,11 +390,6 @@ def test_load_and_open_detect_damaged_data(tmp_path, how):
     assert problems and all(os.path.basename(damaged) in p for p in problems)
 
 
-def _rewrite_metadata(path, fn):
-    meta_path = os.path.join(path, "metadata.json")
-    doc = json.loads(open(meta_path, "rb").read())
-    doc = fn(doc)
-    open(meta_path, "wb").write(doc if isinstance(doc, bytes) else json.dumps(doc).encode())
 
 
 @pytest.mark.parametrize("damage", ["truncated", "garbage", "empty", "traversal", "absolute", "dtype-object",
@@ -423,13 +419,13 @@ def test_malformed_metadata_rejected_by_load_and_open(tmp_path, damage):
         elif damage == "nan":
             raw = json.dumps(doc, separators=(",", ":")).encode()
             assert b'"t":1.0' in raw
-            return raw.replace(b'"t":1.0', b'"t":NaN')
+            return sealed(raw.replace(b'"t":1.0', b'"t":NaN'))
         elif damage == "overlapping-chunks":  # same element count, but chunk 1 now repeats chunk 0's rows
             doc["variables"]["a"]["chunks"]["start"][2:4] = doc["variables"]["a"]["chunks"]["start"][0:2]
         return doc
 
     assert raw_doc["variables"]["a"]["chunks"]["start"][:4] == [0, 0, 1, 0]
-    _rewrite_metadata(path, lambda d: mutate(d))
+    rewrite_metadata(path, mutate)
     with pytest.raises(CorruptCheckpointError):
         hpcckpt.load({"a": Block(np.zeros((4, 4))), "t": None}, path)
     with pytest.raises(CorruptCheckpointError):

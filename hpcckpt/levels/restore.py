@@ -27,6 +27,7 @@ from .._mpi import agree
 from ..catalog import _NAME, list_versions
 from ..errors import CheckpointError, CorruptCheckpointError, TemplateMismatchError
 from ..loading import load_version
+from ..reader import read_metadata_bytes
 from ..metadata import METADATA_FILE, Metadata, parse
 from ..storage.posix import atomic_write
 from . import data_file, parity_file
@@ -173,12 +174,8 @@ def _try_local(engine, state, name: str, local_sets, strict):
     vdir = os.path.join(engine.node_dir, name)
     src = next(r for r, s in enumerate(local_sets) if name in s)
 
-    def read_raw():
-        with open(os.path.join(vdir, METADATA_FILE), "rb") as f:
-            return f.read()
-
     try:
-        raw = comm.bcast(agree(comm, what, lambda: read_raw() if rank == src else None), root=src)
+        raw = comm.bcast(agree(comm, what, lambda: read_metadata_bytes(vdir) if rank == src else None), root=src)
         meta = agree(comm, what, lambda: parse(raw, source=os.path.join(vdir, METADATA_FILE)))
     except CheckpointError as exc:
         return None, None, str(exc)
