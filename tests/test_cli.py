@@ -521,35 +521,3 @@ def test_python_m_hpcckpt_errors_are_one_line(root):
     assert_one_line_error(proc.returncode, proc.stderr, "no such checkpoint")
     proc = run_module("--help")
     assert proc.returncode == 0 and "interval" in proc.stdout and "verify" in proc.stdout
-
-
-# --------------------------------------------------------------------------- docs/format.md stays true
-
-def test_format_doc_example_reader(tmp_path):
-    """The reader printed in docs/format.md reads what hpcckpt writes, bit for bit."""
-    pytest.importorskip("xxhash")
-    with open(os.path.join(ROOT_DIR, "docs", "format.md")) as f:
-        text = f.read()
-    code = re.search(r"## 7\..*?```python\n(.*?)```", text, re.S).group(1)
-    namespace: dict = {}
-    exec(compile(code, "docs/format.md", "exec"), namespace)
-    rng = np.random.default_rng(1)
-    u = rng.standard_normal((7, 5)).astype(">f4")
-    rec = np.zeros(5, dtype=[(("T", "x"), "<f4"), ("id", ">i8"), ("m", "<i2", (2, 3))])
-    rec["id"] = np.arange(5)
-    rec["m"] = rng.integers(0, 100, (5, 2, 3))
-    path = str(tmp_path / "v")
-    hpcckpt.save({"u": hpcckpt.Block(u, offset=(0, 0), global_shape=u.shape), "p": hpcckpt.Ragged(rec),
-                  "e": hpcckpt.Block(np.zeros((0, 3)), offset=(0, 0), global_shape=(0, 3)), "k": 7},
-                 path, comm=None, chunk_bytes=40)
-    arrays, values = namespace["read_checkpoint"](path)
-    assert values == {"k": 7}
-    with hpcckpt.open(path) as view:
-        assert sorted(arrays) == sorted(view.variables)
-        for name, arr in arrays.items():
-            expected = view.read(name)
-            assert arr.dtype == expected.dtype and arr.shape == expected.shape
-            assert arr.tobytes() == expected.tobytes()
-    flip_bit(os.path.join(path, PART), 3)
-    with pytest.raises(AssertionError, match="bad checksum"):
-        namespace["read_checkpoint"](path)
