@@ -212,7 +212,7 @@ def _parse_doc(doc, sealed: bool) -> Metadata:
     _expect(sealed == (version >= 2), f"format version {version} metadata must "
             + ("start with its checksum (the seal is missing or damaged)" if version >= 2 else "not be sealed"))
     _expect(doc.get("checksum") == CHECKSUM_ALGORITHM, f"unknown checksum algorithm {doc.get('checksum')!r}")
-    step = doc.get("step")
+    step = doc["step"]
     _expect(step is None or (type(step) is int and 0 <= step <= MAX_STEP),
             f"step must be null or an integer in [0, 2^63), got {str(step)[:40]}")
     files = doc["files"]
