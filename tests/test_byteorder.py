@@ -198,7 +198,8 @@ def test_big_endian_blocks_split_across_ranks(comm, mpi_tmp, strategy, codec):
     size, rank = comm.Get_size(), comm.Get_rank()
     path = os.path.join(mpi_tmp, f"ck-{strategy}-{codec}")
     shape = (7, 5)
-    want = {str(dt): random_bytes(35, np.dtype(dt), seed=i).reshape(shape) for i, dt in enumerate([">f8", ">i4", MIXED])}
+    want = {str(dt): random_bytes(35, np.dtype(dt), seed=i).reshape(shape)
+            for i, dt in enumerate([">f8", ">i4", MIXED])}
     lo, hi = _rows(shape[0], size, rank)
     state = {name: Block(a[lo:hi], offset=(lo, 0), global_shape=shape, codec=codec) for name, a in want.items()}
     state["r"] = Ragged(want[">f8"][lo:hi], codec=codec)
