@@ -21,11 +21,13 @@ def local_pieces(local: np.ndarray, max_bytes: int) -> Iterator[tuple[tuple[int,
     For a C-contiguous ``local`` every piece is a view of the caller's memory;
     for Fortran-ordered or strided arrays each piece is copied, so the extra
     memory is one piece, never the whole array.  A CuPy array's pieces stay on
-    its device.
+    its device.  Every piece keeps ``local``'s dtype, byte order included: the
+    selection ends in ``...`` so that the one piece of a 0-d array is a 0-d view,
+    not the native-order numpy scalar that ``local[()]`` would be.
     """
     xp = array_module(local)
     for start, stop in contiguous_pieces(local.shape, local.dtype.itemsize, max_bytes):
-        sel = tuple(slice(a, b) for a, b in zip(start, stop))
+        sel = tuple(slice(a, b) for a, b in zip(start, stop)) + (Ellipsis,)
         extent = tuple(b - a for a, b in zip(start, stop))
         yield start, extent, xp.ascontiguousarray(local[sel])
 

@@ -5,15 +5,19 @@ of ``[name, descr(, shape)]`` fields for structured dtypes), the same text the
 ``.npy`` format uses, so a reader in another language can decode them.  Dtypes
 that would need pickling (object fields) are refused in both directions.
 
-Replicated values are plain JSON, with three tagged forms (objects whose only
-tag key is ``"$hpcckpt"``): non-finite floats, numpy scalars and small numpy
-arrays (base64 of the C-ordered bytes).
+Replicated values are plain JSON, with four tagged forms (objects whose only
+tag key is ``"$hpcckpt"``): integers outside int64 (decimal text, which many
+JSON libraries cannot parse as numbers), non-finite floats, numpy scalars and
+small numpy arrays (base64 of the C-ordered bytes, in the byte order their
+dtype says).  Lists and dicts nest at most ``MAX_VALUE_DEPTH`` deep, so that
+neither side recurses without bound on crafted or cyclic input.
 """
 
 from __future__ import annotations
 
 import base64
 import math
+import re
 from typing import Any
 
 import numpy as np
@@ -24,6 +28,13 @@ TAG = "$hpcckpt"
 #: Largest numpy array accepted as a replicated value; bigger ones belong in a Block.
 MAX_VALUE_ARRAY_BYTES = 1 << 20
 _MAX_ITEMSIZE = 1 << 24
+#: Lists and dicts nest at most this deep in a replicated value (a tagged object is a leaf).
+MAX_VALUE_DEPTH = 64
+#: Most decimal digits of an integer value (CPython's default int/str conversion limit).
+MAX_INT_DIGITS = 4300
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+_INT_LIMIT = 10 ** MAX_INT_DIGITS
+_INT_TEXT = re.compile(r"-?[0-9]+")
 
 
 def dtype_to_json(dtype: np.dtype):
@@ -43,6 +54,8 @@ def dtype_from_json(descr) -> np.dtype:
         raise CorruptCheckpointError(f"invalid dtype descriptor {str(descr)[:80]!r}: {exc}") from None
     if dtype.hasobject:
         raise CorruptCheckpointError(f"dtype {descr!r} holds Python objects; refused (no pickle)")
+    if dtype.subdtype is not None:  # "(2,)<f8": numpy would turn it into extra axes of every array read
+        raise CorruptCheckpointError(f"dtype {str(descr)[:80]!r} is a sub-array, not an element type")
     if dtype.itemsize > _MAX_ITEMSIZE:
         raise CorruptCheckpointError(f"dtype {str(descr)[:80]!r} has an implausible item size {dtype.itemsize}")
     return dtype
@@ -96,13 +109,18 @@ def _tuplify(descr):
 
 def encode_value(value: Any, where: str = "value") -> Any:
     """The JSON form of a replicated value; CheckpointError for what cannot be stored as data."""
+    return _encode(value, where, 0)
+
+
+def _encode(value: Any, where: str, depth: int) -> Any:
+    """:func:`encode_value` of a value inside ``depth`` lists/dicts."""
     if isinstance(value, np.generic):  # first: np.float64 is a float and np.str_ a str, but they keep their type
         arr = np.asarray(value)
         return {TAG: "scalar", "dtype": dtype_to_json(arr.dtype), "data": _b64(arr)}
     if value is None or isinstance(value, (bool, str)):
         return value
     if isinstance(value, int):
-        return value
+        return _encode_int(int(value), where)
     if isinstance(value, float):
         return value if math.isfinite(value) else {TAG: "float", "value": repr(value)}
     if isinstance(value, np.ndarray):
@@ -111,8 +129,11 @@ def encode_value(value: Any, where: str = "value") -> Any:
                                   "wrap it in hpcckpt.Block")
         return {TAG: "ndarray", "dtype": dtype_to_json(value.dtype), "shape": list(value.shape),
                 "data": _b64(value)}
+    if isinstance(value, (list, tuple, dict)) and depth >= MAX_VALUE_DEPTH:
+        raise CheckpointError(f"{where}: lists and dicts nest more than {MAX_VALUE_DEPTH} deep here "
+                              "(or the value contains itself)")
     if isinstance(value, (list, tuple)):
-        return [encode_value(v, f"{where}[{i}]") for i, v in enumerate(value)]
+        return [_encode(v, f"{where}[{i}]", depth + 1) for i, v in enumerate(value)]
     if isinstance(value, dict):
         out = {}
         for key, v in value.items():
@@ -120,10 +141,22 @@ def encode_value(value: Any, where: str = "value") -> Any:
                 raise CheckpointError(f"{where}: dict keys must be strings, got {key!r}")
             if key == TAG:
                 raise CheckpointError(f"{where}: the key {TAG!r} is reserved")
-            out[key] = encode_value(v, f"{where}[{key!r}]")
+            out[key] = _encode(v, f"{where}[{key!r}]", depth + 1)
         return out
     raise CheckpointError(f"{where}: cannot store a {type(value).__name__} as a replicated value "
                           "(allowed: None, bool, int, float, str, lists/dicts of them, numpy scalars and small arrays)")
+
+
+def _encode_int(value: int, where: str):
+    """A plain JSON integer within int64; beyond it the tagged decimal text (``{"$hpcckpt": "int"}``)."""
+    if _INT64_MIN <= value <= _INT64_MAX:
+        return value
+    if abs(value) >= _INT_LIMIT:
+        raise CheckpointError(f"{where}: an integer of more than {MAX_INT_DIGITS} decimal digits cannot be stored")
+    try:
+        return {TAG: "int", "value": str(value)}
+    except ValueError as exc:  # sys.set_int_max_str_digits() was lowered below MAX_INT_DIGITS
+        raise CheckpointError(f"{where}: {exc}") from None
 
 
 def _b64(arr: np.ndarray) -> str:
@@ -132,14 +165,24 @@ def _b64(arr: np.ndarray) -> str:
 
 def decode_value(obj: Any, where: str = "value") -> Any:
     """Inverse of :func:`encode_value` for untrusted JSON; CorruptCheckpointError on malformed input."""
+    return _decode(obj, where, 0)
+
+
+def _decode(obj: Any, where: str, depth: int) -> Any:
+    """:func:`decode_value` of a JSON value inside ``depth`` arrays/objects."""
+    if isinstance(obj, (list, dict)) and depth >= MAX_VALUE_DEPTH and not (isinstance(obj, dict) and TAG in obj):
+        raise CorruptCheckpointError(f"malformed replicated value {where}: arrays and objects nest more than "
+                                     f"{MAX_VALUE_DEPTH} deep")
     if isinstance(obj, list):
-        return [decode_value(v, where) for v in obj]
+        return [_decode(v, where, depth + 1) for v in obj]
     if not isinstance(obj, dict):
         return obj
     if TAG not in obj:
-        return {k: decode_value(v, where) for k, v in obj.items()}
+        return {k: _decode(v, where, depth + 1) for k, v in obj.items()}
     kind = obj[TAG]
     try:
+        if kind == "int":
+            return _decode_int(obj)
         if kind == "float":
             text = obj["value"]
             if text not in ("nan", "inf", "-inf"):
@@ -161,7 +204,23 @@ def decode_value(obj: Any, where: str = "value") -> Any:
         raise
     except Exception as exc:
         raise CorruptCheckpointError(f"malformed replicated value {where}: {exc}") from None
-    raise CorruptCheckpointError(f"malformed replicated value {where}: unknown tag {kind!r}")
+    raise CorruptCheckpointError(f"malformed replicated value {where}: unknown tag {str(kind)[:40]!r}")
+
+
+def _decode_int(obj: dict) -> int:
+    """The integer of a ``{"$hpcckpt": "int", "value": "-123..."}`` object (ValueError if malformed).
+
+    A writer tags only integers outside int64, so a tagged one inside it is refused.
+    """
+    if set(obj) != {TAG, "value"}:
+        raise ValueError(f"an int tag has exactly the keys {TAG!r} and 'value', got {sorted(obj)[:5]}")
+    text = obj["value"]
+    if not isinstance(text, str) or _INT_TEXT.fullmatch(text) is None or len(text.lstrip("-")) > MAX_INT_DIGITS:
+        raise ValueError(f"not a decimal integer of at most {MAX_INT_DIGITS} digits: {str(text)[:40]!r}")
+    value = int(text)
+    if _INT64_MIN <= value <= _INT64_MAX:
+        raise ValueError(f"the tagged integer {text!r} fits in int64 (a writer stores it as a plain integer)")
+    return value
 
 
 def _bad(n: int):

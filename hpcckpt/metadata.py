@@ -25,7 +25,7 @@ import numpy as np
 from . import blockhash
 from .checksum import checksum
 from .codecs.core import check_config as check_codec_config, max_stored_bytes
-from .encoding import dtype_from_json, dtype_to_json
+from .encoding import decode_value, dtype_from_json, dtype_to_json
 from .errors import CorruptCheckpointError
 
 FORMAT_NAME = "hpcckpt"
@@ -224,6 +224,8 @@ def _parse_doc(doc, sealed: bool) -> Metadata:
     _expect(isinstance(doc["created"], str), "created must be a string")
     values = doc["values"]
     _expect(isinstance(values, dict), "values must be an object")
+    for name, value in values.items():  # malformed or too deeply nested values fail here, before any broadcast
+        decode_value(value, repr(name))
     extra = doc.get("extra", {})
     _expect(isinstance(extra, dict), "extra must be an object")
     variables_doc = doc["variables"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 
 import numpy as np
 from numpy.lib.recfunctions import repack_fields
@@ -11,8 +12,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import hpcckpt
 from hpcckpt import CheckpointError, CorruptCheckpointError
-from hpcckpt.encoding import MAX_VALUE_ARRAY_BYTES, decode_value, dtype_from_json, dtype_to_json, encode_value
+from hpcckpt.encoding import (MAX_INT_DIGITS, MAX_VALUE_ARRAY_BYTES, MAX_VALUE_DEPTH, decode_value, dtype_from_json,
+                              dtype_to_json, encode_value)
 
 STRUCT = np.dtype([("id", "<i8"), ("pos", ">f4", (3,)), ("nested", [("a", "u1"), ("b", "<c8")])])
 DTYPES = ["<i1", "<u2", ">i4", "<i8", "<f2", "<f4", ">f8", "<c8", ">c16", "?", "<M8[ns]", "<m8[s]", "|S5",
@@ -165,6 +168,153 @@ def test_dtype_refusals():
     with pytest.raises(CheckpointError):
         dtype_to_json(np.dtype([("a", "O"), ("b", "<f8")]))
     for bad in ["|O", [["a", "|O"]], "junk", 3, None, {"a": 1}, [["a"]], [[1, "<f8"]], [["a", "<f8", [-1]]],
-                [["a", "<f8", "3"]], "|V99999999999", [[["t", 5], "<f8"]]]:
+                [["a", "<f8", "3"]], "|V99999999999", [[["t", 5], "<f8"]], "(2,)<f8", ">(2,3)i4"]:
         with pytest.raises(CorruptCheckpointError):
             dtype_from_json(bad)
+
+
+# ---------------------------------------------------------------- integers beyond int64
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+
+
+def json_ints(doc):
+    """Every JSON integer in an encoded value."""
+    if isinstance(doc, bool):
+        return []
+    if isinstance(doc, int):
+        return [doc]
+    if isinstance(doc, list):
+        return [i for v in doc for i in json_ints(v)]
+    if isinstance(doc, dict):
+        return [i for v in doc.values() for i in json_ints(v)]
+    return []
+
+
+@pytest.mark.parametrize("value", [2**63, -2**63 - 1, 2**70, -2**70, 10**MAX_INT_DIGITS - 1, -(10**MAX_INT_DIGITS - 1)],
+                         ids=lambda v: f"{'-' if v < 0 else ''}{len(str(abs(v)))}-digits")
+def test_big_ints_are_tagged_decimal_text(value):
+    assert encode_value(value) == {"$hpcckpt": "int", "value": str(value)}
+    assert encode_value([value]) == [{"$hpcckpt": "int", "value": str(value)}]
+    same(through_json(value), value)
+
+
+@pytest.mark.parametrize("value", [0, -1, INT64_MIN, INT64_MAX, 2**53 + 1])
+def test_int64_ints_stay_plain(value):
+    assert encode_value(value) == value and type(encode_value(value)) is int
+    same(through_json(value), value)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.recursive(st.integers(), lambda inner: st.lists(inner, max_size=3), max_leaves=8))
+def test_any_int_round_trips_and_json_holds_only_int64(value):
+    doc = encode_value(value)
+    assert all(INT64_MIN <= i <= INT64_MAX for i in json_ints(doc))
+    same(through_json(value), value)
+
+
+def test_too_many_digits_is_refused_naming_the_value(tmp_path):
+    with pytest.raises(CheckpointError, match=f"'n'.*more than {MAX_INT_DIGITS} decimal digits"):
+        encode_value({"n": -(10**MAX_INT_DIGITS)}, "'n'")
+    with pytest.raises(CheckpointError, match=f"'huge'.*more than {MAX_INT_DIGITS}"):
+        hpcckpt.save({"huge": 10**MAX_INT_DIGITS}, str(tmp_path / "ck"))
+
+
+def test_plain_big_ints_of_old_files_still_decode():
+    assert decode_value(2**70) == 2**70 and decode_value([-(2**64)]) == [-(2**64)]
+
+
+@pytest.mark.parametrize("obj", [
+    {"$hpcckpt": "int", "value": "5"},  # fits int64: a writer never tags it
+    {"$hpcckpt": "int", "value": "-9223372036854775808"},
+    {"$hpcckpt": "int", "value": 2**70},  # not a string
+    {"$hpcckpt": "int", "value": "1e30"},
+    {"$hpcckpt": "int", "value": "+99999999999999999999"},
+    {"$hpcckpt": "int", "value": " 99999999999999999999"},
+    {"$hpcckpt": "int", "value": "99999999999999999999\n"},
+    {"$hpcckpt": "int", "value": "99_999_999_999_999_999_999"},
+    {"$hpcckpt": "int", "value": "\u0663" * 25},  # Arabic-Indic digits: int() accepts them, the format does not
+    {"$hpcckpt": "int", "value": "--99999999999999999999"},
+    {"$hpcckpt": "int", "value": ""},
+    {"$hpcckpt": "int", "value": "9" * (MAX_INT_DIGITS + 1)},
+    {"$hpcckpt": "int", "value": "-" + "9" * (MAX_INT_DIGITS + 1)},
+    {"$hpcckpt": "int"},
+    {"$hpcckpt": "int", "value": "99999999999999999999", "extra": 1},
+])
+def test_malformed_tagged_ints(obj):
+    with pytest.raises(CorruptCheckpointError, match="malformed replicated value"):
+        decode_value(obj)
+
+
+def test_longest_tagged_int_decodes():
+    assert decode_value({"$hpcckpt": "int", "value": "-" + "9" * MAX_INT_DIGITS}) == -(10**MAX_INT_DIGITS - 1)
+
+
+# ---------------------------------------------------------------- nesting depth
+def nested(depth: int, leaf=1, kind="list"):
+    """``leaf`` inside ``depth`` lists (or dicts)."""
+    for _ in range(depth):
+        leaf = [leaf] if kind == "list" else {"k": leaf}
+    return leaf
+
+
+@pytest.mark.parametrize("kind", ["list", "dict"])
+def test_deepest_allowed_nesting_round_trips(kind):
+    value = nested(MAX_VALUE_DEPTH, np.arange(3.0), kind)  # a tagged array is a leaf, not a level
+    same(through_json(value), value)
+
+
+@pytest.mark.parametrize("kind", ["list", "dict"])
+def test_deeper_nesting_is_refused_on_save(tmp_path, kind):
+    with pytest.raises(CheckpointError, match=f"nest more than {MAX_VALUE_DEPTH} deep"):
+        encode_value(nested(MAX_VALUE_DEPTH + 1, kind=kind))
+    with pytest.raises(CheckpointError, match=f"'deep'.*nest more than {MAX_VALUE_DEPTH} deep"):
+        hpcckpt.save({"deep": nested(600, kind=kind)}, str(tmp_path / "ck"))
+    assert not (tmp_path / "ck" / "metadata.json").exists()
+
+
+def test_a_value_containing_itself_is_refused():
+    cycle = []
+    cycle.append(cycle)
+    with pytest.raises(CheckpointError, match="contains itself"):
+        encode_value({"a": cycle})
+
+
+@pytest.mark.parametrize("depth", [MAX_VALUE_DEPTH + 1, 600, 100_000])
+def test_deeper_nesting_is_refused_on_read(depth):
+    with pytest.raises(CorruptCheckpointError, match=f"nest more than {MAX_VALUE_DEPTH} deep"):
+        decode_value(nested(depth), "'v'")
+
+
+def test_crafted_deep_metadata_is_a_corrupt_checkpoint(tmp_path):
+    """Values nested 600 deep in metadata.json raised RecursionError from open() and load()."""
+    path = str(tmp_path / "ck")
+    hpcckpt.save({"v": 1}, path)
+    meta = json.load(open(os.path.join(path, "metadata.json")))
+    meta["values"]["v"] = nested(600)
+    with open(os.path.join(path, "metadata.json"), "w") as f:
+        json.dump(meta, f)
+    with pytest.raises(CorruptCheckpointError, match="'v'.*nest more than"):
+        hpcckpt.open(path)
+    with pytest.raises(CorruptCheckpointError, match="'v'.*nest more than"):
+        hpcckpt.load({"v": None}, path)
+
+
+# ---------------------------------------------------------------- any JSON: a value or CorruptCheckpointError
+TAG_KEYS = st.sampled_from(["$hpcckpt", "value", "dtype", "data", "shape"]) | st.text(max_size=4)
+JSON_LEAVES = st.one_of(
+    st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False), st.text(max_size=8),
+    st.sampled_from(["int", "float", "scalar", "ndarray", "nan", "-inf", "<f8", ">i8", "|O", "(2,)<f8", "AAAAAAAAAAA=",
+                     "", "-", "99999999999999999999", "-9223372036854775809", "12", "9" * 4301]))
+JSON_TREES = st.recursive(JSON_LEAVES, lambda inner: st.lists(inner, max_size=4)
+                          | st.dictionaries(TAG_KEYS, inner, max_size=5), max_leaves=25)
+
+
+@settings(max_examples=500, deadline=None)
+@given(JSON_TREES, st.integers(0, 2 * MAX_VALUE_DEPTH) | st.sampled_from([MAX_VALUE_DEPTH + 1, 20_000]))
+def test_decode_gives_a_value_or_corrupt_checkpoint_error(tree, depth):
+    """20,000 levels: beyond the recursion limit that hypothesis raises while a test runs."""
+    doc = nested(depth, json.loads(json.dumps(tree)))
+    try:
+        decode_value(doc)
+    except CorruptCheckpointError:
+        pass
