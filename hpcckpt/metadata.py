@@ -25,7 +25,7 @@ import numpy as np
 from . import blockhash
 from .checksum import checksum
 from .codecs.core import check_config as check_codec_config, max_stored_bytes
-from .encoding import decode_value, dtype_from_json, dtype_to_json
+from .encoding import MAX_VALUE_DEPTH, decode_value, dtype_from_json, dtype_to_json
 from .errors import CorruptCheckpointError
 
 FORMAT_NAME = "hpcckpt"
@@ -227,7 +227,8 @@ def _parse_doc(doc, sealed: bool) -> Metadata:
     for name, value in values.items():  # malformed or too deeply nested values fail here, before any broadcast
         decode_value(value, repr(name))
     extra = doc.get("extra", {})
-    _expect(isinstance(extra, dict), "extra must be an object")
+    _expect(isinstance(extra, dict) and _nests_at_most(extra, MAX_VALUE_DEPTH),
+            f"extra must be an object nesting at most {MAX_VALUE_DEPTH} deep")
     variables_doc = doc["variables"]
     _expect(isinstance(variables_doc, dict), "variables must be an object")
     variables = {}
@@ -237,6 +238,23 @@ def _parse_doc(doc, sealed: bool) -> Metadata:
         variables[name] = _parse_variable(name, vdoc, len(files))
     return Metadata(step=step, files=files, variables=variables, values=values, nranks=nranks,
                     created=doc["created"], extra=extra)
+
+
+def _nests_at_most(obj, limit: int) -> bool:
+    """Whether lists and objects in ``obj`` nest at most ``limit`` deep (walked without recursion).
+
+    The free-form ``extra`` must be bounded too: a version that parses is
+    broadcast to every rank, and pickling a document nested a thousand deep
+    raises RecursionError on one rank while the others wait.
+    """
+    stack = [(obj, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > limit:
+            return False
+        children = item.values() if isinstance(item, dict) else item
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (list, dict)))
+    return True
 
 
 def _parse_variable(name: str, doc, nfiles: int) -> Variable:

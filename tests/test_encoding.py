@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import hpcckpt
+from metadata_tools import rewrite_metadata
 from hpcckpt import CheckpointError, CorruptCheckpointError
 from hpcckpt.encoding import (MAX_INT_DIGITS, MAX_VALUE_ARRAY_BYTES, MAX_VALUE_DEPTH, decode_value, dtype_from_json,
                               dtype_to_json, encode_value)
@@ -289,10 +290,7 @@ def test_crafted_deep_metadata_is_a_corrupt_checkpoint(tmp_path):
     """Values nested 600 deep in metadata.json raised RecursionError from open() and load()."""
     path = str(tmp_path / "ck")
     hpcckpt.save({"v": 1}, path)
-    meta = json.load(open(os.path.join(path, "metadata.json")))
-    meta["values"]["v"] = nested(600)
-    with open(os.path.join(path, "metadata.json"), "w") as f:
-        json.dump(meta, f)
+    rewrite_metadata(path, lambda meta: meta["values"].update(v=nested(600)))
     with pytest.raises(CorruptCheckpointError, match="'v'.*nest more than"):
         hpcckpt.open(path)
     with pytest.raises(CorruptCheckpointError, match="'v'.*nest more than"):

@@ -189,3 +189,17 @@ def test_a_missing_checkpoint_is_a_plain_checkpoint_error(tmp_path):
     with pytest.raises(CheckpointError, match="no committed checkpoint") as info:
         hpcckpt.open(tmp_path / "nothing")
     assert not isinstance(info.value, CorruptCheckpointError)
+
+
+def test_deeply_nested_extra_is_refused(version):
+    """Nested 900 deep, ``extra`` parsed but then broke the broadcast of the parsed metadata (pickle recursion)."""
+    path, _ = version
+    doc = read_doc(path)
+    deep: list = []
+    for _ in range(900):
+        deep = [deep]
+    doc["extra"]["deep"] = deep
+    with pytest.raises(CorruptCheckpointError, match="extra"):
+        parse(sealed(doc))
+    doc["extra"]["deep"] = [[[{"a": [1]}]]]
+    assert parse(sealed(doc)).extra["deep"] == [[[{"a": [1]}]]]
