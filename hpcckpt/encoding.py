@@ -34,7 +34,7 @@ MAX_VALUE_DEPTH = 64
 MAX_INT_DIGITS = 4300
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 _INT_LIMIT = 10 ** MAX_INT_DIGITS
-_INT_TEXT = re.compile(r"-?[0-9]+")
+_INT_TEXT = re.compile(r"-?[1-9][0-9]*")  # as Python writes them: no leading zeros, no "+", no "-0"
 
 
 def dtype_to_json(dtype: np.dtype):

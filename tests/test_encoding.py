@@ -230,6 +230,7 @@ def test_plain_big_ints_of_old_files_still_decode():
     {"$hpcckpt": "int", "value": 2**70},  # not a string
     {"$hpcckpt": "int", "value": "1e30"},
     {"$hpcckpt": "int", "value": "+99999999999999999999"},
+    {"$hpcckpt": "int", "value": "0099999999999999999999"},  # leading zeros (docs/format.md 3.4)
     {"$hpcckpt": "int", "value": " 99999999999999999999"},
     {"$hpcckpt": "int", "value": "99999999999999999999\n"},
     {"$hpcckpt": "int", "value": "99_999_999_999_999_999_999"},
