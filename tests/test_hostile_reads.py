@@ -185,7 +185,7 @@ def test_export_of_an_out_of_range_step_is_a_clean_error(version, tmp_path, caps
 
 
 @pytest.mark.mpi(min_size=2)
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(60, method="thread")  # a rank blocked in MPI never sees a signal
 def test_mpi_restore_falls_back_from_a_fifo_on_every_rank(mpi_tmp):
     """The newest version's last data file is a FIFO: every rank restores the previous version exactly."""
     from mpi4py import MPI
@@ -215,3 +215,46 @@ def test_mpi_restore_falls_back_from_a_fifo_on_every_rank(mpi_tmp):
     np.testing.assert_array_equal(template["u"].local, np.arange(4.0 * rank, 4.0 * rank + 4))
     assert out["step"] == 1
     assert comm.allgather(ck.last_restored) == [ck.last_restored] * size
+
+
+@pytest.mark.timeout(20)
+def test_partner_copy_refuses_a_fifo_and_completes_its_protocol(tmp_path):
+    """L2 partner copies stream data files between ranks: a FIFO source is refused, not read (one rank, to itself)."""
+    from mpi4py import MPI
+
+    from hpcckpt.levels.partner import transfer
+
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    (src / "data").mkdir(parents=True)
+    os.mkfifo(src / PART)
+    with pytest.raises(CorruptCheckpointError, match="FIFO") as info:
+        transfer(MPI.COMM_SELF, [(0, 0, PART, 100)], str(src), str(dst))
+    assert str(src / PART) in str(info.value)
+    assert not os.path.exists(dst / PART) and not os.path.exists(str(dst / PART) + ".part")
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.timeout(60, method="thread")  # a rank blocked in MPI never sees a signal
+def test_mpi_parity_encode_refuses_a_fifo_on_one_rank(mpi_tmp):
+    """L3 parity: the rank whose data file is a FIFO fails after the collective rounds; the others finish."""
+    from mpi4py import MPI
+
+    from hpcckpt.levels.parity import encode
+
+    comm = MPI.COMM_WORLD.Split(0 if MPI.COMM_WORLD.Get_rank() < 2 else MPI.UNDEFINED, 0)
+    if comm == MPI.COMM_NULL:
+        return
+    rank = comm.Get_rank()
+    data = os.path.join(mpi_tmp, f"data-{rank}.bin")
+    if rank == 1:
+        os.mkfifo(data)
+    else:
+        with open(data, "wb") as f:
+            f.write(b"\1" * 100)
+    out = os.path.join(mpi_tmp, f"parity-{rank}.bin")
+    if rank == 1:
+        with pytest.raises(CorruptCheckpointError, match="FIFO"):
+            encode(comm, data, 100, [100, 100], out)
+    else:
+        assert encode(comm, data, 100, [100, 100], out) == 100
+    comm.Free()
