@@ -112,13 +112,25 @@ def _b64(arr: np.ndarray) -> str:
 
 
 def decode_value(obj: Any, where: str = "value") -> Any:
-    """Inverse of :func:`encode_value` for untrusted JSON; CorruptCheckpointError on malformed input."""
+    """Inverse of :func:`encode_value` for untrusted JSON; CorruptCheckpointError on malformed input.
+
+    JSON the parser accepted may still nest too deeply for this recursive walk
+    (a few hundred levels): that is malformed input too, not a RecursionError.
+    """
+    try:
+        return _decode(obj, where)
+    except RecursionError:
+        raise CorruptCheckpointError(f"malformed replicated value {where}: nested too deeply") from None
+
+
+def _decode(obj: Any, where: str) -> Any:
+    """:func:`decode_value` without the depth guard (it recurses into itself)."""
     if isinstance(obj, list):
-        return [decode_value(v, where) for v in obj]
+        return [_decode(v, where) for v in obj]
     if not isinstance(obj, dict):
         return obj
     if TAG not in obj:
-        return {k: decode_value(v, where) for k, v in obj.items()}
+        return {k: _decode(v, where) for k, v in obj.items()}
     kind = obj[TAG]
     try:
         if kind == "float":

@@ -57,6 +57,8 @@ RESERVED_PREFIX = "hpcckpt."
 LIBVER = ("v108", "v110")
 #: Largest temporary buffer when a hyperslab must be read into a non-contiguous block.
 SLAB_BYTES = 64 << 20
+#: The range of the 64-bit integer attributes (``hpcckpt.step``, plain int values).
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 
 
 def _h5py():
@@ -208,9 +210,6 @@ def export(checkpoint_path, out_h5, progress=None, *, overwrite: bool = False) -
     return result
 
 
-_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
-
-
 def _dataset_name_problem(name: str) -> str | None:
     """Why HDF5 would not store a dataset under exactly ``name`` (None when it would).
 
@@ -289,7 +288,7 @@ def _plain_attribute(value, h5py):
     if isinstance(value, (bool, np.bool_)):
         return (np.bool_(value),)
     if isinstance(value, int):
-        return (np.int64(value),) if -(1 << 63) <= value < (1 << 63) else None
+        return (np.int64(value),) if _INT64_MIN <= value <= _INT64_MAX else None
     if isinstance(value, float):
         return (np.float64(value),)
     if isinstance(value, str):
@@ -390,16 +389,15 @@ def _read_index(path: str, state, allow_external: bool) -> _Index:
         for name in list(distributed) + list(replicated):  # links that the walk does not name
             if name in found:
                 continue
-            if not allow_external:
-                try:
-                    sources[name] = _hard_path(f, name, h5py)
-                except _Outside as exc:
-                    index.unusable[name] = str(exc)
-                    continue
+            try:
+                target = name if allow_external else _hard_path(f, name, h5py)
+            except _Outside as exc:
+                index.unusable[name] = str(exc)
+                continue
             with contextlib.suppress(KeyError, OSError, ValueError, TypeError):
-                obj = f.get(sources.get(name) or name)
+                obj = f.get(target) if target is not None else None
                 if isinstance(obj, h5py.Dataset):
-                    found[name] = obj
+                    found[name], sources[name] = obj, target
         for name, ds in found.items():
             outside = None if allow_external else _outside_storage(f, ds, h5py)
             if outside is not None:

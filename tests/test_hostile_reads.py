@@ -167,6 +167,25 @@ def test_a_variable_too_large_to_allocate_is_a_clean_error(version, tmp_path, ca
     assert "'p'" in err and "internal error" not in err
 
 
+@pytest.mark.parametrize("depth", [600, 900])
+def test_a_value_nested_too_deeply_is_corrupt_not_a_recursion_error(version, capsys, depth):
+    """JSON that parses can still be too deep for the value decoder: a CorruptCheckpointError naming the value."""
+    meta = read_metadata(version)
+    deep = 1
+    for _ in range(depth):
+        deep = {"a": [deep]} if depth % 2 else [deep]
+    meta.values["deep"] = deep
+    with open(os.path.join(version, "metadata.json"), "wb") as f:
+        f.write(meta.to_json_bytes())
+    with pytest.raises(CorruptCheckpointError, match="'deep'|metadata.json"):
+        hpcckpt.open(version)
+    with pytest.raises(CorruptCheckpointError, match="'deep'|metadata.json"):
+        hpcckpt.load({**_template(), "deep": None}, version, comm=COMM)
+    assert cli.main(["inspect", version]) == 1
+    err = capsys.readouterr().err
+    assert "internal error" not in err and ("'deep'" in err or "metadata.json" in err)
+
+
 @pytest.mark.timeout(60)
 def test_export_of_an_out_of_range_step_is_a_clean_error(version, tmp_path, capsys):
     meta = read_metadata(version)
