@@ -77,7 +77,7 @@ def compact(root: str, keep: int | None = None, dry_run: bool = False, fsync: bo
     """
     from .catalog import current, list_versions
     from .incremental import ChainIndex, codec_key
-    from .reader import read_metadata
+    from .reader import allocate, read_metadata
     from .storage.posix import atomic_write, confined_path, fsync_path, open_regular, read_exact, write_all
 
     live = current(list_versions(root))
@@ -112,7 +112,7 @@ def compact(root: str, keep: int | None = None, dry_run: bool = False, fsync: bo
                         fname, off = loc[0], loc[1]
                         retargeted += 1
                     else:
-                        data = np.empty(int(c.nbytes[k]), np.uint8)
+                        data = allocate((int(c.nbytes[k]),), np.uint8, var.name)
                         src = confined_path(e.path, meta.files[int(c.file[k])])
                         try:
                             fd = open_regular(src)

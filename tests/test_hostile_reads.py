@@ -141,6 +141,19 @@ def test_compaction_refuses_a_fifo_it_would_copy(tmp_path):
     assert open(os.path.join(b, "metadata.json"), "rb").read() == before  # nothing rewritten
 
 
+def test_compaction_of_a_chunk_too_large_to_allocate_is_a_clean_error(tmp_path):
+    root, a, b = _chain(tmp_path)
+    meta = read_metadata(b)
+    var = meta.variables["u"]
+    ref = next(i for i, f in enumerate(meta.files) if f.startswith("@"))
+    n = 10**17
+    var.shape, var.chunks = (n,), type(var.chunks).from_rows([(ref, 0, 8 * n, "0" * 16, (0,), (n,))], 1)
+    with open(os.path.join(b, "metadata.json"), "wb") as f:
+        f.write(meta.to_json_bytes())
+    with pytest.raises(CheckpointError, match=f"variable 'u': cannot allocate {8 * n} bytes"):
+        compact(root, keep=1)
+
+
 def _huge(version: str, elements: int = 10**18) -> None:
     """Rewrite the metadata so that variable ``p`` (uint8, one chunk) claims ``elements`` elements."""
     meta = read_metadata(version)
