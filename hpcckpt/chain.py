@@ -75,8 +75,8 @@ def compact(root: str, keep: int | None = None, dry_run: bool = False, fsync: bo
     """
     from .catalog import current, list_versions
     from .incremental import ChainIndex, codec_key
-    from .reader import read_metadata
-    from .storage.posix import atomic_write, confined_path, fsync_path, read_exact, write_all
+    from .reader import allocate, read_metadata
+    from .storage.posix import atomic_write, confined_path, fsync_path, open_regular, read_exact, write_all
 
     live = current(list_versions(root))
     kept = live[-keep:] if keep else live
@@ -110,9 +110,12 @@ def compact(root: str, keep: int | None = None, dry_run: bool = False, fsync: bo
                         fname, off = loc[0], loc[1]
                         retargeted += 1
                     else:
-                        data = np.empty(int(c.nbytes[k]), np.uint8)
+                        data = allocate((int(c.nbytes[k]),), np.uint8, var.name)
                         src = confined_path(e.path, meta.files[int(c.file[k])])
-                        fd = os.open(src, os.O_RDONLY)
+                        try:
+                            fd = open_regular(src)
+                        except FileNotFoundError:
+                            raise CorruptCheckpointError(f"data file {src} is missing") from None
                         try:
                             read_exact(fd, int(c.offset[k]), data, src)
                         finally:

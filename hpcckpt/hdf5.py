@@ -32,8 +32,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import stat
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -43,7 +42,9 @@ from .errors import CheckpointError, CorruptCheckpointError, TemplateMismatchErr
 from .loading import _check_template, _plan
 from .metadata import FORMAT_NAME, FORMAT_VERSION
 from .regions import volume
+from .reader import allocate
 from .state import Block, Ragged, split_state
+from .storage.posix import open_regular
 
 #: The first 8 bytes of an HDF5 superblock; found at offset 0, 512, 1024, 2048... (after a user block).
 SIGNATURE = b"\x89HDF\r\n\x1a\n"
@@ -56,6 +57,8 @@ RESERVED_PREFIX = "hpcckpt."
 LIBVER = ("v108", "v110")
 #: Largest temporary buffer when a hyperslab must be read into a non-contiguous block.
 SLAB_BYTES = 64 << 20
+#: The range of the 64-bit integer attributes (``hpcckpt.step``, plain int values).
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 
 
 def _h5py():
@@ -69,18 +72,20 @@ def _h5py():
 def is_hdf5(path) -> bool:
     """True when ``path`` is a regular file with the HDF5 signature (at offset 0 or after a user block)."""
     try:
-        with open(os.fspath(path), "rb") as f:
-            st = os.fstat(f.fileno())
-            if not stat.S_ISREG(st.st_mode):
-                return False
-            offset = 0
-            while offset + len(SIGNATURE) <= st.st_size:
-                f.seek(offset)
-                if f.read(len(SIGNATURE)) == SIGNATURE:
-                    return True
-                offset = 512 if offset == 0 else offset * 2
-    except (OSError, ValueError, TypeError):
+        fd = open_regular(os.fspath(path))  # a FIFO must not block the check
+    except (OSError, CheckpointError, ValueError, TypeError):
         return False
+    try:
+        size = os.fstat(fd).st_size
+        offset = 0
+        while offset + len(SIGNATURE) <= size:
+            if os.pread(fd, len(SIGNATURE), offset) == SIGNATURE:
+                return True
+            offset = 512 if offset == 0 else offset * 2
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
     return False
 
 
@@ -158,8 +163,12 @@ def export(checkpoint_path, out_h5, progress=None, *, overwrite: bool = False) -
     with CheckpointView(os.fspath(checkpoint_path)) as view:
         attributes = _value_attributes(view.values, h5py)
         for name in view.variables:
-            if not name.strip("/") or "\0" in name or name.startswith(RESERVED_PREFIX):
-                raise CheckpointError(f"variable {name!r} cannot be an HDF5 dataset name")
+            problem = _dataset_name_problem(name)
+            if problem:
+                raise CheckpointError(f"variable {name!r} cannot be an HDF5 dataset name: {problem}")
+        if view.step is not None and not _INT64_MIN <= view.step <= _INT64_MAX:
+            raise CheckpointError(f"step {view.step} of {view.path} does not fit the 64-bit attribute "
+                                  f"{RESERVED_PREFIX}step")
         if os.path.lexists(tmp):  # the leftover of an interrupted export
             os.remove(tmp)
         result = ExportResult(path=out, nbytes=0)
@@ -199,6 +208,22 @@ def export(checkpoint_path, out_h5, progress=None, *, overwrite: bool = False) -
         finally:
             os.close(fd)
     return result
+
+
+def _dataset_name_problem(name: str) -> str | None:
+    """Why HDF5 would not store a dataset under exactly ``name`` (None when it would).
+
+    HDF5 names are C strings, so a NUL would cut the name; an empty component
+    (a leading, trailing or doubled ``/``) or a ``.`` component would be
+    normalised away, so the dataset would not be found under its own name.
+    """
+    if "\0" in name:
+        return "it holds a NUL character"
+    if name.startswith(RESERVED_PREFIX):
+        return f"names starting with {RESERVED_PREFIX!r} are reserved in an HDF5 export"
+    if any(part in ("", ".") for part in name.split("/")):
+        return "HDF5 would store it under another path (empty or '.' components)"
+    return None
 
 
 def _export_variable(f, view, var, progress, h5py) -> int:
@@ -241,6 +266,9 @@ def _value_attributes(values: dict, h5py) -> list[tuple[str, object]]:
         if name.startswith(RESERVED_PREFIX):
             raise CheckpointError(f"replicated value {name!r}: names starting with {RESERVED_PREFIX!r} are "
                                   "reserved in an HDF5 export")
+        if "\0" in name or not name:
+            raise CheckpointError(f"replicated value {name!r} cannot be an HDF5 attribute name "
+                                  f"({'it holds a NUL character' if name else 'it is empty'})")
         plain = _plain_attribute(values[name], h5py)
         if plain is not None:
             attr, value = name, plain[0]
@@ -260,7 +288,7 @@ def _plain_attribute(value, h5py):
     if isinstance(value, (bool, np.bool_)):
         return (np.bool_(value),)
     if isinstance(value, int):
-        return (np.int64(value),) if -(1 << 63) <= value < (1 << 63) else None
+        return (np.int64(value),) if _INT64_MIN <= value <= _INT64_MAX else None
     if isinstance(value, float):
         return (np.float64(value),)
     if isinstance(value, str):
@@ -293,6 +321,8 @@ class _Dataset:
     shape: tuple
     dtype: np.dtype
     kind: str = "block"
+    #: the path of the dataset through hard links only, which every rank opens (None: ``name`` itself)
+    source: str | None = None
 
 
 @dataclass
@@ -304,7 +334,7 @@ class _Index:
     unusable: dict = field(default_factory=dict)  # dataset name -> why it cannot be loaded
 
 
-def load_hdf5(state, path, comm=None, *, strict: bool = True) -> dict:
+def load_hdf5(state, path, comm=None, *, strict: bool = True, allow_external: bool = False) -> dict:
     """Collectively fill the Blocks of ``state`` in place from the plain HDF5 file ``path``.
 
     Blocks and Ragged tables come from the datasets of the same name (a name may
@@ -313,11 +343,17 @@ def load_hdf5(state, path, comm=None, *, strict: bool = True) -> dict:
     replicated values filled in, as :func:`hpcckpt.load` does.  ``strict=False``
     allows the file to hold datasets and attributes the template does not name
     (usual for files written elsewhere).
+
+    Only data inside ``path`` is read: a dataset reached through an external
+    link, or whose data lies in external files (external storage, a virtual
+    dataset mapping another file) is refused naming it, as a crafted file could
+    otherwise hand over any file the process can read.  ``allow_external=True``
+    lets HDF5 follow them (for trusted files).
     """
     comm = resolve_comm(comm)
     path = os.fspath(path)
     what = f"load of {path!r}"
-    index = agree(comm, what, lambda: on_root(comm, lambda: _read_index(path, state)))
+    index = agree(comm, what, lambda: on_root(comm, lambda: _read_index(path, state, allow_external)))
     index = comm.bcast(index, root=0)
     local = agree(comm, what, lambda: _check(state, index, strict))
     requests = comm.gather(local["requests"], root=0)
@@ -330,8 +366,14 @@ def load_hdf5(state, path, comm=None, *, strict: bool = True) -> dict:
     return out
 
 
-def _read_index(path: str, state) -> _Index:
-    """Rank 0: the datasets (name, shape, dtype) and the value attributes of the file."""
+def _read_index(path: str, state, allow_external: bool) -> _Index:
+    """Rank 0: the datasets (name, shape, dtype) and the value attributes of the file.
+
+    The walk follows hard links only; a name the template asks for that it did
+    not reach is looked up through soft links (and, with ``allow_external``,
+    external ones).  Without ``allow_external``, a dataset whose data would
+    come from another file is listed as unusable.
+    """
     distributed, replicated = split_state(state)
     h5py = _h5py()
     index = _Index()
@@ -343,14 +385,25 @@ def _read_index(path: str, state) -> _Index:
                 found[name] = obj
 
         f.visititems(visit)
+        sources = {}
         for name in list(distributed) + list(replicated):  # links that the walk does not name
-            if name not in found:
-                with contextlib.suppress(KeyError, OSError, ValueError, TypeError):
-                    obj = f.get(name)
-                    if isinstance(obj, h5py.Dataset):
-                        found[name] = obj
+            if name in found:
+                continue
+            try:
+                target = name if allow_external else _hard_path(f, name, h5py)
+            except _Outside as exc:
+                index.unusable[name] = str(exc)
+                continue
+            with contextlib.suppress(KeyError, OSError, ValueError, TypeError):
+                obj = f.get(target) if target is not None else None
+                if isinstance(obj, h5py.Dataset):
+                    found[name], sources[name] = obj, target
         for name, ds in found.items():
-            _index_dataset(index, name, ds, h5py)
+            outside = None if allow_external else _outside_storage(f, ds, h5py)
+            if outside is not None:
+                index.unusable[name] = outside
+            else:
+                _index_dataset(index, name, ds, h5py, sources.get(name))
         names = list(f.attrs)
         for attr in names:
             if attr.startswith(RESERVED_PREFIX):
@@ -364,7 +417,78 @@ def _read_index(path: str, state) -> _Index:
     return index
 
 
-def _index_dataset(index: _Index, name: str, ds, h5py) -> None:
+class _Outside(Exception):
+    """A link or storage that leads out of the HDF5 file; its text says which (internal to this module)."""
+
+
+#: Most soft links followed to resolve one name (HDF5's own default limit, H5L_NUM_LINKS).
+MAX_SOFT_LINKS = 16
+
+
+def _hard_path(f, name: str, h5py, budget: list | None = None) -> str | None:
+    """The path of the object ``name`` names in ``f`` through hard links only (None when there is none).
+
+    Soft links are resolved here, at most :data:`MAX_SOFT_LINKS` per name (a
+    cycle ends there); an external or user-defined link raises _Outside
+    without being followed, since following it opens another file.
+    """
+    budget = [MAX_SOFT_LINKS] if budget is None else budget
+    path = ""
+    for part in name.split("/"):
+        if part in ("", "."):
+            continue
+        group = f[path or "/"]
+        link = group.get(part, getlink=True) if isinstance(group, h5py.Group) else None
+        if link is None:
+            return None
+        if isinstance(link, h5py.SoftLink):
+            budget[0] -= 1
+            if budget[0] < 0:
+                raise _Outside(f"resolving it follows more than {MAX_SOFT_LINKS} soft links")
+            target = link.path if link.path.startswith("/") else f"{path}/{link.path}"
+            path = _hard_path(f, target, h5py, budget)
+            if path is None:
+                return None
+        elif isinstance(link, h5py.HardLink):
+            path = f"{path}/{part}"
+        elif isinstance(link, h5py.ExternalLink):
+            raise _Outside(f"it is reached through an external link to {link.filename!r} "
+                           f"({_EXTERNAL_HINT})")
+        else:
+            raise _Outside(f"it is reached through a user-defined link ({_EXTERNAL_HINT})")
+    return path or "/"
+
+
+_EXTERNAL_HINT = "load_hdf5(..., allow_external=True) follows it"
+
+
+def _outside_storage(f, ds, h5py) -> str | None:
+    """Why some data of dataset ``ds`` would be read from another file, or None when it is all inside ``f``.
+
+    External storage (raw data in other files) and virtual datasets mapping
+    other files count; a virtual dataset mapping datasets of ``f`` itself
+    (source file ``"."``) is fine when those are plain datasets reached by
+    hard and soft links.
+    """
+    if ds.external:
+        return f"its data is stored in the external file {ds.external[0][0]!r} ({_EXTERNAL_HINT})"
+    if not ds.is_virtual:
+        return None
+    for src in ds.virtual_sources():
+        if src.file_name != ".":
+            return f"it is a virtual dataset mapping {src.file_name!r} ({_EXTERNAL_HINT})"
+        try:
+            hard = _hard_path(f, src.dset_name, h5py)
+        except _Outside as exc:
+            return f"it is a virtual dataset mapping {src.dset_name!r}, where {exc}"
+        source = f.get(hard) if hard is not None else None
+        if isinstance(source, h5py.Dataset) and (source.external or source.is_virtual):
+            return f"it is a virtual dataset mapping {src.dset_name!r}, itself external or virtual " \
+                   f"({_EXTERNAL_HINT})"
+    return None
+
+
+def _index_dataset(index: _Index, name: str, ds, h5py, source: str | None = None) -> None:
     try:
         shape, dtype = ds.shape, ds.dtype
     except Exception as exc:  # noqa: BLE001 - h5py raises many types for types numpy cannot map
@@ -376,7 +500,8 @@ def _index_dataset(index: _Index, name: str, ds, h5py) -> None:
         index.unusable[name] = f"it holds variable-length data ({h5py.check_dtype(vlen=dtype) or 'object'})"
     else:
         index.variables[name] = _Dataset(name, tuple(int(s) for s in shape), dtype if dtype.fields is not None
-                                         else np.dtype(dtype.str))  # .str drops h5py's enum metadata
+                                         else np.dtype(dtype.str),  # .str drops h5py's enum metadata
+                                         source=source)
 
 
 def _byte_order_only(a: np.dtype, b: np.dtype) -> bool:
@@ -396,7 +521,7 @@ def _check(state, index: _Index, strict: bool) -> dict:
     for name, value in distributed.items():
         want = getattr(value.local, "dtype", None) if isinstance(value.local, np.ndarray) else None
         if name in variables and want is not None and _byte_order_only(want, variables[name].dtype):
-            variables[name] = _Dataset(name, variables[name].shape, want)
+            variables[name] = replace(variables[name], dtype=want)
     mine = _Index(variables, index.values, index.unusable)
     local = _check_template(state, mine, strict)
     local["index"] = mine
@@ -410,13 +535,13 @@ def _read(path: str, index: _Index, local: dict, rows: dict) -> tuple[dict, dict
         for name, value in sorted(local["distributed"].items()):
             var = index.variables[name]
             with _h5_errors(f"{path!r}: cannot read dataset {name!r}"):
-                ds = f[name]
+                ds = f[var.source or name]
                 if isinstance(value, Block):
                     _, start, stop = local["requests"][name]
                     _read_box(ds, start, stop, value.local)
                 else:
                     lo, hi = rows[name]
-                    out = np.empty((hi - lo,) + var.shape[1:], dtype=var.dtype)
+                    out = allocate((hi - lo,) + var.shape[1:], var.dtype, name)
                     _read_box(ds, (lo,) + (0,) * (len(var.shape) - 1), (hi,) + var.shape[1:], out)
                     loaded[name] = Ragged(out)
         for name in local["replicated"]:

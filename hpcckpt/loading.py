@@ -22,7 +22,7 @@ from .errors import TemplateMismatchError
 from .metadata import Metadata, Variable
 from .monitor import PhaseTimer
 from .planning import common_names, plan_rows, plan_shared_reads
-from .reader import ChunkReader, read_metadata
+from .reader import ChunkReader, allocate, read_metadata
 from .regions import tiling_problem
 from .state import Block, Ragged, block_box, split_state
 
@@ -152,8 +152,8 @@ def _read(directory: str, meta: Metadata, local: dict, boxes: dict, shared: dict
     targets = {}
     for name, value in sorted(local["distributed"].items()):
         start, stop = boxes[name]
-        out = value.local if isinstance(value, Block) else np.empty(
-            tuple(b - a for a, b in zip(start, stop)), dtype=meta.variables[name].dtype)
+        out = value.local if isinstance(value, Block) else allocate(
+            tuple(b - a for a, b in zip(start, stop)), meta.variables[name].dtype, name)
         targets[name] = (start, stop, out)
     return targets, _read_local(directory, meta, targets, shared, rank), values
 

@@ -32,7 +32,7 @@ from .encoding import decode_value
 from .errors import CheckpointError, CorruptCheckpointError
 from .metadata import MAX_METADATA_BYTES, METADATA_FILE, Metadata, Variable, parse
 from .regions import overlapping, tiling_problem, volume
-from .storage.posix import confined_path, read_bounded, read_exact, read_segments
+from .storage.posix import confined_path, open_regular, read_bounded, read_exact, read_segments
 
 
 def read_metadata(directory: str) -> Metadata:
@@ -53,6 +53,23 @@ def read_metadata_bytes(directory: str) -> bytes:
         if os.path.exists(directory) and not os.path.isdir(directory):
             raise CheckpointError(f"{directory!r} is not a checkpoint directory") from None
         raise CheckpointError(f"no committed checkpoint at {directory!r} ({METADATA_FILE} is missing)") from None
+
+
+def allocate(shape, dtype, name: str) -> np.ndarray:
+    """``np.empty(shape, dtype)`` for a region of variable ``name``, or a CheckpointError if it cannot exist here.
+
+    Shapes come from metadata (or an HDF5 file) that may be crafted: a 10**18
+    element variable must be a clear error naming it, not a MemoryError (or
+    numpy's ValueError for sizes beyond the address space).
+    """
+    try:
+        return np.empty(shape, dtype)
+    except (MemoryError, ValueError):
+        nbytes = np.dtype(dtype).itemsize
+        for n in shape:
+            nbytes *= int(n)
+        raise CheckpointError(f"variable {name!r}: cannot allocate {nbytes} bytes (shape {tuple(shape)}, dtype "
+                              f"{np.dtype(dtype)}) in this process") from None
 
 
 def direct_targets(starts: np.ndarray, counts: np.ndarray, box_start, shape, itemsize: int):
@@ -131,11 +148,9 @@ class ChunkReader:
         if index not in self._files:
             path = confined_path(self.directory, self.meta.files[index], self._roots)
             try:
-                fd = os.open(path, os.O_RDONLY)
+                fd = open_regular(path)  # a FIFO or device in place of a data file must not block or feed us
             except FileNotFoundError:
                 raise CorruptCheckpointError(f"data file {path} is missing") from None
-            except OSError as exc:
-                raise CheckpointError(f"cannot open {path}: {exc.strerror}") from None
             self._files[index] = (fd, os.fstat(fd).st_size, path)
         return self._files[index]
 
@@ -160,7 +175,8 @@ class ChunkReader:
         if buf is None:
             attr = "_pinned_scratch" if pinned else "_scratch"
             if getattr(self, attr).nbytes < nbytes:
-                setattr(self, attr, pinned_empty(nbytes, np.uint8) if pinned else np.empty(nbytes, np.uint8))
+                fresh = pinned_empty(nbytes, np.uint8) if pinned else allocate((nbytes,), np.uint8, var.name)
+                setattr(self, attr, fresh)
             buf = getattr(self, attr)[:nbytes]
         hasher = new_hasher()
         read_exact(fd, offset, buf, path, hasher)
@@ -182,7 +198,7 @@ class ChunkReader:
         raw = int(np.prod(var.chunks.count[k])) * var.dtype.itemsize
         if into is None:
             if self._decoded.nbytes < raw:
-                self._decoded = np.empty(raw, np.uint8)
+                self._decoded = allocate((raw,), np.uint8, var.name)
             out = self._decoded[:raw]
         else:
             out = byte_view(into)
@@ -346,7 +362,7 @@ class CheckpointView:
             raise CheckpointError(f"no variable {name!r} in {self.path} (it has {sorted(self.meta.variables)})")
         var = self.meta.variables[name]
         start, stop, squeeze = _region_box(region, var.shape, name)
-        out = np.empty(tuple(b - a for a, b in zip(start, stop)), dtype=var.dtype)
+        out = allocate(tuple(b - a for a, b in zip(start, stop)), var.dtype, name)
         self._reader.read_into(var, start, stop, out)
         return out.reshape(tuple(n for i, n in enumerate(out.shape) if i not in squeeze)) if squeeze else out
 

@@ -8,6 +8,7 @@ per-rank timeline it can plot; it reads only the record, never the data.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from .errors import CheckpointError
@@ -42,9 +43,29 @@ def save_stats(extra: dict) -> dict:
     if not isinstance(stats, dict) or not isinstance(stats.get("phases"), dict):
         raise CheckpointError("this checkpoint has no timing record (written by an older hpcckpt?)")
     for name, values in stats["phases"].items():
-        if not isinstance(values, list) or not all(isinstance(v, (int, float)) for v in values):
+        if not isinstance(values, list) or not values or not all(map(_seconds, values)):
             raise CheckpointError(f"the timing record of phase {name!r} is malformed")
+    nbytes = stats.get("bytes")
+    if nbytes is not None and not (isinstance(nbytes, list)
+                                   and all(type(n) is int and n >= 0 for n in nbytes)):
+        raise CheckpointError("the byte counts of the timing record are malformed")
+    timeline = stats.get("timeline")
+    if timeline is not None and not (isinstance(timeline, list) and all(
+            isinstance(events, list) and all(isinstance(e, list) and len(e) == 3 and isinstance(e[0], str)
+                                             and _seconds(e[1]) and _seconds(e[2]) for e in events)
+            for events in timeline)):
+        raise CheckpointError("the timeline of the timing record is malformed")
     return stats
+
+
+def _seconds(value) -> bool:
+    """Whether a record entry is a time the table can print: a finite int or float (JSON allows 10**400)."""
+    if type(value) not in (int, float):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
 
 
 def table(stats: dict) -> list[list[str]]:

@@ -7,6 +7,8 @@ capsys; a few through ``python -m hpcckpt`` in a subprocess, as a user would.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import re
@@ -16,6 +18,8 @@ import sys
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import hpcckpt
 from hpcckpt import cli
@@ -467,6 +471,130 @@ def test_compressed_variable(capsys, tmp_path):
     flip_bit(os.path.join(path, PART), 20)
     rc, out, _ = run_cli(capsys, "verify", path)
     assert rc == 1 and "fails its checksum" in out
+
+
+# --------------------------------------------------------------------------- crafted metadata (fuzz)
+
+@pytest.mark.parametrize("field,value", [("bytes", [1, "x"]), ("bytes", [None]), ("timeline", [[["write", 0, None]]]),
+                                         ("timeline", 5), ("phases", {"write": []}), ("phases", {"write": [10**400]}),
+                                         ("phases", {"write": [True]})])
+def test_stats_of_a_malformed_timing_record_is_a_clean_error(capsys, root, field, value):
+    """Found by the fuzz test below: a crafted ``extra.stats`` made ``hpcckpt stats`` crash (TypeError...)."""
+    from hpcckpt.reader import read_metadata
+
+    version = step_dir(root, 10)
+    meta = read_metadata(version)
+    meta.extra["stats"][field] = value
+    with open(os.path.join(version, "metadata.json"), "wb") as f:
+        f.write(meta.to_json_bytes())
+    rc, _, err = run_cli(capsys, "stats", version, "--plot", os.path.join(root, "t.png"))
+    assert_one_line_error(rc, err, "timing record")
+    assert "internal error" not in err
+
+
+
+#: Values a crafted metadata file may hold where the reader expects something sensible.
+NASTY_INTS = st.sampled_from([0, -1, 1, 7, 2**31, 2**62, 2**63, 10**18, 10**30, -(10**30)])
+NASTY_JSON = st.recursive(
+    st.none() | st.booleans() | NASTY_INTS | st.floats(allow_nan=False, allow_infinity=False)
+    | st.sampled_from(["", "\x00", "a\x00b", "x" * 300, "<M8[ns]", "@step-000000000000/data/part-000000.bin",
+                       "data", "metadata.json"])
+    | st.sampled_from([{"$hpcckpt": "ndarray", "dtype": "<f8", "shape": [10**9], "data": ""},
+                       {"$hpcckpt": "scalar", "dtype": [["a", "<f8"]], "data": "AAAAAAAAAAA="},
+                       {"$hpcckpt": "float", "value": "nan"}, {"$hpcckpt": 5}, {"$hpcckpt": "ndarray"}]),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.sampled_from(["phases", "bytes", "timeline",
+                                                                                 "write", "plan", "kind", "a"]),
+                                                                inner, max_size=3),
+    max_leaves=6)
+NASTY_DTYPES = st.sampled_from([np.dtype(d) for d in ("<f8", ">i4", "|u1", "|b1", "<c16", "<M8[ns]", "<U3", "|V7",
+                                                     "|S5", [("a", "<f4"), ("b", "<i8", (2,))])])
+NASTY_CODECS = st.sampled_from([{"id": "none"}, {"id": "blosc", "cname": "zstd", "clevel": 3, "shuffle": 1,
+                                                 "blocksize": 0}, {"id": "zstd", "level": 1}, {"id": "lz4"}])
+
+
+def _mutate(meta, data) -> str:
+    """Apply one crafted change to the Metadata object ``meta`` (drawn from ``data``); a description of it."""
+    what = data.draw(st.sampled_from(["step", "nranks", "created", "file", "value", "extra", "stats", "shape",
+                                      "dtype", "kind", "codec", "chunk", "checksum", "rename"]))
+    var = meta.variables[data.draw(st.sampled_from(sorted(meta.variables)))]
+    if what in ("step", "nranks"):
+        setattr(meta, what, data.draw(NASTY_INTS | st.none()))
+    elif what == "created":
+        meta.created = data.draw(NASTY_JSON)
+    elif what == "file":
+        meta.files[data.draw(st.integers(0, len(meta.files) - 1))] = data.draw(NASTY_JSON)
+    elif what in ("value", "extra"):
+        target = meta.values if what == "value" else meta.extra
+        target[data.draw(st.sampled_from(sorted(target) + ["new"]))] = data.draw(NASTY_JSON)
+    elif what == "stats":
+        meta.extra.setdefault("stats", {})[data.draw(st.sampled_from(["phases", "bytes", "timeline"]))] = \
+            data.draw(NASTY_JSON)
+    elif what == "shape":
+        var.shape = tuple(data.draw(st.lists(NASTY_INTS, max_size=3)))
+    elif what == "dtype":
+        var.dtype = data.draw(NASTY_DTYPES)
+    elif what == "kind":
+        var.kind = data.draw(st.sampled_from(["block", "ragged", "", "x"]))
+    elif what == "codec":
+        var.codec = data.draw(NASTY_CODECS)
+    elif what in ("chunk", "checksum"):
+        column = data.draw(st.sampled_from(["file", "offset", "nbytes", "start", "count", "checksum"]))
+        values = getattr(var.chunks, column)
+        k = data.draw(st.integers(0, max(0, np.size(values) - 1)))
+        if column == "checksum":
+            values[k] = data.draw(st.sampled_from(["0" * 16, "f" * 16, "", "xyz"]))
+        elif np.size(values):
+            flat = np.asarray(values).astype(object).ravel()
+            flat[k] = data.draw(NASTY_INTS)
+            setattr(var.chunks, column, flat.reshape(np.shape(values)))
+    else:
+        name = data.draw(st.sampled_from(["a\x00b", "", "hpcckpt.x", "f//u", "x" * 2000, "u.json"]))
+        if data.draw(st.booleans()) or not meta.values:
+            meta.variables[name] = meta.variables.pop(var.name)
+        else:
+            meta.values[name] = meta.values.pop(sorted(meta.values)[0])
+    return what
+
+
+@pytest.fixture(scope="module")
+def fuzz_root(tmp_path_factory):
+    """A root with one small version holding every kind of variable and value (several chunks each)."""
+    path = str(tmp_path_factory.mktemp("fuzz") / "root")
+    rec = np.zeros(4, dtype=[("x", "<f4"), ("id", "<i8")])
+    state = {"u": hpcckpt.Block(np.arange(30.0).reshape(6, 5)), "p": hpcckpt.Ragged(rec),
+             "z": hpcckpt.Block(np.ones((), np.float32)), "c": hpcckpt.Block(np.arange(40, dtype=np.int16)),
+             "s": 3, "arr": np.arange(3), "t": {"a": [1, 2]}, "n": float("nan")}
+    ck = hpcckpt.Checkpointer(path, comm=None, chunk_bytes=64, track_failures=False)
+    ck.save(state, step=1)
+    ck.close()
+    return path
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_crafted_metadata_never_crashes_the_cli(fuzz_root, tmp_path_factory, data):
+    """Every command answers crafted (but well-formed JSON) metadata with exit 0/1, never an internal error."""
+    from hpcckpt.reader import read_metadata
+
+    work = tmp_path_factory.mktemp("case")
+    root = str(work / "root")
+    shutil.copytree(fuzz_root, root)
+    version = step_dir(root, 1)
+    meta = read_metadata(version)
+    changes = [_mutate(meta, data) for _ in range(data.draw(st.integers(1, 2)))]
+    try:
+        raw = meta.to_json_bytes()
+    except (TypeError, ValueError, OverflowError, AttributeError):
+        return  # a mutation the writer cannot even serialise: nothing to read back
+    with open(os.path.join(version, "metadata.json"), "wb") as f:
+        f.write(raw)
+    for args in (["inspect", version], ["inspect", "--json", "--chunks", version], ["verify", version],
+                 ["verify", root], ["export", version, str(work / "o.h5")], ["stats", version], ["ls", root],
+                 ["ls", "--json", root], ["gc", "-n", root]):
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()) as err:
+            rc = cli.main(args)
+        assert rc in (0, 1) and "internal error" not in err.getvalue(), (changes, args, err.getvalue())
+    shutil.rmtree(work)
 
 
 # --------------------------------------------------------------------------- interval / simulate

@@ -18,7 +18,7 @@ from hpcckpt import hdf5  # noqa: E402
 from hpcckpt._mpi import SerialComm  # noqa: E402
 from hpcckpt.errors import CheckpointError, CorruptCheckpointError, TemplateMismatchError  # noqa: E402
 from hpcckpt.metadata import FORMAT_VERSION  # noqa: E402
-from hpcckpt.reader import CheckpointView  # noqa: E402
+from hpcckpt.reader import CheckpointView, read_metadata  # noqa: E402
 
 
 from mpitools import HERE, run_mpi  # noqa: E402
@@ -179,6 +179,33 @@ def test_export_refuses_reserved_value_names(tmp_path):
         hdf5.export(ck2, str(tmp_path / "out2.h5"))
 
 
+@pytest.mark.parametrize("name,kind", [("a\0b", "value"), ("", "value"), ("a\0b", "variable"), ("f//u", "variable"),
+                                       ("f/./u", "variable"), ("f/u/", "variable"), ("/u", "variable")])
+def test_export_refuses_names_hdf5_would_cut_or_rename(tmp_path, name, kind):
+    """HDF5 names are C strings and normalised paths: NUL, empty or '.' parts would lose the name."""
+    ck = str(tmp_path / "ck")
+    state = {"keep": 1, name or "e": hpcckpt.Block(np.arange(3.0)) if kind == "variable" else 2}
+    hpcckpt.save(state, ck, SERIAL)
+    if not name:  # save refuses an empty name: only crafted metadata holds one
+        meta = read_metadata(ck)
+        meta.values[""] = meta.values.pop("e")
+        with open(os.path.join(ck, "metadata.json"), "wb") as f:
+            f.write(meta.to_json_bytes())
+    out = str(tmp_path / "out.h5")
+    with pytest.raises(CheckpointError, match=kind) as info:
+        hdf5.export(ck, out)
+    assert repr(name) in str(info.value)
+    assert not os.path.exists(out) and not os.path.exists(out + ".tmp")
+
+
+def test_export_keeps_two_values_that_differ_after_a_nul(tmp_path):
+    """Before: 'v\0x' and 'v\0y' were both written as attribute 'v', one silently lost."""
+    ck = str(tmp_path / "ck")
+    hpcckpt.save({"v\0x": 1, "v\0y": 2}, ck, SERIAL)
+    with pytest.raises(CheckpointError, match="NUL"):
+        hdf5.export(ck, str(tmp_path / "out.h5"))
+
+
 @pytest.mark.skipif(shutil.which("h5dump") is None, reason="h5dump not installed (apt package hdf5-tools)")
 def test_h5dump_reads_the_export(tmp_path):
     ck, out = str(tmp_path / "ck"), str(tmp_path / "out.h5")
@@ -327,6 +354,108 @@ def test_is_hdf5(tmp_path):
     assert hdf5.is_hdf5(plain) and hdf5.is_hdf5(shifted)
     assert not hdf5.is_hdf5(str(tmp_path / "t.txt"))
     assert not hdf5.is_hdf5(str(tmp_path)) and not hdf5.is_hdf5(str(tmp_path / "absent"))
+
+
+@pytest.mark.timeout(20)
+def test_is_hdf5_does_not_block_on_a_fifo(tmp_path):
+    fifo = str(tmp_path / "in.h5")
+    os.mkfifo(fifo)
+    assert not hdf5.is_hdf5(fifo)
+    with pytest.raises(CheckpointError, match="not a file"):
+        _load(fifo, u=hpcckpt.Block(np.zeros(3)))
+
+
+SECRET = np.arange(16, dtype=np.uint8) + 65  # what a crafted file must not hand over: bytes of another file
+
+
+def _outside_files(tmp_path) -> str:
+    """``tmp_path/outside/secret.bin`` (raw bytes) and ``secret.h5`` (dataset /s); the directory of the input."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.bin").write_bytes(SECRET.tobytes())
+    with h5py.File(outside / "secret.h5", "w") as f:
+        f["s"] = SECRET
+        f.create_group("g")["s"] = SECRET
+    inside = tmp_path / "in"
+    inside.mkdir()
+    return str(inside)
+
+
+def _crafted(tmp_path, monkeypatch, how: str) -> str:
+    """An HDF5 file whose dataset ``x`` (16 uint8) reads its bytes from outside the file in the way ``how``."""
+    inside = _outside_files(tmp_path)
+    absolute = str(tmp_path / "outside")
+    path = os.path.join(inside, "in.h5")
+    with h5py.File(path, "w") as f:
+        f["plain"] = np.zeros(16, np.uint8)
+        if how == "external storage, absolute":
+            f.create_dataset("x", (16,), np.uint8, external=[(f"{absolute}/secret.bin", 0, 16)])
+        elif how == "external storage, ../":
+            f.create_dataset("x", (16,), np.uint8, external=[("../outside/secret.bin", 0, 16)])
+        elif how == "external link, absolute":
+            f["x"] = h5py.ExternalLink(f"{absolute}/secret.h5", "/s")
+        elif how == "external link, ../":
+            f["x"] = h5py.ExternalLink("../outside/secret.h5", "/s")
+        elif how == "soft link to an external group":
+            f["ext"] = h5py.ExternalLink("../outside/secret.h5", "/g")
+            f["x"] = h5py.SoftLink("/ext/s")
+        elif how == "virtual dataset of another file":
+            layout = h5py.VirtualLayout((16,), np.uint8)
+            layout[:] = h5py.VirtualSource(f"{absolute}/secret.h5", "s", shape=(16,))
+            f.create_virtual_dataset("x", layout)
+        elif how == "virtual dataset of an external link":
+            f["ext"] = h5py.ExternalLink("../outside/secret.h5", "/s")
+            layout = h5py.VirtualLayout((16,), np.uint8)
+            layout[:] = h5py.VirtualSource(".", "ext", shape=(16,))
+            f.create_virtual_dataset("x", layout)
+        else:
+            raise AssertionError(how)
+    monkeypatch.chdir(inside)  # relative external storage resolves against the working directory
+    return path
+
+
+HOW = ["external storage, absolute", "external storage, ../", "external link, absolute", "external link, ../",
+       "soft link to an external group", "virtual dataset of another file", "virtual dataset of an external link"]
+
+
+@pytest.mark.parametrize("how", HOW)
+def test_load_refuses_data_from_outside_the_file(tmp_path, monkeypatch, how):
+    path = _crafted(tmp_path, monkeypatch, how)
+    out = np.zeros(16, np.uint8)
+    with pytest.raises(CheckpointError, match=r"variable 'x'.*(external|virtual).*allow_external=True"):
+        hpcckpt.load({"x": hpcckpt.Block(out)}, path, SERIAL, strict=False)
+    assert not out.any()
+    out = np.zeros(16, np.uint8)  # the trusted-file escape hatch reads what HDF5 resolves
+    hdf5.load_hdf5({"x": hpcckpt.Block(out)}, path, SERIAL, strict=False, allow_external=True)
+    assert np.array_equal(out, SECRET)
+
+
+def test_load_follows_links_that_stay_inside_the_file(tmp_path):
+    path = str(tmp_path / "in.h5")
+    data = np.arange(6.0)
+    with h5py.File(path, "w") as f:
+        f.create_group("grp")["d"] = data
+        f["soft"] = h5py.SoftLink("/grp/d")
+        f["alias"] = h5py.SoftLink("grp")  # a soft link as a group on the way
+        f["loop"] = h5py.SoftLink("/loop2")
+        f["loop2"] = h5py.SoftLink("loop")
+        layout = h5py.VirtualLayout((6,), data.dtype)
+        layout[:] = h5py.VirtualSource(".", "soft", shape=(6,))
+        f.create_virtual_dataset("virtual", layout)
+    for name in ("soft", "alias/d", "virtual"):
+        out = np.zeros(6)
+        _load(path, **{name: hpcckpt.Block(out)})
+        assert np.array_equal(out, data), name
+    with pytest.raises(TemplateMismatchError, match="'loop'.*more than 16 soft links"):
+        _load(path, loop=hpcckpt.Block(np.zeros(6)))
+
+
+def test_a_ragged_dataset_too_large_to_allocate_is_a_clean_error(tmp_path):
+    path = str(tmp_path / "in.h5")
+    with h5py.File(path, "w") as f:
+        f.create_dataset("r", shape=(10**17,), dtype=np.float64, chunks=(1024,))  # nothing stored, all fill value
+    with pytest.raises(CheckpointError, match=r"'r': cannot allocate 800000000000000000 bytes"):
+        _load(path, r=hpcckpt.Ragged())
 
 
 def test_api_load_dispatches_hdf5_files(tmp_path):

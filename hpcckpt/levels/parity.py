@@ -20,6 +20,9 @@ import os
 
 import numpy as np
 
+from ..errors import CheckpointError
+from ..storage.posix import open_regular
+
 ROUND_BYTES = 16 << 20
 
 
@@ -50,8 +53,8 @@ def encode(gcomm, data_path: str, size: int, sizes: list[int], out_path: str, fs
     fd = None
     out = None
     try:
-        fd = os.open(data_path, os.O_RDONLY) if size > 0 else None
-    except OSError as exc:
+        fd = open_regular(data_path) if size > 0 else None
+    except (OSError, CheckpointError) as exc:
         error = exc
     try:
         os.makedirs(os.path.dirname(out_path), exist_ok=True)
@@ -104,9 +107,9 @@ def rebuild(gcomm, lost: int, data_path: str, size: int, parity_path: str, seg: 
             os.makedirs(os.path.dirname(out_path), exist_ok=True)
             out = os.open(out_path + ".part", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         else:
-            fd = os.open(data_path, os.O_RDONLY) if size > 0 else None
-            pfd = os.open(parity_path, os.O_RDONLY) if seg > 0 else None
-    except OSError as exc:
+            fd = open_regular(data_path) if size > 0 else None
+            pfd = open_regular(parity_path) if seg > 0 else None
+    except (OSError, CheckpointError) as exc:
         error = exc
     try:
         for a in range(0, seg, round_bytes):

@@ -13,7 +13,8 @@ import os
 
 import numpy as np
 
-from ..storage.posix import read_exact, write_all
+from ..errors import CheckpointError
+from ..storage.posix import open_regular, read_exact, write_all
 
 ROUND_BYTES = 32 << 20
 _TAG = 7321
@@ -37,8 +38,8 @@ def transfer(comm, moves: list[tuple[int, int, str, int]], src_dir: str, dst_dir
     fout: dict[int, int | None] = {}
     for i, (_, _, name, _) in enumerate(sends):
         try:
-            fin[i] = os.open(os.path.join(src_dir, name), os.O_RDONLY)
-        except OSError as exc:
+            fin[i] = open_regular(os.path.join(src_dir, name))
+        except (OSError, CheckpointError) as exc:
             error = error or exc
             fin[i] = None
     for i, (_, _, name, _) in enumerate(recvs):
