@@ -25,7 +25,7 @@ import warnings
 
 from .._mpi import agree
 from ..catalog import _NAME, list_versions
-from ..errors import CheckpointError, CorruptCheckpointError, TemplateMismatchError
+from ..errors import CheckpointError, TemplateMismatchError
 from ..loading import load_version
 from ..metadata import METADATA_FILE, Metadata, parse
 from ..storage.posix import atomic_write
@@ -145,9 +145,11 @@ def restore_levels(engine, state, step, strict):
         if name in root_names:
             path = os.path.join(ckpt.root, name)
             try:
-                out = load_version(state, path, comm, strict=strict)
-            except CorruptCheckpointError as exc:
-                reasons.append(f"{name} on the shared root is damaged: {exc}")
+                out = load_version(state, path, comm, strict=strict, expect_step=_order(name)[0])
+            except TemplateMismatchError:
+                raise
+            except CheckpointError as exc:  # agreed: every rank goes on to the next version alike
+                reasons.append(f"{name} on the shared root cannot be read: {exc}")
                 continue
             _report(rank, name, "L4", reasons)
             ckpt.last_restored = path
@@ -208,9 +210,7 @@ def _try_local(engine, state, name: str, local_sets, strict):
                     gcomm.Free()
         agree(comm, what, lambda: engine.leader and name not in local_sets[rank] and (
             os.makedirs(vdir, exist_ok=True), atomic_write(os.path.join(vdir, METADATA_FILE), raw)))
-        out = load_version(state, vdir, comm, strict=strict)
-    except CorruptCheckpointError as exc:
-        return None, None, str(exc)
+        out = load_version(state, vdir, comm, strict=strict, expect_step=_order(name)[0])
     except TemplateMismatchError:
         raise
     except CheckpointError as exc:
