@@ -39,7 +39,7 @@ import warnings
 from dataclasses import dataclass, field
 
 
-from ._mpi import _collective_error, agree, best_effort, on_root
+from ._mpi import _collective_error, agree, allgather_checked, bcast_checked, best_effort, on_root
 from ._mpi import _describe as _describe_failure
 from .devices import as_local_array, is_device_array
 from .arrays import byte_view
@@ -797,10 +797,10 @@ class Engine:
         self.sync()
         if not self.levels.enabled:
             return None
-        mine = [e.name for e in list_versions(self.node_dir) if e.committed]
-        names = {n for ns in self.comm.allgather(mine) for n in ns}
-        root = self.comm.bcast([e.name for e in list_versions(self.ckpt.root) if e.committed]
-                               if self.rank == 0 else None, root=0)
+        names = {n for ns in allgather_checked(self.comm, f"listing {self.node_dir!r}", lambda: [
+            e.name for e in list_versions(self.node_dir) if e.committed]) for n in ns}
+        root = bcast_checked(self.comm, f"listing {self.ckpt.root!r}", lambda: [
+            e.name for e in list_versions(self.ckpt.root) if e.committed])
         return current([_entry(n, True, self._path(n)) for n in sorted(names | set(root))])
 
     def restore(self, state, step=None, strict=True):

@@ -186,7 +186,7 @@ class Checkpointer:
                 continue
             self.last_restored = self._chain_base = entry.path
             return out
-        raise CheckpointError(f"no valid checkpoint under {self.root!r}: every version is unusable ({skipped})")
+        raise CheckpointError(f"no valid checkpoint under {self.root!r}: every version is damaged or unreadable ({skipped})")
 
     def close(self) -> None:
         """Collective: record a clean end in the failure history, restore signal handlers, release the root's

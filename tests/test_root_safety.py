@@ -388,3 +388,37 @@ def test_restore_falls_back_in_step_on_every_rank_when_one_rank_cannot_open(comm
             restored = ck.last_restored
     assert restored.endswith("step-000000000001") and np.array_equal(b, a + 1)
     assert comm.allgather(restored) == [restored] * comm.size
+
+
+@pytest.mark.timeout(30)
+def test_a_fifo_in_place_of_the_histories_neither_blocks_nor_fails(tmp_path):
+    os.mkfifo(tmp_path / "failure_history.json")
+    os.mkfifo(tmp_path / ".hpcckpt-io.json")
+    with pytest.warns(RuntimeWarning, match="cannot read the failure history"):
+        ck = Checkpointer(tmp_path)
+    ck.save({"a": Block(np.arange(N) * 1.0)}, 1)  # strategy "auto" reads the bandwidth history
+    ck.close()
+    assert ck.pacer.history.directory is None and [e.step for e in list_versions(tmp_path)] == [1]
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.timeout(60)
+def test_a_node_listing_failing_on_one_rank_is_every_ranks_error(comm, mpi_tmp, monkeypatch):
+    import hpcckpt.asynchronous
+    import hpcckpt.levels.restore
+
+    local = os.path.join(mpi_tmp, "local")
+    ck = Checkpointer(os.path.join(mpi_tmp, "root"), local_dir=local, ranks_per_node=1, track_failures=False)
+    ck.save({"u": Block(np.zeros(N), (comm.rank * N,), (comm.size * N,))}, 1)
+    if comm.rank == comm.size - 1:
+        def broken(path):
+            raise OSError(errno.EIO, "injected I/O error")
+        monkeypatch.setattr(hpcckpt.asynchronous, "list_versions", broken)
+        monkeypatch.setattr(hpcckpt.levels.restore, "list_versions", broken)
+    with pytest.raises(CheckpointError, match=f"rank {comm.size - 1}: OSError: .*injected"):
+        ck.latest()
+    with pytest.raises(CheckpointError, match="injected"):
+        ck.restore({"u": Block(np.zeros(N), (comm.rank * N,), (comm.size * N,))})
+    monkeypatch.undo()
+    assert ck.latest() == 1
+    ck.close()

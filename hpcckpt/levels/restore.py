@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 import warnings
 
-from .._mpi import agree
+from .._mpi import agree, allgather_checked, bcast_checked
 from ..catalog import _NAME, list_versions
 from ..errors import CheckpointError, TemplateMismatchError
 from ..loading import load_version
@@ -121,10 +121,11 @@ def _order(name: str):
 def restore_levels(engine, state, step, strict):
     comm, rank = engine.comm, engine.rank
     ckpt = engine.ckpt
-    mine = [e.name for e in list_versions(engine.node_dir) if e.committed]
-    local_sets = [set(ns) for ns in comm.allgather(mine)]
+    local_sets = [set(ns) for ns in allgather_checked(comm, f"listing {engine.node_dir!r}", lambda: [
+        e.name for e in list_versions(engine.node_dir) if e.committed])]
     local_any = set().union(*local_sets)
-    root_names = comm.bcast([e.name for e in list_versions(ckpt.root) if e.committed] if rank == 0 else None, root=0)
+    root_names = bcast_checked(comm, f"listing {ckpt.root!r}", lambda: [
+        e.name for e in list_versions(ckpt.root) if e.committed])
     names = sorted(local_any | set(root_names), key=_order, reverse=True)
     if step is not None:
         names = [n for n in names if _order(n)[0] == step]
