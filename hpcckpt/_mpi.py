@@ -14,6 +14,7 @@ that the rest of the code never branches on "is there MPI".
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Any, Callable, TypeVar
 
 from .errors import CheckpointError, CorruptCheckpointError, TemplateMismatchError
@@ -132,6 +133,25 @@ def _collective_error(what: str, bad: dict, size: int) -> CheckpointError:
     err = cls(f"{what} failed{where}: " + "; ".join(parts) + more)
     err.failures = {rank: text for rank, (_, text, _) in bad.items()}
     return err
+
+
+def best_effort(what: str, fn: Callable[[], Any]) -> bool:
+    """Run rank-local bookkeeping whose loss loses no checkpoint data; any failure is a warning, never a raise.
+
+    Why: an exception on one rank between two collectives mis-pairs them (a
+    hang), so every piece of I/O an operation does either runs under
+    :func:`agree` or cannot raise.  Bookkeeping (the failure history, the
+    bandwidth history, retention) takes the second way: its failure costs a
+    measurement or some disk space, not a checkpoint, and must not fail the
+    operation that did the real work.  Returns whether ``fn`` succeeded.
+    """
+    try:
+        fn()
+    except Exception as exc:  # noqa: BLE001 - bookkeeping must never raise between collectives
+        warnings.warn(f"hpcckpt: {what} failed ({type(exc).__name__}: {exc}); continuing without it",
+                      RuntimeWarning, stacklevel=3)
+        return False
+    return True
 
 
 def on_root(comm, fn: Callable[[], Any], root: int = 0):

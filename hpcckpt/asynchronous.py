@@ -39,7 +39,7 @@ import warnings
 from dataclasses import dataclass, field
 
 
-from ._mpi import _collective_error, agree, on_root
+from ._mpi import _collective_error, agree, allgather_checked, bcast_checked, best_effort, on_root
 from ._mpi import _describe as _describe_failure
 from .devices import as_local_array, is_device_array
 from .arrays import byte_view
@@ -617,7 +617,8 @@ class Engine:
         with open(os.path.join(directory, METADATA_FILE), "rb") as f:
             raw = f.read()
         flushing = self.flush.name if self.flush is not None else None  # never a version being flushed
-        remove_versions([e for e in removable(list_versions(self.ckpt.root), self.ckpt.keep) if e.name != flushing])
+        best_effort(f"retention under {self.ckpt.root!r}", lambda: remove_versions(
+            [e for e in removable(list_versions(self.ckpt.root), self.ckpt.keep) if e.name != flushing]))
         return total, raw
 
     def _commit_nodes(self, p: Pending, raw: bytes) -> None:
@@ -675,9 +676,10 @@ class Engine:
         later save's foreground, a rank of this node may already be writing the next version (leftovers of
         crashed runs are cleared at a run's first save)."""
         flushing = self.flush.name if self.flush is not None else None
-        if self.leader:
-            remove_versions([e for e in removable(list_versions(self.node_dir), self.ckpt.keep)
-                             if e.name != flushing and e.committed])
+        if self.leader:  # bookkeeping on one rank after the commit: it must not raise (a hang otherwise)
+            best_effort(f"retention under {self.node_dir!r}", lambda: remove_versions(
+                [e for e in removable(list_versions(self.node_dir), self.ckpt.keep)
+                 if e.name != flushing and e.committed]))
 
     # ----------------------------------------------------------------- flush
     def _start_flush(self, p: Pending, raw: bytes, sizes: list[int], local_cost: float = 0.0) -> None:
@@ -736,7 +738,8 @@ class Engine:
                 return
             atomic_write(os.path.join(path, METADATA_FILE), f.meta, fsync=True)
             fsync_path(self.ckpt.root)
-            remove_versions(removable(list_versions(self.ckpt.root), self.ckpt.keep))
+            best_effort(f"retention under {self.ckpt.root!r}", lambda: remove_versions(
+                removable(list_versions(self.ckpt.root), self.ckpt.keep)))
 
         agree(self.comm, f"commit of the flush of {f.name}", lambda: on_root(self.comm, commit))
         if self.rank == 0:
@@ -756,16 +759,26 @@ class Engine:
         return self.pending is None and flushed
 
     def sync(self) -> SaveResult | None:
-        """Collective: commit the pending save (waiting for the writers); the SaveResult of the last commit."""
-        if self.pending is not None:
-            self.complete()
-        self._poll_flush(block=False)
+        """Collective: commit the pending save (waiting for the writers); the SaveResult of the last commit.
+
+        A flush that finished is committed even when the pending save's commit
+        fails (the error is agreed, so every rank gets here alike): an earlier
+        complete version must not stay uncommitted on the root.
+        """
+        try:
+            if self.pending is not None:
+                self.complete()
+        finally:
+            self._poll_flush(block=False)
         return self.last_result
 
     def wait(self) -> SaveResult | None:
-        """Collective: commit the pending save and wait for the flush in progress."""
-        self.sync()
-        self._poll_flush(block=True)
+        """Collective: commit the pending save and wait for the flush in progress (committed even if the save
+        fails)."""
+        try:
+            self.sync()
+        finally:
+            self._poll_flush(block=True)
         return self.last_result
 
     def close(self) -> None:
@@ -784,10 +797,10 @@ class Engine:
         self.sync()
         if not self.levels.enabled:
             return None
-        mine = [e.name for e in list_versions(self.node_dir) if e.committed]
-        names = {n for ns in self.comm.allgather(mine) for n in ns}
-        root = self.comm.bcast([e.name for e in list_versions(self.ckpt.root) if e.committed]
-                               if self.rank == 0 else None, root=0)
+        names = {n for ns in allgather_checked(self.comm, f"listing {self.node_dir!r}", lambda: [
+            e.name for e in list_versions(self.node_dir) if e.committed]) for n in ns}
+        root = bcast_checked(self.comm, f"listing {self.ckpt.root!r}", lambda: [
+            e.name for e in list_versions(self.ckpt.root) if e.committed])
         return current([_entry(n, True, self._path(n)) for n in sorted(names | set(root))])
 
     def restore(self, state, step=None, strict=True):

@@ -4,7 +4,12 @@ A version lives in ``ROOT/step-<12 digits>`` and is committed exactly when its
 ``metadata.json`` exists.  Saving a step that already has a committed version
 (as happens after a restart) writes ``step-<12 digits>.r<N>``; the newest
 revision of a step supersedes the older ones.  Anything else in the root is
-left alone.  One writer per root at a time (one job); readers may run any time.
+left alone (the writer lock ``.hpcckpt-lock`` of :mod:`hpcckpt.rootlock` among
+it).  One writer per root at a time (one job); readers may run any time.
+
+A version directory must lie directly inside the root: an entry whose real path
+(symbolic links resolved) is elsewhere -- a link out of the root -- is not a
+version, the same confinement ``@`` references get.
 """
 
 from __future__ import annotations
@@ -48,16 +53,20 @@ def version_name(step: int, revision: int = 0) -> str:
 
 
 def list_versions(root: str) -> list[VersionEntry]:
-    """All version directories under ``root``, oldest first (an absent root has none)."""
+    """All version directories under ``root``, oldest first (an absent root has none).
+
+    An entry whose real path is not directly inside the real root is skipped.
+    """
     try:
         names = os.listdir(root)
     except FileNotFoundError:
         return []
+    real_root = os.path.realpath(root)
     out = []
     for name in names:
         m = _NAME.match(name)
         path = os.path.join(root, name)
-        if m and os.path.isdir(path):
+        if m and os.path.isdir(path) and os.path.dirname(os.path.realpath(path)) == real_root:
             out.append(VersionEntry(name, path, int(m.group(1)), int(m.group(2) or 0),
                                     os.path.isfile(os.path.join(path, METADATA_FILE))))
     return sorted(out, key=lambda e: e.order)

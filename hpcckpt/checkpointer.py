@@ -5,10 +5,12 @@ from __future__ import annotations
 import os
 import time
 import warnings
+import weakref
 
-from ._mpi import agree, on_root, resolve_comm
+from . import rootlock
+from ._mpi import agree, best_effort, on_root, resolve_comm
 from .catalog import check_step, current, list_versions, new_version_name, remove_versions, removable
-from .errors import CheckpointError, CorruptCheckpointError
+from .errors import CheckpointError, TemplateMismatchError
 from .loading import load_version
 from .pacing import Pacer
 from .saving import SaveOptions, SaveResult, save_version
@@ -30,11 +32,18 @@ class Checkpointer:
     installed now if True, at the first ``should_save``/``maybe_save`` if None,
     never if False) and ``track_failures`` (record job starts and clean ends
     under ``root``; call :meth:`close` at the end, or the run counts as failed).
+
+    One job writes a root at a time: the first save takes the lock
+    ``ROOT/.hpcckpt-lock`` (rank 0; see :mod:`hpcckpt.rootlock`), :meth:`close`
+    releases it, and a save while another live job holds it is a
+    CheckpointError on every rank naming the holder (``break_lock=True`` takes
+    over a lock whose job is known to be gone).  Restoring needs no lock and
+    works from a read-only root.
     """
 
     def __init__(self, root, comm=None, keep: int | None = None, *, policy=None, mtbf: float | None = None,
                  deadline: float | None = None, handle_signals: bool | None = None,
-                 track_failures: bool = True, **options):
+                 track_failures: bool = True, break_lock: bool = False, **options):
         self.root = os.fspath(root)
         self.comm = resolve_comm(comm)
         if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 1):
@@ -49,6 +58,8 @@ class Checkpointer:
         self._chain_base: str | None = None  # what the next incremental save builds on (hpcckpt/incremental.py)
         self.last_restored: str | None = None
         self._closed = False
+        self._break_lock = bool(break_lock)
+        self._unlock = None  # set once the writer lock is held (every rank alike); releases it
         agree(self.comm, f"creating {self.root!r}", lambda: on_root(self.comm, lambda: os.makedirs(self.root, exist_ok=True)))
         self.pacer = agree(self.comm, f"starting the checkpoint policy under {self.root!r}", lambda: Pacer(
             self.comm, self.root, policy=policy, mtbf=mtbf, deadline=deadline, handle_signals=handle_signals,
@@ -78,11 +89,15 @@ class Checkpointer:
         return [e.step for e in self._live()]
 
     def save(self, state, step: int, **options) -> SaveResult:
-        """Write ``state`` as version ``step``, commit it, then apply retention; collective."""
+        """Write ``state`` as version ``step``, commit it, then apply retention; collective.
+
+        Retention is bookkeeping: a deletion that fails is a warning on rank 0.
+        """
         self._check_open()
+        what = f"save of step {step!r} under {self.root!r}"
+        self._lock(what)
         if self._engine is not None:
             return self._engine.save(state, step, **options)
-        what = f"save of step {step!r} under {self.root!r}"
         opts = SaveOptions.from_kwargs(**{**self.options.__dict__, **options})
         name = agree(self.comm, what, lambda: on_root(self.comm, lambda: self._prepare(check_step(step))))
         name = self.comm.bcast(name, root=0)
@@ -94,9 +109,22 @@ class Checkpointer:
         result = save_version(state, os.path.join(self.root, name), self.comm, opts, step=step, io_root=self.root)
         self._chain_base = result.path
         self.pacer.record_save(step, time.perf_counter() - t0)
-        agree(self.comm, what, lambda: on_root(self.comm, lambda: remove_versions(
+        on_root(self.comm, lambda: best_effort(f"retention under {self.root!r}", lambda: remove_versions(
             removable(list_versions(self.root), self.keep))))
         return result
+
+    def _lock(self, what: str) -> None:
+        """Collective, at the first save: rank 0 takes the root's writer lock, or every rank raises the same error.
+
+        Not at construction: a restore-only use (another job's root, a
+        read-only root) must work without it.  Released by :meth:`close`, or
+        at interpreter exit for a Checkpointer never closed.
+        """
+        if self._unlock is not None:
+            return
+        lock = agree(self.comm, what, lambda: on_root(self.comm, lambda: rootlock.acquire(self.root,
+                                                                                         self._break_lock)))
+        self._unlock = weakref.finalize(self, rootlock.release, lock)
 
     def should_save(self, step: int) -> bool:
         """Collective: whether to checkpoint at this step (interval due, deadline near, or a signal).
@@ -125,9 +153,13 @@ class Checkpointer:
     def restore(self, state, step: int | None = None, strict: bool = True) -> dict:
         """Load the newest valid version (or the given step) into ``state``; collective.
 
-        A version whose data is truncated or fails a checksum is skipped with a
-        warning naming the file, and the next older one is tried; every rank
-        restores the same version.  A template that does not fit raises at once.
+        A version that cannot be read -- data truncated or failing a checksum,
+        a file that cannot be opened (EACCES, a directory in its place),
+        malformed metadata, metadata whose step differs from the directory's
+        name -- is skipped with a warning naming the cause, and the next older
+        one is tried; every rank restores the same version.  A template that
+        does not fit raises at once, and so does any failure of an explicitly
+        requested ``step``.
         """
         if self._engine is not None and self._engine.levels.enabled:
             self._check_open()
@@ -142,20 +174,23 @@ class Checkpointer:
         skipped = []
         for entry in reversed(live):
             try:
-                out = load_version(state, entry.path, self.comm, strict=strict)
-            except CorruptCheckpointError as exc:
+                out = load_version(state, entry.path, self.comm, strict=strict, expect_step=entry.step)
+            except TemplateMismatchError:
+                raise
+            except CheckpointError as exc:  # agreed: the same on every rank, so every rank skips alike
                 if step is not None:  # the caller asked for this version: no silent fallback
                     raise
                 skipped.append(entry.name)
                 if self.comm.Get_rank() == 0:
-                    warnings.warn(f"hpcckpt: skipping damaged version {entry.path}: {exc}", stacklevel=2)
+                    warnings.warn(f"hpcckpt: skipping unusable version {entry.path}: {exc}", stacklevel=2)
                 continue
             self.last_restored = self._chain_base = entry.path
             return out
-        raise CheckpointError(f"no valid checkpoint under {self.root!r}: every version is damaged ({skipped})")
+        raise CheckpointError(f"no valid checkpoint under {self.root!r}: every version is damaged or unreadable ({skipped})")
 
     def close(self) -> None:
-        """Collective: record a clean end in the failure history, restore signal handlers; later calls raise."""
+        """Collective: record a clean end in the failure history, restore signal handlers, release the root's
+        writer lock; later calls raise."""
         if self._closed:
             return
         self._closed = True
@@ -164,6 +199,8 @@ class Checkpointer:
                 self._engine.close()  # commits a pending save and waits for a flush in progress
         finally:
             self.pacer.close()
+            if self._unlock is not None:
+                self._unlock()
 
     def wait(self):
         """Collective: commit the asynchronous save in flight and wait for a flush; its SaveResult (or None)."""

@@ -18,7 +18,7 @@ from .arrays import byte_view
 from .devices import copy_into, is_device_array
 from .encoding import decode_value
 from .log import logger
-from .errors import TemplateMismatchError
+from .errors import CorruptCheckpointError, TemplateMismatchError
 from .metadata import Metadata, Variable
 from .monitor import PhaseTimer
 from .planning import common_names, plan_rows, plan_shared_reads
@@ -27,12 +27,17 @@ from .regions import tiling_problem
 from .state import Block, Ragged, block_box, split_state
 
 
-def load_version(state, directory: str, comm, strict: bool = True, timer: PhaseTimer | None = None) -> dict:
-    """Fill the Blocks of ``state`` in place from ``directory``; return the restored state dict."""
+def load_version(state, directory: str, comm, strict: bool = True, timer: PhaseTimer | None = None,
+                 expect_step: int | None = None) -> dict:
+    """Fill the Blocks of ``state`` in place from ``directory``; return the restored state dict.
+
+    ``expect_step``: the step the directory's name claims (a Checkpointer
+    version); metadata holding another step is a damaged version.
+    """
     timer = timer or PhaseTimer()
     what = f"load of {directory!r}"
     with timer.phase("metadata"):
-        meta = bcast_checked(comm, what, lambda: read_metadata(directory))
+        meta = bcast_checked(comm, what, lambda: _step_checked(read_metadata(directory), expect_step, directory))
     with timer.phase("plan"):
         local = agree(comm, what, lambda: _check_template(state, meta, strict))
         requests = allgather_checked(comm, what, lambda: local["requests"])
@@ -59,6 +64,13 @@ def load_version(state, directory: str, comm, strict: bool = True, timer: PhaseT
         else:
             out[name] = values[name]
     return out
+
+
+def _step_checked(meta: Metadata, expect_step: int | None, directory: str) -> Metadata:
+    if expect_step is not None and meta.step != expect_step:
+        raise CorruptCheckpointError(f"{directory!r} is named for step {expect_step} but its metadata holds step "
+                                     f"{meta.step}")
+    return meta
 
 
 def _check_template(state, meta: Metadata, strict: bool) -> dict:

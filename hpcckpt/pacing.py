@@ -4,6 +4,10 @@ The decision logic itself is pure (policy.Schedule); this module adds what needs
 a communicator, a clock and the process: rank 0's clock decides, a signal
 caught on any rank counts for all, the failure history under the checkpoint
 root is updated by rank 0 only, and the answer costs one small allreduce.
+
+The failure history is bookkeeping: a write that fails (read-only root, disk
+full, EIO) is one warning on rank 0, after which this run keeps its history in
+memory only (no further writes, no further warnings); no rank ever raises for it.
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ from __future__ import annotations
 import time
 import warnings
 
-from ._mpi import agree, on_root
+from ._mpi import best_effort
 from .policy import FailureHistory, Learned, Schedule, SignalFlag, end_time_from_env
 from .policy.policies import Policy
 
@@ -47,7 +51,9 @@ class Pacer:
                 from .slurm import detect  # lazily: `python -m hpcckpt.slurm` must not find it imported
 
                 job = detect()  # SLURM job id and restart count, None outside SLURM
-                self.history.job_start(time.time(), job_id=job.job_id, restart_count=job.restart_count)
+                self.history.job_start(time.time(), job_id=job.job_id, restart_count=job.restart_count,
+                                       persist=False)
+                self._persist("recording the job start")
             policy = policy if policy is not None else Learned(prior_mtbf=mtbf, history=self.history)
             end = deadline if deadline is not None else end_time_from_env()
             self.schedule = Schedule(policy, mtbf=mtbf if not isinstance(policy, Learned) else None,
@@ -76,13 +82,21 @@ class Pacer:
             now = time.time()
             self.schedule.record_save(now, step, blocking_seconds)
             if self.history is not None:
-                self.history.heartbeat(now)
+                self.history.heartbeat(now, persist=False)
+                self._persist("recording a checkpoint")
 
     def close(self) -> None:
         """Record a clean end of this run (the job stopped on purpose) and restore the signal handlers."""
         self.signals.uninstall()
-        agree(self.comm, f"closing the failure history under {self.root!r}", lambda: on_root(
-            self.comm, lambda: self.history and self.history.clean_end(time.time(), self.final_reason or "completed")))
+        if self.history is not None:  # rank 0
+            self.history.clean_end(time.time(), self.final_reason or "completed", persist=False)
+            self._persist("recording the clean end")
+
+    def _persist(self, event: str) -> None:
+        """Rank 0: write the history; on failure warn once and keep it in memory only (see the module doc)."""
+        if self.history.directory is not None and not best_effort(
+                f"writing the failure history under {self.root!r} ({event})", self.history.save):
+            self.history.directory = None
 
 
 def _mpi_max():

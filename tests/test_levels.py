@@ -127,6 +127,17 @@ def test_background_write_failure_on_one_rank(tmp_path):
     assert out.stdout.count("OK next save committed") == 3
 
 
+def test_a_finished_flush_is_committed_when_a_later_save_fails_at_close(tmp_path):
+    root, local = tmp_path / "root", tmp_path / "local"
+    opts = json.dumps({"asynchronous": True, "flush_every": 1, "flush_bandwidth": 20000})  # ~1 s per 24 KB file
+    out = _run(2, 1, "failclose", root, local, opts)
+    assert out.stdout.count("OK close raised") == 2 and out.stdout.count("OK flushed step 1 committed") == 2
+    assert not os.path.exists(root / "flush-in-progress.json")
+    shutil.rmtree(local)  # every node lost: the root has step 1, whole
+    out = _run(2, 1, "restore", root, local, 1, "L4", opts)
+    assert out.stdout.count("OK restored step 1 from L4") == 2
+
+
 def test_sigkill_during_flush_keeps_last_committed_version(tmp_path):
     root, local = tmp_path / "root", tmp_path / "local"
     opts = json.dumps({"asynchronous": True, "flush_every": 1, "flush_bandwidth": 20000})  # ~1 s per 24 KB file

@@ -23,9 +23,9 @@ from __future__ import annotations
 import os
 import warnings
 
-from .._mpi import agree
+from .._mpi import agree, allgather_checked, bcast_checked
 from ..catalog import _NAME, list_versions
-from ..errors import CheckpointError, CorruptCheckpointError, TemplateMismatchError
+from ..errors import CheckpointError, TemplateMismatchError
 from ..loading import load_version
 from ..reader import read_metadata_bytes
 from ..metadata import METADATA_FILE, Metadata, parse
@@ -122,10 +122,11 @@ def _order(name: str):
 def restore_levels(engine, state, step, strict):
     comm, rank = engine.comm, engine.rank
     ckpt = engine.ckpt
-    mine = [e.name for e in list_versions(engine.node_dir) if e.committed]
-    local_sets = [set(ns) for ns in comm.allgather(mine)]
+    local_sets = [set(ns) for ns in allgather_checked(comm, f"listing {engine.node_dir!r}", lambda: [
+        e.name for e in list_versions(engine.node_dir) if e.committed])]
     local_any = set().union(*local_sets)
-    root_names = comm.bcast([e.name for e in list_versions(ckpt.root) if e.committed] if rank == 0 else None, root=0)
+    root_names = bcast_checked(comm, f"listing {ckpt.root!r}", lambda: [
+        e.name for e in list_versions(ckpt.root) if e.committed])
     names = sorted(local_any | set(root_names), key=_order, reverse=True)
     if step is not None:
         names = [n for n in names if _order(n)[0] == step]
@@ -146,9 +147,11 @@ def restore_levels(engine, state, step, strict):
         if name in root_names:
             path = os.path.join(ckpt.root, name)
             try:
-                out = load_version(state, path, comm, strict=strict)
-            except CorruptCheckpointError as exc:
-                reasons.append(f"{name} on the shared root is damaged: {exc}")
+                out = load_version(state, path, comm, strict=strict, expect_step=_order(name)[0])
+            except TemplateMismatchError:
+                raise
+            except CheckpointError as exc:  # agreed: every rank goes on to the next version alike
+                reasons.append(f"{name} on the shared root cannot be read: {exc}")
                 continue
             _report(rank, name, "L4", reasons)
             ckpt.last_restored = path
@@ -205,9 +208,7 @@ def _try_local(engine, state, name: str, local_sets, strict):
                     gcomm.Free()
         agree(comm, what, lambda: engine.leader and name not in local_sets[rank] and (
             os.makedirs(vdir, exist_ok=True), atomic_write(os.path.join(vdir, METADATA_FILE), raw)))
-        out = load_version(state, vdir, comm, strict=strict)
-    except CorruptCheckpointError as exc:
-        return None, None, str(exc)
+        out = load_version(state, vdir, comm, strict=strict, expect_step=_order(name)[0])
     except TemplateMismatchError:
         raise
     except CheckpointError as exc:

@@ -32,7 +32,9 @@ Events and their rules:
 
 Every write goes to a temporary file in the same directory, is fsync'ed, and
 replaces the file with ``os.replace`` (atomic on POSIX).  A missing file is an
-empty history; an unreadable or malformed file produces a ``RuntimeWarning``
+empty history; an unreadable file (or a FIFO, device or directory in its place,
+or one over 64 MiB) produces a ``RuntimeWarning`` and an in-memory history that
+this run does not write; a malformed file produces a ``RuntimeWarning``
 and an empty history (the bad file is kept as ``failure_history.json.bad``),
 never an exception.
 """
@@ -48,12 +50,15 @@ from dataclasses import asdict, dataclass, field
 from typing import List, Optional, Tuple
 
 from hpcckpt.errors import CheckpointError
+from hpcckpt.storage.posix import read_bounded
 
 __all__ = ["FailureHistory", "RunRecord", "HISTORY_FILENAME"]
 
 HISTORY_FILENAME = "failure_history.json"
 _FORMAT = "hpcckpt-failure-history"
 _VERSION = 1
+#: Larger than any real history (a run is ~200 bytes): a longer file is not read.
+MAX_HISTORY_BYTES = 64 << 20
 
 
 @dataclass
@@ -142,9 +147,8 @@ class FailureHistory:
         if path is None or not os.path.exists(path):
             return h
         try:
-            with open(path, "rb") as f:
-                text = f.read()
-        except OSError as exc:  # unreadable now (EACCES, EIO): keep the file, work in memory only
+            text = read_bounded(path, MAX_HISTORY_BYTES)  # never blocks (a FIFO in its place is refused)
+        except (OSError, CheckpointError) as exc:  # unreadable now (EACCES, EIO, too long): keep it, work in memory
             warnings.warn(f"hpcckpt: cannot read the failure history {path} ({exc}); not updating it this run",
                           RuntimeWarning, stacklevel=2)
             h.directory = None

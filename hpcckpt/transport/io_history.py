@@ -1,7 +1,9 @@
 """Bandwidth measured by earlier saves under a Checkpointer root (``ROOT/.hpcckpt-io.json``).
 
 Read by ``strategy="auto"``; written by rank 0 after each save.  The file is
-advisory: a missing or malformed file is treated as empty, never as an error.
+advisory: a missing, malformed or unreadable file (a FIFO or a directory in its
+place included: it is opened without blocking) is treated as empty, and a
+failed write is one warning on rank 0, never an error (``_mpi.best_effort``).
 """
 
 from __future__ import annotations
@@ -10,7 +12,9 @@ import json
 import math
 import os
 
-from ..storage.posix import atomic_write
+from .._mpi import best_effort
+from ..errors import CheckpointError
+from ..storage.posix import atomic_write, read_bounded
 
 FILE_NAME = ".hpcckpt-io.json"
 KEEP = 50
@@ -20,10 +24,9 @@ def read(root: str | None) -> list[dict]:
     if root is None:
         return []
     try:
-        with open(os.path.join(root, FILE_NAME), "rb") as f:
-            doc = json.loads(f.read(1 << 20))
+        doc = json.loads(read_bounded(os.path.join(root, FILE_NAME), 1 << 20))
         rows = doc["saves"]
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, CheckpointError, ValueError, KeyError, TypeError, RecursionError):
         return []
     return [r for r in rows if isinstance(r, dict) and _valid(r)] if isinstance(rows, list) else []
 
@@ -35,13 +38,11 @@ def _valid(row: dict) -> bool:
 
 
 def record(root: str | None, strategy: str, nranks: int, total_bytes: int, seconds: float) -> None:
-    """Append one measurement (best effort: an unwritable root only loses the measurement)."""
+    """Append one measurement (best effort: an unwritable root only loses the measurement, with a warning)."""
     if root is None or seconds <= 0 or total_bytes <= 0:
         return
     rows = read(root)[-(KEEP - 1):]
     rows.append({"strategy": strategy, "nranks": nranks, "bytes_per_rank": total_bytes / nranks,
                  "gbps": total_bytes / seconds / 1e9})
-    try:
-        atomic_write(os.path.join(root, FILE_NAME), json.dumps({"saves": rows}).encode(), fsync=False)
-    except OSError:
-        pass
+    best_effort(f"recording the bandwidth of a save in {os.path.join(root, FILE_NAME)}",
+                lambda: atomic_write(os.path.join(root, FILE_NAME), json.dumps({"saves": rows}).encode(), fsync=False))

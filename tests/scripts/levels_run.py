@@ -4,6 +4,8 @@
     levels_run.py restore ROOT LOCAL STEP LEVEL OPTIONS_JSON  restore, check exact data of STEP and the level
     levels_run.py flushkill ROOT LOCAL OPTIONS_JSON           save 1 (flushed), save 2, SIGKILL every rank mid-flush
     levels_run.py failwrite ROOT LOCAL OPTIONS_JSON           a background write fails on rank 1
+    levels_run.py failclose ROOT LOCAL OPTIONS_JSON           save 1 (flush in progress), save 2 fails (node-local
+                                                              storage full) and its error surfaces in close()
 
 The data of step s on rank r is deterministic (``values(s, r)``) so any run can
 check what it restored bit for bit.  Every rank prints ``OK`` lines; failures
@@ -112,6 +114,33 @@ def failwrite(root, local, opts):
     print(f"rank {rank}: OK next save committed", flush=True)
 
 
+def failclose(root, local, opts):
+    from hpcckpt.transport import file_per_rank
+
+    a = np.empty(N)
+    ck = make(root, local, opts)
+    a[:] = values(1, rank)
+    ck.save({"u": Block(a, (rank * N,), (size * N,)), "step": 1}, 1)
+    ck.latest()  # commits step 1 on L1 and starts its (throttled) flush
+    assert ck._engine.flushing == "step-000000000001"
+
+    def full(self, buffer):
+        raise OSError(28, "No space left on device (injected)")
+
+    file_per_rank.SequentialFile.append = full  # node-local storage is full from now on
+    a[:] = values(2, rank)
+    ck.save({"u": Block(a, (rank * N,), (size * N,)), "step": 2}, 2)  # asynchronous: fails in the background
+    try:
+        ck.close()
+    except CheckpointError as exc:
+        assert "injected" in str(exc), str(exc)
+        print(f"rank {rank}: OK close raised: {exc}", flush=True)
+    else:
+        raise AssertionError("the failed save was lost")
+    assert os.path.exists(os.path.join(root, "step-000000000001", "metadata.json")), "the flush was not committed"
+    print(f"rank {rank}: OK flushed step 1 committed", flush=True)
+
+
 if __name__ == "__main__":
     cmd, root, local = sys.argv[1:4]
     rest = sys.argv[4:]
@@ -124,5 +153,7 @@ if __name__ == "__main__":
         flushkill(root, local, opts)
     elif cmd == "failwrite":
         failwrite(root, local, opts)
+    elif cmd == "failclose":
+        failclose(root, local, opts)
     else:
         raise SystemExit(f"unknown command {cmd}")
