@@ -427,6 +427,18 @@ def _dedupe(lines: list[str]) -> list[tuple[str, int]]:
     return list(counts.items())
 
 
+# --------------------------------------------------------------------------- unlock
+
+def cmd_unlock(args) -> int:
+    from .rootlock import break_lock, describe
+
+    root = _require_root(args.root)
+    holder = break_lock(root)
+    print(f"removed the writer lock of {root} (held by {describe(holder)})" if holder is not None
+          else f"{root} has no writer lock")
+    return 0
+
+
 # --------------------------------------------------------------------------- gc
 
 def cmd_gc(args) -> int:
@@ -550,6 +562,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--grace", type=_duration, default=_duration(DEFAULT_GRACE), metavar="DURATION",
                    help=f"keep partial versions modified more recently than this (default {DEFAULT_GRACE}; 0 = none)")
     p.set_defaults(func=cmd_gc)
+
+    p = sub.add_parser("unlock", help="remove the writer lock of a root whose holder is known to be gone",
+                       description="Remove ROOT/.hpcckpt-lock whoever holds it. A save takes over a stale lock "
+                                   "by itself when the holder's process is gone on this host or was an earlier "
+                                   "attempt of the same SLURM job; use this for a holder on another host that "
+                                   "you know has ended. Never while the holder still writes.")
+    p.add_argument("root", metavar="ROOT", help="the Checkpointer root directory")
+    p.set_defaults(func=cmd_unlock)
 
     p = sub.add_parser("stats", help="where the time of a save went: per-rank phases, bandwidth, straggler",
                        description="Print the per-phase timings that every save stores with its version (min, "

@@ -422,3 +422,19 @@ def test_a_node_listing_failing_on_one_rank_is_every_ranks_error(comm, mpi_tmp, 
     monkeypatch.undo()
     assert ck.latest() == 1
     ck.close()
+
+
+def test_hpcckpt_unlock_breaks_a_foreign_lock(tmp_path, capsys):
+    from hpcckpt import cli
+
+    foreign = {"format": "hpcckpt-lock", "version": 1, "hostname": "node-elsewhere", "pid": 1234,
+               "slurm_job_id": "99", "slurm_restart_count": 0, "start": 0.0}
+    (tmp_path / rootlock.LOCK_FILE).write_text(json.dumps(foreign))
+    assert cli.main(["unlock", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "removed the writer lock" in out and "node-elsewhere" in out
+    assert not os.path.exists(tmp_path / rootlock.LOCK_FILE)
+    ck = Checkpointer(tmp_path, track_failures=False)
+    ck.save({"a": Block(np.arange(N) * 1.0)}, 1)  # the root is free again
+    ck.close()
+    assert cli.main(["unlock", str(tmp_path)]) == 0 and "has no writer lock" in capsys.readouterr().out
