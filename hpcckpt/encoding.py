@@ -168,6 +168,11 @@ def decode_value(obj: Any, where: str = "value") -> Any:
     return _decode(obj, where, 0)
 
 
+#: The keys of each tagged form (docs/format.md 3.4): a tagged object has exactly these.
+_TAG_KEYS = {"int": {TAG, "value"}, "float": {TAG, "value"}, "scalar": {TAG, "dtype", "data"},
+             "ndarray": {TAG, "dtype", "shape", "data"}}
+
+
 def _decode(obj: Any, where: str, depth: int) -> Any:
     """:func:`decode_value` of a JSON value inside ``depth`` arrays/objects."""
     if isinstance(obj, (list, dict)) and depth >= MAX_VALUE_DEPTH and not (isinstance(obj, dict) and TAG in obj):
@@ -180,6 +185,11 @@ def _decode(obj: Any, where: str, depth: int) -> Any:
     if TAG not in obj:
         return {k: _decode(v, where, depth + 1) for k, v in obj.items()}
     kind = obj[TAG]
+    if not isinstance(kind, str) or kind not in _TAG_KEYS:
+        raise CorruptCheckpointError(f"malformed replicated value {where}: unknown tag {str(kind)[:40]!r}")
+    if set(obj) != _TAG_KEYS[kind]:
+        raise CorruptCheckpointError(f"malformed replicated value {where}: a {kind!r} tag has exactly the keys "
+                                     f"{sorted(_TAG_KEYS[kind])}, got {sorted(obj)[:8]}")
     try:
         if kind == "int":
             return _decode_int(obj)
@@ -197,6 +207,8 @@ def _decode(obj: Any, where: str, depth: int) -> Any:
             if not isinstance(shape, list) or not all(type(x) is int and x >= 0 for x in shape):
                 raise ValueError("bad shape")
             count = int(np.prod(shape, dtype=object)) if shape else 1
+            if len(raw) > MAX_VALUE_ARRAY_BYTES:
+                raise ValueError(f"{len(raw)} bytes of array data, more than a replicated value holds")
             if count * dtype.itemsize != len(raw):
                 _bad(len(raw))
             return np.frombuffer(raw, dtype=dtype, count=count).reshape(shape).copy()
@@ -204,7 +216,6 @@ def _decode(obj: Any, where: str, depth: int) -> Any:
         raise
     except Exception as exc:
         raise CorruptCheckpointError(f"malformed replicated value {where}: {exc}") from None
-    raise CorruptCheckpointError(f"malformed replicated value {where}: unknown tag {str(kind)[:40]!r}")
 
 
 def _decode_int(obj: dict) -> int:
@@ -212,8 +223,6 @@ def _decode_int(obj: dict) -> int:
 
     A writer tags only integers outside int64, so a tagged one inside it is refused.
     """
-    if set(obj) != {TAG, "value"}:
-        raise ValueError(f"an int tag has exactly the keys {TAG!r} and 'value', got {sorted(obj)[:5]}")
     text = obj["value"]
     if not isinstance(text, str) or _INT_TEXT.fullmatch(text) is None or len(text.lstrip("-")) > MAX_INT_DIGITS:
         raise ValueError(f"not a decimal integer of at most {MAX_INT_DIGITS} digits: {str(text)[:40]!r}")

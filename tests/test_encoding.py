@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import math
 import os
@@ -317,3 +318,23 @@ def test_decode_gives_a_value_or_corrupt_checkpoint_error(tree, depth):
         decode_value(doc)
     except CorruptCheckpointError:
         pass
+
+
+@pytest.mark.parametrize("obj", [
+    {"$hpcckpt": "float", "value": "nan", "extra": 1},
+    {"$hpcckpt": "scalar", "dtype": "<f8", "data": "AAAAAAAA8D8=", "shape": []},
+    {"$hpcckpt": "ndarray", "dtype": "<u1", "shape": [1], "data": "AA==", "x": 0},
+    {"$hpcckpt": "ndarray", "dtype": "<u1", "data": "AA=="},
+    {"$hpcckpt": ["int"], "value": "1"},
+])
+def test_tagged_values_have_exactly_their_keys(obj):
+    with pytest.raises(CorruptCheckpointError, match="malformed replicated value"):
+        decode_value(obj)
+
+
+def test_a_replicated_array_over_the_limit_is_refused_on_read():
+    raw = np.zeros(MAX_VALUE_ARRAY_BYTES + 1, np.uint8)
+    obj = {"$hpcckpt": "ndarray", "dtype": "|u1", "shape": [raw.size],
+           "data": base64.b64encode(raw.tobytes()).decode()}
+    with pytest.raises(CorruptCheckpointError, match="more than a replicated value holds"):
+        decode_value(obj)
