@@ -8,9 +8,9 @@ import shutil
 from ._mpi import agree, on_root, resolve_comm
 from .errors import CheckpointError
 from .loading import load_version
-from .metadata import METADATA_FILE
+from .names import DATA_DIR, METADATA_FILE
 from .reader import CheckpointView
-from .saving import DATA_DIR, SaveOptions, SaveResult, save_version
+from .saving import SaveOptions, SaveResult, save_version
 
 
 def save(state, path, comm=None, *, step: int | None = None, overwrite: bool = False, **options) -> SaveResult:

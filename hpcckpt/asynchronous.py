@@ -43,7 +43,7 @@ from ._mpi import _collective_error, agree, allgather_checked, bcast_checked, be
 from ._mpi import _describe as _describe_failure
 from .devices import as_local_array, is_device_array
 from .arrays import byte_view
-from .catalog import _NAME, VersionEntry, check_step, current, list_versions, new_version_name, removable, \
+from .catalog import VersionEntry, check_step, current, list_versions, new_version_name, removable, \
     remove_versions
 from .checksum import checksum
 from .codecs.core import AUTO, spec_to_json
@@ -51,13 +51,12 @@ from .codecs.pipeline import EncodedPieces, codec_summary, decide, decide_codecs
 from .encoding import dtype_from_json, encode_value
 from .errors import CheckpointError, TemplateMismatchError
 from .levels import DEFAULT_LOCAL_FAILURE_FRACTION, ENGINE_OPTIONS, FLUSH_MARKER, LEVELS_FILE, LevelOptions, \
-    derived_flush_every, data_file, node_dir, node_leader, parity_file, parity_groups, \
-    partners
+    derived_flush_every, node_dir, node_leader, parity_groups, partners
 from .levels.flush import FlushThread
 from .levels.partner import transfer
 from .log import logger
-from .metadata import METADATA_FILE
 from .monitor import PhaseTimer
+from .names import METADATA_FILE, parity_file, parse_version_name, rank_file
 from .planning import plan_save
 from .saving import SaveOptions, SaveResult, _commit, _stats
 from .staging import DEFAULT_STAGING_BYTES, SlotQueue, StagingPool, pieces_of, stage, staged_bytes
@@ -350,7 +349,7 @@ class Engine:
                                     pinned=any(is_device_array(a) for a in arrays.values() if a is not None))
         fits = local_bytes <= self.pool.capacity
         queue = SlotQueue()
-        writer = BackgroundWrite(directory, data_file(self.rank), self.pool, queue,
+        writer = BackgroundWrite(directory, rank_file(self.rank), self.pool, queue,
                                  EncodedPieces.for_save(codecs, summaries, opts.codec_threads), opts.fsync,
                                  max(64, opts.chunk_bytes))
         # a state that fits in the pool is copied (one np.copyto per array) before the writer starts: no
@@ -638,7 +637,7 @@ class Engine:
         comm = self.comm
         info = {"layout": list(self.layout.node_of), "sizes": sizes, "partner": None, "parity": None}
         if p.due.get("partner") and self.partner is not None:
-            moves = [(r, self.partner[r], data_file(r), sizes[r]) for r in range(comm.Get_size())]
+            moves = [(r, self.partner[r], rank_file(r), sizes[r]) for r in range(comm.Get_size())]
             agree(comm, what + " (partner copies)",
                   lambda: transfer(comm, moves, p.directory, p.directory, p.options.fsync))
             info["partner"] = list(self.partner)
@@ -666,7 +665,7 @@ class Engine:
         from .levels import parity
 
         group = self.groups[mine]
-        return parity.encode(gcomm, os.path.join(p.directory, data_file(self.rank)), sizes[self.rank],
+        return parity.encode(gcomm, os.path.join(p.directory, rank_file(self.rank)), sizes[self.rank],
                              [sizes[r] for r in group], os.path.join(p.directory, parity_file(self.rank)),
                              p.options.fsync)
 
@@ -684,8 +683,8 @@ class Engine:
     # ----------------------------------------------------------------- flush
     def _start_flush(self, p: Pending, raw: bytes, sizes: list[int], local_cost: float = 0.0) -> None:
         self._poll_flush(block=True)  # one flush at a time
-        src = os.path.join(p.directory, data_file(self.rank)) if sizes[self.rank] else None
-        dst = os.path.join(self._path(p.name), data_file(self.rank))
+        src = os.path.join(p.directory, rank_file(self.rank)) if sizes[self.rank] else None
+        dst = os.path.join(self._path(p.name), rank_file(self.rank))
         if self.rank == 0:  # the marker `hpcckpt ls` shows; removed when the flush is committed or failed
             self._flush_marker({"version": p.name, "step": p.step, "ranks": self.comm.Get_size(),
                                 "started": time.time(), "pid": os.getpid()})
@@ -830,8 +829,8 @@ def _layout_key(summaries: dict, specs: dict) -> str:
 
 
 def _entry(name: str, committed: bool = True, path: str = "") -> VersionEntry:
-    m = _NAME.match(name)
-    return VersionEntry(name, path, int(m.group(1)), int(m.group(2) or 0), committed)
+    parsed = parse_version_name(name)
+    return VersionEntry(name, path, parsed.step, parsed.revision, committed)
 
 
 __all__ = ["Engine", "pop_engine_options", "engine_wanted"]

@@ -15,16 +15,12 @@ version, the same confinement ``@`` references get.
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import warnings
 from dataclasses import dataclass
 
 from .errors import CheckpointError
-from .metadata import METADATA_FILE
-
-_NAME = re.compile(r"^step-(\d{12})(?:\.r(\d{1,6}))?$")
-MAX_STEP = 10**12 - 1
+from .names import MAX_VERSION_STEP, METADATA_FILE, parse_version_name, version_name
 
 
 @dataclass(frozen=True)
@@ -43,13 +39,10 @@ class VersionEntry:
 
 
 def check_step(step) -> int:
-    if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step <= MAX_STEP:
-        raise CheckpointError(f"step must be an integer in [0, {MAX_STEP}], got {step!r}")
+    """``step`` if a version name can hold it (an int in [0, 10^12)), else CheckpointError."""
+    if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step <= MAX_VERSION_STEP:
+        raise CheckpointError(f"step must be an integer in [0, {MAX_VERSION_STEP}], got {step!r}")
     return step
-
-
-def version_name(step: int, revision: int = 0) -> str:
-    return f"step-{step:012d}" + (f".r{revision}" if revision else "")
 
 
 def list_versions(root: str) -> list[VersionEntry]:
@@ -64,10 +57,10 @@ def list_versions(root: str) -> list[VersionEntry]:
     real_root = os.path.realpath(root)
     out = []
     for name in names:
-        m = _NAME.match(name)
+        parsed = parse_version_name(name)
         path = os.path.join(root, name)
-        if m and os.path.isdir(path) and os.path.dirname(os.path.realpath(path)) == real_root:
-            out.append(VersionEntry(name, path, int(m.group(1)), int(m.group(2) or 0),
+        if parsed and os.path.isdir(path) and os.path.dirname(os.path.realpath(path)) == real_root:
+            out.append(VersionEntry(name, path, parsed.step, parsed.revision,
                                     os.path.isfile(os.path.join(path, METADATA_FILE))))
     return sorted(out, key=lambda e: e.order)
 

@@ -25,7 +25,8 @@ import numpy as np
 
 from .checksum import checksum
 from .errors import CheckpointError, CorruptCheckpointError
-from .metadata import MAX_METADATA_BYTES, METADATA_FILE, ChunkTable, split_reference
+from .metadata import MAX_METADATA_BYTES, ChunkTable
+from .names import DATA_DIR, METADATA_FILE, compacted_file, split_reference
 from .storage.posix import read_bounded
 
 _REFS_CACHE: dict = {}
@@ -157,15 +158,16 @@ def compact(root: str, keep: int | None = None, dry_run: bool = False, fsync: bo
                       f"(no longer references {', '.join(outside)})")
         if not dry_run:
             if fsync:
-                fsync_path(os.path.join(e.path, "data"))
+                fsync_path(os.path.join(e.path, DATA_DIR))
             atomic_write(os.path.join(e.path, METADATA_FILE), meta.to_json_bytes(), fsync=fsync)
         available.update(ChainIndex.from_metadata(meta, e.name).locations)
     return report
 
 
 def _free_name(version_path: str) -> str:
+    """The first compaction file name not yet used in the version at ``version_path``."""
     n = 0
-    while os.path.exists(os.path.join(version_path, "data", f"compact-{n:06d}.bin")):
+    while os.path.exists(os.path.join(version_path, compacted_file(n))):
         n += 1
-    return f"data/compact-{n:06d}.bin"
+    return compacted_file(n)
 

@@ -34,7 +34,8 @@ from . import __version__
 from .catalog import VersionEntry, current, list_versions, remove_versions, removable
 from .encoding import dtype_to_json
 from .errors import CheckpointError, CorruptCheckpointError
-from .metadata import CHECKSUM_ALGORITHM, FORMAT_NAME, FORMAT_VERSION, METADATA_FILE, Metadata
+from .metadata import CHECKSUM_ALGORITHM, FORMAT_NAME, FORMAT_VERSION, Metadata
+from .names import METADATA_FILE
 from .reader import CheckpointView, read_metadata
 
 #: ``verify`` shows a progress bar on a terminal from this many bytes on.

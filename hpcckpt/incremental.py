@@ -46,7 +46,8 @@ from .devices import array_module, as_local_array, is_device_array
 from .encoding import dtype_from_json, dtype_to_json
 from .errors import CheckpointError
 from .log import logger
-from .metadata import METADATA_FILE, ChunkTable, Metadata, Variable, split_reference
+from .metadata import ChunkTable, Metadata, Variable
+from .names import DATA_DIR, METADATA_FILE, is_reference_version, reference, split_reference
 from .monitor import PhaseTimer
 
 #: Name of the content hash stored in the optional ``hash`` column of the chunk table.
@@ -165,7 +166,7 @@ def codec_key(codec: dict, dtype) -> str:
 
 def root_form(file: str, version: str) -> str:
     """A data file name of ``version`` as seen from a sibling: ``@version/file`` (references stay as they are)."""
-    return file if split_reference(file) is not None else f"@{version}/{file}"
+    return file if split_reference(file) is not None else reference(version, file)
 
 
 # --------------------------------------------------------------------------- the index a version offers
@@ -318,9 +319,7 @@ def _resolve_base(directory: str, options, io_root: str | None) -> str | None:
             raise CheckpointError(f"base {base!r} is not a committed checkpoint")
         if os.path.dirname(os.path.realpath(base)) != parent:
             raise CheckpointError(f"base {base!r} must be a sibling of {directory!r} (the same parent directory)")
-        from .metadata import _REF_NAME
-
-        if not _REF_NAME.match(os.path.basename(os.path.realpath(base))):
+        if not is_reference_version(os.path.basename(os.path.realpath(base))):
             raise CheckpointError(f"base {base!r}: its name must be letters, digits and _.+- to be referenced")
         return base
     if io_root is None:
@@ -569,7 +568,6 @@ def _hash_pieces(arrays: dict, boxes: dict, variables: dict, dtypes: dict, codec
 
 def _commit(directory, name, variables, dtypes, codecs, parts, values, nranks, step, extra, fsync):
     """Rank 0: assemble the chunk tables, check the referenced versions are still there, commit the metadata."""
-    from .saving import DATA_DIR
     from .storage.posix import atomic_write, fsync_path
 
     files, tables = assemble(variables, dtypes, codecs, parts)

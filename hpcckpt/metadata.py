@@ -27,12 +27,12 @@ from .checksum import checksum
 from .codecs.core import check_config as check_codec_config, max_stored_bytes
 from .encoding import MAX_VALUE_DEPTH, decode_value, dtype_from_json, dtype_to_json
 from .errors import CorruptCheckpointError
+from .names import METADATA_FILE, is_reference_version, split_reference
 
 FORMAT_NAME = "hpcckpt"
 #: The version this hpcckpt writes, and every version it reads (1: before metadata checksums).
 FORMAT_VERSION = 2
 READABLE_VERSIONS = (1, 2)
-METADATA_FILE = "metadata.json"
 CHECKSUM_ALGORITHM = "xxh3_64"
 #: The literal start of a sealed metadata file; 16 hex digits of its checksum and '",' follow (docs/format.md, 3).
 SEAL_PREFIX = b'{"metadata_checksum":"'
@@ -351,26 +351,13 @@ def _from_unsigned(arr: np.ndarray) -> np.ndarray:
     return arr.astype(np.int64)
 
 
-#: A reference to a data file of a sibling version (incremental saves, docs/incremental.md):
-#: ``@NAME/relative/path`` where NAME is a single plain directory name under the same root.
-_REF_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+-]{0,254}$")
-
-
-def split_reference(name: str) -> tuple[str, str] | None:
-    """``(version name, path inside it)`` for a reference ``@NAME/path``, None for a file of this version."""
-    if not name.startswith("@"):
-        return None
-    version, _, rest = name[1:].partition("/")
-    return version, rest
-
-
 def check_relative_path(name) -> str:
     """A data file name must be a plain relative POSIX path inside the checkpoint directory,
     or ``@NAME/path``: such a path inside the sibling version NAME (same parent directory)."""
     _expect(isinstance(name, str) and 0 < len(name) <= 4096, "a file name must be a non-empty string")
     ref = split_reference(name)
     if ref is not None:
-        _expect(bool(_REF_NAME.match(ref[0])) and bool(ref[1]) and not ref[1].startswith("@"),
+        _expect(is_reference_version(ref[0]) and bool(ref[1]) and not ref[1].startswith("@"),
                 f"file name {name[:80]!r} is not a valid reference to another version")
         check_relative_path(ref[1])
         return name

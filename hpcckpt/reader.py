@@ -30,7 +30,8 @@ from .checksum import hexdigest, new_hasher
 from .devices import array_module, is_device_array, pinned_empty
 from .encoding import decode_value
 from .errors import CheckpointError, CorruptCheckpointError
-from .metadata import MAX_METADATA_BYTES, METADATA_FILE, Metadata, Variable, parse
+from .metadata import MAX_METADATA_BYTES, Metadata, Variable, parse
+from .names import METADATA_FILE
 from .regions import overlapping, tiling_problem, volume
 from .storage.posix import confined_path, open_regular, read_bounded, read_exact, read_segments
 

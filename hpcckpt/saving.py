@@ -23,8 +23,9 @@ from .devices import as_local_array
 from .encoding import dtype_from_json, encode_value
 from .log import logger
 from .errors import CheckpointError
-from .metadata import METADATA_FILE, ChunkTable, Metadata, Variable
+from .metadata import ChunkTable, Metadata, Variable
 from .monitor import PhaseTimer
+from .names import DATA_DIR, METADATA_FILE
 from .planning import plan_save
 from .state import split_state, summarize_for_save
 from .stats import straggler
@@ -34,7 +35,6 @@ from .transport import io_history
 from .transport.auto import choose_strategy
 from .transport.topology import node_layout, ranks_per_node_setting
 
-DATA_DIR = "data"
 #: Default largest chunk: small enough that the scratch buffer and the parts a
 #: reshard load forwards stay well under 10% of a typical per-rank state, large
 #: enough that 100 GiB is about 12,800 chunks (metadata opens in well under 1 s).

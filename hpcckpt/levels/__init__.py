@@ -140,12 +140,3 @@ def parity_groups(layout: NodeLayout, size: int) -> list[list[int]]:
             chunks[-2].extend(chunks.pop())
         groups.extend(c for c in chunks if len(c) >= 2)
     return groups
-
-
-def data_file(rank: int) -> str:
-    """The file-per-rank data file of ``rank`` (relative to a version directory)."""
-    return f"data/part-{rank:06d}.bin"
-
-
-def parity_file(rank: int) -> str:
-    return f"parity/xor-{rank:06d}.bin"

@@ -24,20 +24,20 @@ import os
 import warnings
 
 from .._mpi import agree, allgather_checked, bcast_checked
-from ..catalog import _NAME, list_versions
+from ..catalog import list_versions
 from ..errors import CheckpointError, TemplateMismatchError
 from ..loading import load_version
 from ..reader import read_metadata_bytes
-from ..metadata import METADATA_FILE, Metadata, parse
+from ..metadata import Metadata, parse
+from ..names import DATA_DIR, METADATA_FILE, PARITY_DIR, parity_file, parse_version_name, rank_file
 from ..storage.posix import atomic_write
-from . import data_file, parity_file
 from .partner import transfer
 
 
 def inventory(vdir: str) -> dict[str, int]:
     """Sizes of the data and parity files a node directory holds for one version."""
     out = {}
-    for sub in ("data", "parity"):
+    for sub in (DATA_DIR, PARITY_DIR):
         d = os.path.join(vdir, sub)
         try:
             names = os.listdir(d)
@@ -70,7 +70,7 @@ def plan_rebuild(meta: Metadata, inv: list[dict[str, int]], size: int):
         return {"level": "L1", "moves": [], "rebuild": []}, None  # try the node directories as they are
     ends = expected_sizes(meta)
     sizes = levels.get("sizes") or [0] * size
-    owners = {data_file(o): o for o in range(size)}
+    owners = {rank_file(o): o for o in range(size)}
     moves, lost = [], []
     for name, end in sorted(ends.items()):
         o = owners.get(name)
@@ -102,7 +102,7 @@ def plan_rebuild(meta: Metadata, inv: list[dict[str, int]], size: int):
         for j in group:
             if j == x:
                 continue
-            has_data = int(sizes[j]) == 0 or inv[j].get(data_file(j)) == int(sizes[j]) or any(
+            has_data = int(sizes[j]) == 0 or inv[j].get(rank_file(j)) == int(sizes[j]) or any(
                 m[1] == j for m in moves)
             if not has_data or (seg and inv[j].get(parity_file(j)) != seg):
                 return None, (f"rank {x} of parity group {group} is lost and rank {j}'s "
@@ -115,8 +115,7 @@ def plan_rebuild(meta: Metadata, inv: list[dict[str, int]], size: int):
 
 
 def _order(name: str):
-    m = _NAME.match(name)
-    return int(m.group(1)), int(m.group(2) or 0)
+    return parse_version_name(name)
 
 
 def restore_levels(engine, state, step, strict):
@@ -199,9 +198,9 @@ def _try_local(engine, state, name: str, local_sets, strict):
                         return
                     _, group, x, seg, lost_size = mine
                     sizes = meta.extra["levels"]["sizes"]
-                    parity.rebuild(gcomm, group.index(x), os.path.join(vdir, data_file(rank)), int(sizes[rank]),
+                    parity.rebuild(gcomm, group.index(x), os.path.join(vdir, rank_file(rank)), int(sizes[rank]),
                                    os.path.join(vdir, parity_file(rank)), seg, lost_size,
-                                   os.path.join(vdir, data_file(x)))
+                                   os.path.join(vdir, rank_file(x)))
                 agree(comm, what + " (XOR parity)", rebuild)
             finally:
                 if gcomm != MPI.COMM_NULL:

@@ -20,7 +20,7 @@ import json
 import os
 
 from ..catalog import list_versions
-from ..metadata import METADATA_FILE
+from ..names import METADATA_FILE
 from . import FLUSH_MARKER, LEVELS_FILE
 
 

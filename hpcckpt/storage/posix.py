@@ -14,7 +14,8 @@ from typing import Iterable
 
 from ..checksum import PIECE
 from ..errors import CheckpointError, CorruptCheckpointError
-from ..metadata import METADATA_FILE, check_relative_path, split_reference
+from ..metadata import check_relative_path
+from ..names import METADATA_FILE, split_reference
 
 #: Largest single os.write/os.preadv call (Linux moves at most ~2 GiB per call anyway).
 _MAX_IO = 1 << 30

@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import CheckpointError
+from ..names import aggregator_file
 from .base import TransportContext, Written
 from .file_per_rank import SequentialFile
 from .throttle import write_turn
@@ -72,7 +73,7 @@ def _aggregate(ctx: TransportContext, pieces, members: list[int]) -> Written:
 
     comm = ctx.comm
     out = Written()
-    target = SequentialFile(ctx.directory, f"data/agg-{comm.Get_rank():06d}.bin", ctx.fsync)
+    target = SequentialFile(ctx.directory, aggregator_file(comm.Get_rank()), ctx.fsync)
     failure = None
     try:
         for piece in pieces:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 
 from ..checksum import hexdigest, new_hasher
+from ..names import rank_file
 from ..storage.posix import create_exclusive, write_all
 from .base import TransportContext, Written
 from .throttle import write_turn
@@ -49,7 +50,7 @@ def write_file_per_rank(ctx: TransportContext, pieces) -> Written:
     """
     rank = ctx.comm.Get_rank()
     out = Written()
-    target = SequentialFile(ctx.directory, f"data/part-{rank:06d}.bin", ctx.fsync)
+    target = SequentialFile(ctx.directory, rank_file(rank), ctx.fsync)
     with write_turn(ctx.comm, list(range(ctx.comm.Get_size())), ctx.max_writers):
         try:
             for piece in pieces:

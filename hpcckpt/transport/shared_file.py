@@ -14,9 +14,9 @@ import os
 
 import numpy as np
 
+from ..names import SHARED_FILE
 from .base import TransportContext, Written
 
-SHARED_NAME = "data/shared.bin"
 
 
 def write_shared_file(ctx: TransportContext, pieces) -> Written:
@@ -40,7 +40,7 @@ def write_shared_file(ctx: TransportContext, pieces) -> Written:
     info = MPI.Info.Create()
     for key, value in ctx.mpiio_hints.items():
         info.Set(str(key), str(value))
-    path = os.path.join(ctx.directory, SHARED_NAME)
+    path = os.path.join(ctx.directory, SHARED_FILE)
     fh = MPI.File.Open(comm, path, MPI.MODE_WRONLY | MPI.MODE_CREATE | MPI.MODE_EXCL, info)
     info.Free()
     out = Written()
@@ -55,7 +55,7 @@ def write_shared_file(ctx: TransportContext, pieces) -> Written:
                 failure = failure or exc
                 continue
             if piece is not None:
-                out.add(piece.header(), SHARED_NAME, offset)
+                out.add(piece.header(), SHARED_FILE, offset)
                 offset += piece.nbytes
         if ctx.fsync:
             fh.Sync()
