@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 
-from ._mpi import agree, on_root, resolve_comm
+from .collective import agree, on_root, resolve_comm
 from .errors import CheckpointError
 from .loading import load_version
 from .names import DATA_DIR, METADATA_FILE

@@ -39,8 +39,8 @@ import warnings
 from dataclasses import dataclass, field
 
 
-from ._mpi import _collective_error, agree, allgather_checked, bcast_checked, best_effort, on_root
-from ._mpi import _describe as _describe_failure
+from .collective import agree, allgather_checked, bcast_checked, best_effort, collective_error, \
+    describe_failure, on_root
 from .devices import as_local_array, is_device_array
 from .arrays import byte_view
 from .catalog import VersionEntry, check_step, current, list_versions, new_version_name, removable, \
@@ -449,11 +449,11 @@ class Engine:
                     self._flush_marker(None)  # left by a run killed during its flush
                 names += [e.name for e in list_versions(self.ckpt.root)]
         except Exception as exc:  # noqa: BLE001 - every rank learns of it in the same allgather
-            failure = _describe_failure(exc)
+            failure = describe_failure(exc)
         everyone = comm.allgather((failure, None if local is None else local[2], names))
         bad = {r: f for r, (f, _, _) in enumerate(everyone) if f is not None}
         if bad:
-            raise _collective_error(what, bad, comm.Get_size())
+            raise collective_error(what, bad, comm.Get_size())
         try:
             self._names = {n for _, _, ns in everyone for n in ns}
             self._plan_name = new_version_name([_entry(n) for n in self._names], step)
@@ -461,7 +461,7 @@ class Engine:
             variables, boxes = plan_save(summaries)
             codecs = decide_codecs(variables, summaries, opts.codec_threads)
         except Exception as exc:  # noqa: BLE001 - the same inputs fail the same way on every rank
-            raise _collective_error(what, {0: _describe_failure(exc)}, 1) from None
+            raise collective_error(what, {0: describe_failure(exc)}, 1) from None
         arrays, values, mine, key = local
         layout = Layout(key, summaries, variables, boxes, codecs)
         self._plan_cache = layout
@@ -496,7 +496,7 @@ class Engine:
         p.writer.join()
         w = p.writer
         timer = w.timer
-        failure = None if w.error is None else _describe_failure(w.error)
+        failure = None if w.error is None else describe_failure(w.error)
         stats = {"seconds": {**timer.seconds, "stage": p.stage_seconds}, "timeline": timer.timeline,
                  "bytes": w.written.nbytes}
         msgs = comm.gather((failure, w.file_bytes, w.written.rows, stats, p.name, p.own), root=0)
@@ -509,7 +509,7 @@ class Engine:
             if self.levels.enabled:
                 verdict = comm.bcast(settled.sizes if isinstance(settled, Settled) else settled, root=0)
                 if isinstance(verdict, dict):
-                    raise _collective_error(what, verdict, comm.Get_size())
+                    raise collective_error(what, verdict, comm.Get_size())
                 sizes = verdict
                 with timer.phase("levels"):
                     levels = self._redundancy(p, sizes, what)
@@ -520,10 +520,10 @@ class Engine:
                 try:
                     out = (self._commit_root(p, settled, levels), settled.layout)
                 except Exception as exc:  # noqa: BLE001 - reaches every rank in the broadcast
-                    out = {0: _describe_failure(exc)}
+                    out = {0: describe_failure(exc)}
             out = comm.bcast(out, root=0)
             if isinstance(out, dict):
-                raise _collective_error(what, out, comm.Get_size())
+                raise collective_error(what, out, comm.Get_size())
             (total, raw), layout = out
             if self.levels.enabled:
                 agree(comm, what, lambda: self._commit_nodes(p, raw))
@@ -567,7 +567,7 @@ class Engine:
         """
         names = {m[4] for m in msgs}
         if len(names) != 1:
-            return {0: _describe_failure(CheckpointError(
+            return {0: describe_failure(CheckpointError(
                 f"the ranks saved different versions {sorted(names)} (different steps?)"))}
         tables = [m[2] for m in msgs]
         cache = self._plan_cache
@@ -600,7 +600,7 @@ class Engine:
                               if any(shift[v]) else (v, f, off, nb, dg, st, cnt)
                               for v, f, off, nb, dg, st, cnt in rows])
         except Exception as exc:  # noqa: BLE001 - reaches every rank in the broadcast
-            return {0: _describe_failure(exc)}
+            return {0: describe_failure(exc)}
         return Settled([m[1] for m in msgs], fixed, variables, codecs, (summaries, variables, boxes, codecs),
                        _stats([m[3] for m in msgs]))
 

@@ -8,7 +8,7 @@ import warnings
 import weakref
 
 from . import rootlock
-from ._mpi import agree, best_effort, on_root, resolve_comm
+from .collective import agree, best_effort, on_root, resolve_comm
 from .catalog import check_step, current, list_versions, new_version_name, remove_versions, removable
 from .errors import CheckpointError, TemplateMismatchError
 from .loading import load_version

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from ._mpi import agree, on_root, resolve_comm
+from .collective import agree, on_root, resolve_comm
 from .encoding import decode_value, encode_value
 from .errors import CheckpointError, CorruptCheckpointError, TemplateMismatchError
 from .loading import _check_template, _plan

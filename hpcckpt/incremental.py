@@ -39,7 +39,7 @@ import numpy as np
 import xxhash
 
 from . import blockhash
-from ._mpi import _attempt, _collective_error, _raise_if_failed
+from .collective import attempt, raise_if_failed, root_phase
 from .arrays import byte_view
 from .checksum import checksum, checksum_from_xxh3_128
 from .devices import array_module, as_local_array, is_device_array
@@ -368,28 +368,6 @@ def _members(comm) -> tuple:
         return ()
 
 
-def _root_phase(comm, what: str, failure, payload, root_fn):
-    """Gather ``(failure, payload)`` on rank 0, run ``root_fn(payloads)`` there, broadcast its result.
-
-    Two collectives in place of agree's allgather plus a gather and a bcast: any
-    rank's failure (or ``root_fn``'s) becomes the same CheckpointError on every rank.
-    """
-    msgs = comm.gather((failure, None if failure else payload), root=0)
-    out = None
-    if comm.Get_rank() == 0:
-        bad = {r: f for r, (f, _) in enumerate(msgs) if f is not None}
-        result = None
-        if not bad:
-            result, f = _attempt(lambda: root_fn([p for _, p in msgs]))
-            if f is not None:
-                bad = {0: f}
-        out = (bad, None if bad else result)
-    bad, result = comm.bcast(out, root=0)
-    if bad:
-        raise _collective_error(what, bad, comm.Get_size())
-    return result
-
-
 def save_incremental(state, directory: str, comm, options, step: int | None = None, extra: dict | None = None,
                      io_root: str | None = None):
     """Collectively write ``state`` into the new ``directory`` as an incremental (or full) version; commit it.
@@ -420,7 +398,7 @@ def save_incremental(state, directory: str, comm, options, step: int | None = No
             k = ranks_per_node_setting(options.ranks_per_node)
             return d, k
 
-        described, failure = _attempt(describe)
+        described, failure = attempt(describe)
         local, rpn = described if failure is None else (None, None)
         layout_key = (members, rpn)
         layout = _LAYOUTS.get(layout_key) if members else None
@@ -441,7 +419,7 @@ def save_incremental(state, directory: str, comm, options, step: int | None = No
             return planned, base, strategy, all(m[3] for m in msgs)
 
         try:
-            planned, base, strategy, all_have_layout = _root_phase(comm, what, failure, mine, plan_on_root)
+            planned, base, strategy, all_have_layout = root_phase(comm, what, failure, mine, plan_on_root)
         except CheckpointError:
             if rank == 0 and created[0]:
                 shutil.rmtree(directory, ignore_errors=True)
@@ -468,14 +446,14 @@ def save_incremental(state, directory: str, comm, options, step: int | None = No
                                    mpiio_hints=options.mpiio_hints, fsync=options.fsync)
         dtypes = {n: dtype_from_json(v.dtype) for n, v in variables.items()}
         with timer.phase("hash"):
-            entries, failure = _attempt(lambda: _hash_pieces(local["arrays"], boxes, variables, dtypes, codecs,
+            entries, failure = attempt(lambda: _hash_pieces(local["arrays"], boxes, variables, dtypes, codecs,
                                                              options.block_bytes, index))
             entries = entries or []
             new_keys = [e[4] for e in entries if e[6] is None] if options.dedup else None
             mine = (sum(e[5] for e in entries), sum(e[5] for e in entries if e[6] is None), new_keys,
                     sum(1 for e in entries if e[6] is not None))
             everyone = comm.allgather((failure, None if failure else mine))
-            _raise_if_failed(comm, what, [f for f, _ in everyone])
+            raise_if_failed(comm, what, [f for f, _ in everyone])
             everyone = [m for _, m in everyone]
         total_bytes = sum(m[0] for m in everyone)
         changed_bytes = sum(m[1] for m in everyone)
@@ -509,7 +487,7 @@ def save_incremental(state, directory: str, comm, options, step: int | None = No
                 yield Piece(variable, start, count, payload, digest)
 
         with timer.phase("write"):
-            written, failure = _attempt(lambda: WRITERS[strategy](ctx, pieces()))
+            written, failure = attempt(lambda: WRITERS[strategy](ctx, pieces()))
         with timer.phase("commit"):
             info = {"kind": kind, "base": index.name if kind == "incremental" else None,
                     "depth": index.depth + 1 if kind == "incremental" else 0, "reason": reason,
@@ -527,7 +505,7 @@ def save_incremental(state, directory: str, comm, options, step: int | None = No
                                size, step, {**(extra or {}), "strategy": strategy, "stats": S._stats(stats),
                                             "incremental": info}, options.fsync) + (stats,)
 
-            done = _root_phase(comm, what, failure, mine, commit_on_root)
+            done = root_phase(comm, what, failure, mine, commit_on_root)
     except CheckpointError:
         if rank == 0:
             shutil.rmtree(directory, ignore_errors=True)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._mpi import agree, allgather_checked, bcast_checked
+from .collective import agree, allgather_checked, bcast_checked
 from .arrays import byte_view
 from .devices import copy_into, is_device_array
 from .encoding import decode_value

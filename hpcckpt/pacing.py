@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 import warnings
 
-from ._mpi import best_effort
+from .collective import best_effort
 from .policy import FailureHistory, Learned, Schedule, SignalFlag, end_time_from_env
 from .policy.policies import Policy
 

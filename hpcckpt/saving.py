@@ -15,7 +15,7 @@ import shutil
 from dataclasses import dataclass, field
 
 
-from ._mpi import agree, on_root
+from .collective import agree, on_root
 from .arrays import byte_view, global_pieces
 from .checksum import checksum
 from .codecs.pipeline import EncodedPieces, check_codec_option, codec_summary, decide_codecs

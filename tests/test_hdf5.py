@@ -15,7 +15,7 @@ h5py = pytest.importorskip("h5py")
 
 import hpcckpt  # noqa: E402
 from hpcckpt import hdf5  # noqa: E402
-from hpcckpt._mpi import SerialComm  # noqa: E402
+from hpcckpt.collective import SerialComm  # noqa: E402
 from hpcckpt.errors import CheckpointError, CorruptCheckpointError, TemplateMismatchError  # noqa: E402
 from hpcckpt.metadata import FORMAT_VERSION  # noqa: E402
 from hpcckpt.reader import CheckpointView, read_metadata  # noqa: E402

@@ -17,7 +17,7 @@ import pytest
 
 import hpcckpt
 from hpcckpt import cli
-from hpcckpt._mpi import SerialComm
+from hpcckpt.collective import SerialComm
 from hpcckpt.chain import compact
 from hpcckpt.errors import CheckpointError, CorruptCheckpointError
 from hpcckpt.reader import read_metadata

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import hpcckpt
-from hpcckpt._mpi import SerialComm
+from hpcckpt.collective import SerialComm
 from hpcckpt.catalog import current, gc, list_versions
 from hpcckpt.chain import compact, referenced
 from hpcckpt.errors import CheckpointError, CorruptCheckpointError
@@ -152,7 +152,7 @@ def test_explicit_base_and_damage(tmp_path):
 
 KILL_SCRIPT = r"""
 import sys, numpy as np, hpcckpt
-from hpcckpt._mpi import SerialComm
+from hpcckpt.collective import SerialComm
 root = sys.argv[1]
 ck = hpcckpt.Checkpointer(root, comm=SerialComm(), keep=2, incremental=True, block_bytes=65536, max_chain=3,
                           track_failures=False)

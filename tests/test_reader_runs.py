@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import hpcckpt
-from hpcckpt._mpi import SerialComm
+from hpcckpt.collective import SerialComm
 from hpcckpt.checksum import checksum, checksum_from_xxh3_128
 from hpcckpt.errors import CorruptCheckpointError
 from hpcckpt.reader import ChunkReader, coalesce, direct_targets, read_metadata

@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 import warnings
 
-from .._mpi import agree, allgather_checked, bcast_checked
+from ..collective import agree, allgather_checked, bcast_checked
 from ..catalog import list_versions
 from ..errors import CheckpointError, TemplateMismatchError
 from ..loading import load_version

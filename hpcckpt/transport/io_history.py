@@ -3,7 +3,7 @@
 Read by ``strategy="auto"``; written by rank 0 after each save.  The file is
 advisory: a missing, malformed or unreadable file (a FIFO or a directory in its
 place included: it is opened without blocking) is treated as empty, and a
-failed write is one warning on rank 0, never an error (``_mpi.best_effort``).
+failed write is one warning on rank 0, never an error (``collective.best_effort``).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import json
 import math
 import os
 
-from .._mpi import best_effort
+from ..collective import best_effort
 from ..errors import CheckpointError
 from ..storage.posix import atomic_write, read_bounded
 

@@ -22,7 +22,7 @@ from .base import TransportContext, Written
 def write_shared_file(ctx: TransportContext, pieces) -> Written:
     from mpi4py import MPI
 
-    from .._mpi import SerialComm
+    from ..collective import SerialComm
 
     comm = MPI.COMM_SELF if isinstance(ctx.comm, SerialComm) else ctx.comm
     failure = None

@@ -1,4 +1,4 @@
-"""The few collective helpers hpcckpt needs, and the rule that keeps them safe.
+"""The one family of collective helpers every phase of a save or load uses, and the rule that keeps them safe.
 
 Every phase of a save or load runs its rank-local work inside :func:`agree`:
 an exception on one rank is caught there, every rank then enters the same small
@@ -82,48 +82,76 @@ def agree(comm, what: str, fn: Callable[[], T]) -> T:
     ``what`` names the operation in the message ("save of 'run/step-3'").  The
     cost is one allgather of a small tuple per call.
     """
-    result, failure = _attempt(fn)
-    _raise_if_failed(comm, what, comm.allgather(failure))
+    result, failure = attempt(fn)
+    raise_if_failed(comm, what, comm.allgather(failure))
     return result
 
 
 def allgather_checked(comm, what: str, fn: Callable[[], T]) -> list[T]:
     """Like :func:`agree`, but also hands every rank the results of all ranks (one allgather)."""
-    result, failure = _attempt(fn)
+    result, failure = attempt(fn)
     pairs = comm.allgather((failure, None if failure else result))
-    _raise_if_failed(comm, what, [f for f, _ in pairs])
+    raise_if_failed(comm, what, [f for f, _ in pairs])
     return [r for _, r in pairs]
 
 
 def bcast_checked(comm, what: str, fn: Callable[[], T], root: int = 0) -> T:
     """Run ``fn`` on the root and broadcast its result, or its failure as the same error on every rank."""
-    result, failure = _attempt(fn) if comm.Get_rank() == root else (None, None)
+    result, failure = attempt(fn) if comm.Get_rank() == root else (None, None)
     failure, result = comm.bcast((failure, None if failure else result), root=root)
     if failure is not None:
-        raise _collective_error(what, {root: failure}, comm.Get_size())
+        raise collective_error(what, {root: failure}, comm.Get_size())
     return result
 
 
-def _attempt(fn):
+def root_phase(comm, what: str, failure, payload, root_fn):
+    """Gather ``(failure, payload)`` on rank 0, run ``root_fn(payloads)`` there, broadcast its result.
+
+    ``failure`` is this rank's :func:`attempt` failure (or None) of the work
+    that produced ``payload``.  Two collectives in place of agree's allgather
+    plus a gather and a bcast: any rank's failure (or ``root_fn``'s) becomes the
+    same CheckpointError on every rank.
+    """
+    msgs = comm.gather((failure, None if failure else payload), root=0)
+    out = None
+    if comm.Get_rank() == 0:
+        bad = {r: f for r, (f, _) in enumerate(msgs) if f is not None}
+        result = None
+        if not bad:
+            result, f = attempt(lambda: root_fn([p for _, p in msgs]))
+            if f is not None:
+                bad = {0: f}
+        out = (bad, None if bad else result)
+    bad, result = comm.bcast(out, root=0)
+    if bad:
+        raise collective_error(what, bad, comm.Get_size())
+    return result
+
+
+def attempt(fn):
+    """``(fn(), None)``, or ``(None, failure)`` with the failure described for the other ranks."""
     try:
         return fn(), None
     except Exception as exc:  # noqa: BLE001 - every failure must reach the other ranks
-        return None, _describe(exc)
+        return None, describe_failure(exc)
 
 
-def _raise_if_failed(comm, what: str, failures: list) -> None:
+def raise_if_failed(comm, what: str, failures: list) -> None:
+    """Raise the collective error for the ranks whose entry of ``failures`` (one per rank) is set."""
     bad = {rank: f for rank, f in enumerate(failures) if f is not None}
     if bad:
-        raise _collective_error(what, bad, comm.Get_size())
+        raise collective_error(what, bad, comm.Get_size())
 
 
-def _describe(exc: BaseException) -> tuple[str, str, str]:
+def describe_failure(exc: BaseException) -> tuple[str, str, str]:
+    """``(class kept across ranks, message, original class)``: what a failure sends to the other ranks."""
     kind = next((cls.__name__ for cls in _SPECIFIC if isinstance(exc, cls)), "CheckpointError")
     text = str(exc) if isinstance(exc, CheckpointError) else f"{type(exc).__name__}: {exc}"
     return kind, text, type(exc).__name__
 
 
-def _collective_error(what: str, bad: dict, size: int) -> CheckpointError:
+def collective_error(what: str, bad: dict, size: int) -> CheckpointError:
+    """The one error every rank raises for the failures ``bad`` (by rank) of the operation ``what``."""
     kinds = {kind for kind, _, _ in bad.values()}
     cls = next((c for c in _SPECIFIC if kinds == {c.__name__}), CheckpointError)
     shown = sorted(bad.items())[:4]
