@@ -7,7 +7,7 @@ from . import codecs, policy  # hpcckpt.codecs.Lossy(...), hpcckpt.policy.daly(.
 from .api import load, open, save
 from .checkpointer import Checkpointer
 from .errors import CheckpointError, CorruptCheckpointError, TemplateMismatchError
-from .saving import SaveResult
+from .options import SaveResult
 from .state import Block, Ragged
 from .log import configure_from_env as _configure_logging
 

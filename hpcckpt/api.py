@@ -10,7 +10,8 @@ from .errors import CheckpointError
 from .loading import load_version
 from .names import DATA_DIR, METADATA_FILE
 from .reader import CheckpointView
-from .saving import SaveOptions, SaveResult, save_version
+from .options import SaveOptions, SaveResult
+from .saving import save_version
 
 
 def save(state, path, comm=None, *, step: int | None = None, overwrite: bool = False, **options) -> SaveResult:

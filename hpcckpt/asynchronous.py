@@ -39,15 +39,16 @@ import warnings
 from dataclasses import dataclass, field
 
 
-from .collective import agree, allgather_checked, bcast_checked, best_effort, collective_error, \
-    describe_failure, on_root
-from .devices import as_local_array, is_device_array
 from .arrays import byte_view
 from .catalog import VersionEntry, check_step, current, list_versions, new_version_name, removable, \
     remove_versions
 from .checksum import checksum
 from .codecs.core import AUTO, spec_to_json
 from .codecs.pipeline import EncodedPieces, codec_summary, decide, decide_codecs, default_threads
+from .collective import agree, allgather_checked, bcast_checked, best_effort, collective_error, \
+    describe_failure, on_root
+from .commit import commit_version, metadata_from_rows
+from .devices import as_local_array, is_device_array
 from .encoding import dtype_from_json, encode_value
 from .errors import CheckpointError, TemplateMismatchError
 from .levels import DEFAULT_LOCAL_FAILURE_FRACTION, ENGINE_OPTIONS, FLUSH_MARKER, LEVELS_FILE, LevelOptions, \
@@ -56,12 +57,13 @@ from .levels.flush import FlushThread
 from .levels.partner import transfer
 from .log import logger
 from .monitor import PhaseTimer
-from .names import METADATA_FILE, parity_file, parse_version_name, rank_file
+from .names import parity_file, parse_version_name, rank_file
 from .planning import plan_save
-from .saving import SaveOptions, SaveResult, _commit, _stats
+from .options import SaveOptions, SaveResult
 from .staging import DEFAULT_STAGING_BYTES, SlotQueue, StagingPool, pieces_of, stage, staged_bytes
 from .state import split_state, summarize_for_save
-from .storage.posix import atomic_write, fsync_path
+from .stats import phase_record
+from .storage.posix import atomic_write
 from .transport.base import Written
 from .transport.file_per_rank import SequentialFile
 from .transport.topology import node_layout, ranks_per_node_setting
@@ -573,7 +575,7 @@ class Engine:
         cache = self._plan_cache
         if all(m[5] is None for m in msgs):
             return Settled([m[1] for m in msgs], tables, cache.variables, cache.codecs, None,
-                           _stats([m[3] for m in msgs]))
+                           phase_record([m[3] for m in msgs]))
         try:
             summaries = [cache.summaries[r] if m[5] is None else m[5][0] for r, m in enumerate(msgs)]
             used_starts = [{n: b[0] for n, b in cache.boxes[r].items()} if m[5] is None else m[5][1]
@@ -602,7 +604,7 @@ class Engine:
         except Exception as exc:  # noqa: BLE001 - reaches every rank in the broadcast
             return {0: describe_failure(exc)}
         return Settled([m[1] for m in msgs], fixed, variables, codecs, (summaries, variables, boxes, codecs),
-                       _stats([m[3] for m in msgs]))
+                       phase_record([m[3] for m in msgs]))
 
     def _commit_root(self, p: Pending, settled: "Settled", levels) -> tuple:
         """Rank 0: write the metadata (root version, or rank 0's node-local version) and apply root retention."""
@@ -611,10 +613,10 @@ class Engine:
         if levels is not None:
             extra["levels"] = levels
         directory = p.directory if self.levels.enabled else self._path(p.name)
-        total = _commit(directory, settled.variables, settled.tables, p.values, self.comm.Get_size(), p.step,
-                        extra, p.options.fsync, settled.codecs)
-        with open(os.path.join(directory, METADATA_FILE), "rb") as f:
-            raw = f.read()
+        meta, nbytes, nchunks = metadata_from_rows(settled.variables, settled.tables, settled.codecs, p.values,
+                                                   self.comm.Get_size(), p.step, extra)
+        raw = commit_version(directory, meta, p.options.fsync)
+        total = nbytes, nchunks
         flushing = self.flush.name if self.flush is not None else None  # never a version being flushed
         best_effort(f"retention under {self.ckpt.root!r}", lambda: remove_versions(
             [e for e in removable(list_versions(self.ckpt.root), self.ckpt.keep) if e.name != flushing]))
@@ -622,7 +624,7 @@ class Engine:
 
     def _commit_nodes(self, p: Pending, raw: bytes) -> None:
         if self.leader and self.rank != 0:
-            atomic_write(os.path.join(p.directory, METADATA_FILE), raw, fsync=p.options.fsync)
+            commit_version(p.directory, raw, p.options.fsync)
 
     def _discard(self, name: str) -> None:
         """Remove every trace of a version that failed (root on rank 0, node-local dirs on node leaders)."""
@@ -735,8 +737,7 @@ class Engine:
         def commit():
             if f.meta is None:
                 return
-            atomic_write(os.path.join(path, METADATA_FILE), f.meta, fsync=True)
-            fsync_path(self.ckpt.root)
+            commit_version(path, f.meta, fsync=True)
             best_effort(f"retention under {self.ckpt.root!r}", lambda: remove_versions(
                 removable(list_versions(self.ckpt.root), self.ckpt.keep)))
 

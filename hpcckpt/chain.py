@@ -26,7 +26,7 @@ import numpy as np
 from .checksum import checksum
 from .errors import CheckpointError, CorruptCheckpointError
 from .metadata import MAX_METADATA_BYTES, ChunkTable
-from .names import DATA_DIR, METADATA_FILE, compacted_file, split_reference
+from .names import METADATA_FILE, compacted_file, split_reference
 from .storage.posix import read_bounded
 
 _REFS_CACHE: dict = {}
@@ -77,7 +77,8 @@ def compact(root: str, keep: int | None = None, dry_run: bool = False, fsync: bo
     from .catalog import current, list_versions
     from .incremental import ChainIndex, codec_key
     from .reader import allocate, read_metadata
-    from .storage.posix import atomic_write, confined_path, fsync_path, open_regular, read_exact, write_all
+    from .commit import commit_version
+    from .storage.posix import confined_path, open_regular, read_exact, write_all
 
     live = current(list_versions(root))
     kept = live[-keep:] if keep else live
@@ -157,9 +158,7 @@ def compact(root: str, keep: int | None = None, dry_run: bool = False, fsync: bo
         report.append(f"{e.name}: copied {copied} bytes, repointed {retargeted} chunks "
                       f"(no longer references {', '.join(outside)})")
         if not dry_run:
-            if fsync:
-                fsync_path(os.path.join(e.path, DATA_DIR))
-            atomic_write(os.path.join(e.path, METADATA_FILE), meta.to_json_bytes(), fsync=fsync)
+            commit_version(e.path, meta, fsync)
         available.update(ChainIndex.from_metadata(meta, e.name).locations)
     return report
 

@@ -13,7 +13,8 @@ from .catalog import check_step, current, list_versions, new_version_name, remov
 from .errors import CheckpointError, TemplateMismatchError
 from .loading import load_version
 from .pacing import Pacer
-from .saving import SaveOptions, SaveResult, save_version
+from .options import SaveOptions, SaveResult
+from .saving import save_version
 
 
 class Checkpointer:
@@ -21,7 +22,7 @@ class Checkpointer:
 
     ``keep=N`` retains the newest N committed versions (older ones are deleted
     after each successful save); ``options`` are the defaults for every save
-    (see :class:`hpcckpt.saving.SaveOptions`).  All methods are collective over
+    (see :class:`hpcckpt.options.SaveOptions`).  All methods are collective over
     ``comm``: every rank calls them in the same order.
 
     When to save can be left to :meth:`maybe_save`: ``policy`` (an

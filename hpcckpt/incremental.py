@@ -27,7 +27,6 @@ is the collective save that wires them into the transports of saving.py.
 
 from __future__ import annotations
 
-import datetime as _dt
 import itertools
 import json
 import math
@@ -39,42 +38,26 @@ import numpy as np
 import xxhash
 
 from . import blockhash
-from .collective import attempt, raise_if_failed, root_phase
 from .arrays import byte_view
 from .checksum import checksum, checksum_from_xxh3_128
+from .collective import attempt, raise_if_failed, root_phase
+from .commit import commit_version, now_iso
 from .devices import array_module, as_local_array, is_device_array
 from .encoding import dtype_from_json, dtype_to_json
 from .errors import CheckpointError
 from .log import logger
 from .metadata import ChunkTable, Metadata, Variable
-from .names import DATA_DIR, METADATA_FILE, is_reference_version, reference, split_reference
 from .monitor import PhaseTimer
+from .names import METADATA_FILE, is_reference_version, reference, split_reference
+from .options import SaveResult
+from .save_stages import describe_state, plan_and_prepare
+from .stats import phase_record
 
 #: Name of the content hash stored in the optional ``hash`` column of the chunk table.
 HASH_ALGORITHM = "xxh3_128"
 
 Key = tuple[str, int, str]  # (content hash of the raw bytes, raw byte count, codec key)
 Location = tuple[str, int, int, str]  # (file as "@VERSION/path", offset, stored nbytes, checksum)
-
-
-# --------------------------------------------------------------------------- options
-
-def check_options(opts) -> None:
-    """Validate the incremental save options of a SaveOptions (CheckpointError)."""
-    if not isinstance(opts.incremental, bool):
-        raise CheckpointError(f"incremental must be True or False, got {opts.incremental!r}")
-    if not isinstance(opts.dedup, bool):
-        raise CheckpointError(f"dedup must be True or False, got {opts.dedup!r}")
-    if opts.base is not None and not isinstance(opts.base, (str, os.PathLike)):
-        raise CheckpointError(f"base must be a path or None, got {opts.base!r}")
-    for name in ("block_bytes", "max_chain"):
-        value = getattr(opts, name)
-        low = 1 if name == "block_bytes" else 0
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise CheckpointError(f"{name} must be an integer >= {low}, got {value!r}")
-    t = opts.full_threshold
-    if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 <= t <= 1:
-        raise CheckpointError(f"full_threshold must be a number in [0, 1], got {t!r}")
 
 
 # --------------------------------------------------------------------------- the global block grid
@@ -378,7 +361,6 @@ def save_incremental(state, directory: str, comm, options, step: int | None = No
     first save of a communicator and an allgather of all keys when the policy
     turns a version with reusable blocks into a full one.
     """
-    from . import saving as S
     from .codecs.pipeline import EncodedPieces
     from .transport import WRITERS, Piece, TransportContext
     from .transport import io_history
@@ -394,7 +376,7 @@ def save_incremental(state, directory: str, comm, options, step: int | None = No
 
     with timer.phase("plan"):
         def describe():
-            d = S._describe(state, rank, options)
+            d = describe_state(state, rank, options)
             k = ranks_per_node_setting(options.ranks_per_node)
             return d, k
 
@@ -407,7 +389,7 @@ def save_incremental(state, directory: str, comm, options, step: int | None = No
         mine = (local["summaries"] if local else None, local_bytes, list(_CACHE), layout is not None)
 
         def plan_on_root(msgs):
-            planned = S._plan_and_prepare([m[0] for m in msgs], directory, options)
+            planned = plan_and_prepare([m[0] for m in msgs], directory, options)
             created[0] = True
             base = _base_index(directory, options, io_root, lambda key: all(key in m[2] for m in msgs))
             strategy = options.strategy
@@ -502,7 +484,7 @@ def save_incremental(state, directory: str, comm, options, step: int | None = No
             def commit_on_root(msgs):
                 stats = [m[0] for m in msgs]
                 return _commit(directory, name, variables, dtypes, codecs, [m[1] for m in msgs], local["values"],
-                               size, step, {**(extra or {}), "strategy": strategy, "stats": S._stats(stats),
+                               size, step, {**(extra or {}), "strategy": strategy, "stats": phase_record(stats),
                                             "incremental": info}, options.fsync) + (stats,)
 
             done = root_phase(comm, what, failure, mine, commit_on_root)
@@ -516,7 +498,7 @@ def save_incremental(state, directory: str, comm, options, step: int | None = No
         logger.info("saved %s (%s, depth %d, base %s: %s): wrote %d of %d bytes in %d chunks, write %.3f s",
                     directory, kind, info["depth"], info["base"], reason, written_bytes, total_bytes, nchunks,
                     max(s["seconds"].get("write", 0.0) for s in stats))
-    result = S.SaveResult(path=directory, step=step, bytes_written=written_bytes, nchunks=nchunks,
+    result = SaveResult(path=directory, step=step, bytes_written=written_bytes, nchunks=nchunks,
                           timings=timer.seconds, strategy=strategy)
     result.incremental = {**info, **summary}
     return result
@@ -546,8 +528,6 @@ def _hash_pieces(arrays: dict, boxes: dict, variables: dict, dtypes: dict, codec
 
 def _commit(directory, name, variables, dtypes, codecs, parts, values, nranks, step, extra, fsync):
     """Rank 0: assemble the chunk tables, check the referenced versions are still there, commit the metadata."""
-    from .storage.posix import atomic_write, fsync_path
-
     files, tables = assemble(variables, dtypes, codecs, parts)
     parent = os.path.dirname(os.path.realpath(directory))
     for ref in {split_reference(f)[0] for f in files if split_reference(f) is not None}:
@@ -565,14 +545,9 @@ def _commit(directory, name, variables, dtypes, codecs, parts, values, nranks, s
         table.hash = hashes
         meta_vars[vname] = Variable(name=vname, kind=plan.kind, dtype=dtypes[vname], shape=plan.shape, chunks=table,
                                     codec=(codecs or {}).get(vname, {"id": "none"}))
-    meta = Metadata(step=step, files=files, nranks=nranks,
-                    created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-                    variables=meta_vars, values=values, extra=extra)
-    if fsync:
-        fsync_path(os.path.join(directory, DATA_DIR))
-    atomic_write(os.path.join(directory, METADATA_FILE), meta.to_json_bytes(), fsync=fsync)
-    if fsync:
-        fsync_path(parent)
+    meta = Metadata(step=step, files=files, nranks=nranks, created=now_iso(), variables=meta_vars, values=values,
+                    extra=extra)
+    commit_version(directory, meta, fsync)
     nchunks = sum(len(rows) for rows, _ in tables.values())
     return (written, nchunks, summary), _stamp(directory), ChainIndex.from_metadata(meta, name)
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import posixpath
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,7 +26,7 @@ from .checksum import checksum
 from .codecs.core import check_config as check_codec_config, max_stored_bytes
 from .encoding import MAX_VALUE_DEPTH, decode_value, dtype_from_json, dtype_to_json
 from .errors import CorruptCheckpointError
-from .names import METADATA_FILE, is_reference_version, split_reference
+from .names import is_reference_version, split_reference
 
 FORMAT_NAME = "hpcckpt"
 #: The version this hpcckpt writes, and every version it reads (1: before metadata checksums).

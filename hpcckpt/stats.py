@@ -37,6 +37,14 @@ def _median(values: list[float]) -> float:
     return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
+def phase_record(per_rank: list[dict]) -> dict:
+    """The per-rank phase timings and bytes stored with the version (small: a few numbers per rank)."""
+    phases = sorted({p for s in per_rank for p in s["seconds"]})
+    return {"phases": {p: [round(s["seconds"].get(p, 0.0), 6) for s in per_rank] for p in phases},
+            "bytes": [s["bytes"] for s in per_rank],
+            "timeline": [[[name, round(a, 6), round(b, 6)] for name, a, b in s["timeline"]] for s in per_rank]}
+
+
 def save_stats(extra: dict) -> dict:
     """The stats record of a version's metadata ``extra``, checked enough to print safely."""
     stats = extra.get("stats") if isinstance(extra, dict) else None

@@ -11,7 +11,8 @@ from __future__ import annotations
 import json
 import os
 
-from hpcckpt.metadata import METADATA_FILE, SEAL_LENGTH, SEAL_PREFIX, seal
+from hpcckpt.metadata import SEAL_LENGTH, SEAL_PREFIX, seal
+from hpcckpt.names import METADATA_FILE
 
 
 def sealed(doc) -> bytes:

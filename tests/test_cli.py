@@ -346,7 +346,6 @@ def test_verify_malformed_metadata(capsys, root):
 
 
 def test_verify_path_traversal_is_reported(capsys, root):
-    meta_path = os.path.join(step_dir(root, 5), "metadata.json")
     rewrite_metadata(step_dir(root, 5), lambda doc: doc.update(files=["../../etc/passwd"]))
     rc, out, err = run_cli(capsys, "verify", step_dir(root, 5))
     assert rc == 1 and "leaves the checkpoint directory" in out

@@ -13,7 +13,7 @@ from hpcckpt import codecs
 from hpcckpt.codecs import Lossy, auto, from_config, resolve
 from hpcckpt.codecs.core import decoded_size, zstd_frames
 from hpcckpt.errors import CheckpointError, CorruptCheckpointError
-from hpcckpt.metadata import METADATA_FILE
+from hpcckpt.names import METADATA_FILE
 from metadata_tools import sealed
 
 numcodecs = pytest.importorskip("numcodecs")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import base64
 import json
 import math
-import os
 
 import numpy as np
 from numpy.lib.recfunctions import repack_fields

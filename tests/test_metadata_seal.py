@@ -16,7 +16,8 @@ import pytest
 
 import hpcckpt
 from hpcckpt import CheckpointError, CorruptCheckpointError
-from hpcckpt.metadata import METADATA_FILE, SEAL_LENGTH, SEAL_PREFIX, parse
+from hpcckpt.metadata import SEAL_LENGTH, SEAL_PREFIX, parse
+from hpcckpt.names import METADATA_FILE
 from metadata_tools import read_doc, sealed
 
 

@@ -11,7 +11,6 @@ import errno
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import warnings

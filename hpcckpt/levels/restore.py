@@ -23,14 +23,14 @@ from __future__ import annotations
 import os
 import warnings
 
-from ..collective import agree, allgather_checked, bcast_checked
 from ..catalog import list_versions
+from ..collective import agree, allgather_checked, bcast_checked
+from ..commit import commit_version
 from ..errors import CheckpointError, TemplateMismatchError
 from ..loading import load_version
-from ..reader import read_metadata_bytes
 from ..metadata import Metadata, parse
 from ..names import DATA_DIR, METADATA_FILE, PARITY_DIR, parity_file, parse_version_name, rank_file
-from ..storage.posix import atomic_write
+from ..reader import read_metadata_bytes
 from .partner import transfer
 
 
@@ -206,7 +206,7 @@ def _try_local(engine, state, name: str, local_sets, strict):
                 if gcomm != MPI.COMM_NULL:
                     gcomm.Free()
         agree(comm, what, lambda: engine.leader and name not in local_sets[rank] and (
-            os.makedirs(vdir, exist_ok=True), atomic_write(os.path.join(vdir, METADATA_FILE), raw)))
+            os.makedirs(vdir, exist_ok=True), commit_version(vdir, raw)))
         out = load_version(state, vdir, comm, strict=strict, expect_step=_order(name)[0])
     except TemplateMismatchError:
         raise
