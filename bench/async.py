@@ -125,7 +125,7 @@ def main() -> None:
             v = np.zeros_like(u)
             stencil_loop(u, v, iterations=20)
             alone = statistics.median(stencil_loop(u, v, iterations=200))
-            eng = ck._engine
+            eng = ck.engine
             during_write, during_flush = [], []
             for i in range(args.repeats):
                 comm.Barrier()

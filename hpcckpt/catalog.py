@@ -14,13 +14,16 @@ version, the same confinement ``@`` references get.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import warnings
 from dataclasses import dataclass
 
 from .errors import CheckpointError
-from .names import MAX_VERSION_STEP, METADATA_FILE, parse_version_name, version_name
+from .metadata import MAX_METADATA_BYTES
+from .names import MAX_VERSION_STEP, METADATA_FILE, parse_version_name, split_reference, version_name
+from .storage.posix import read_bounded
 
 
 @dataclass(frozen=True)
@@ -85,8 +88,6 @@ def removable(entries: list[VersionEntry], keep: int | None) -> list[VersionEntr
     live = current(entries)
     kept = {e.name for e in (live[-keep:] if keep else live)}
     if any(e.committed and e.name not in kept for e in entries):
-        from .chain import protected
-
         kept = protected(entries, kept)  # never the data a kept incremental version references
     return [e for e in entries if e.name not in kept]
 
@@ -129,3 +130,43 @@ def gc(root: str, keep: int | None = None) -> list[str]:
     if keep is not None and keep < 1:
         raise CheckpointError(f"keep must be at least 1, got {keep}")
     return remove_versions(removable(list_versions(root), keep))
+
+
+#: metadata.json path -> ((inode, mtime, size), names it references): retention runs after every save.
+_REFS_CACHE: dict = {}
+
+
+def referenced(version_path: str) -> set[str]:
+    """Names of the sibling versions whose data ``version_path`` references (empty when unreadable)."""
+    path = os.path.join(version_path, METADATA_FILE)
+    try:
+        st = os.stat(path)
+        stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
+        if _REFS_CACHE.get(path, (None,))[0] == stamp:
+            return _REFS_CACHE[path][1]
+        raw = read_bounded(path, MAX_METADATA_BYTES)
+    except (OSError, CheckpointError):  # unreadable or damaged: it is not a committed version to protect
+        return set()
+    names: set[str] = set()
+    if b'"@' in raw:  # most versions reference nothing: skip the parse
+        try:
+            files = json.loads(raw).get("files", [])
+        except (ValueError, AttributeError, RecursionError):
+            files = []
+        for f in files if isinstance(files, list) else []:
+            ref = split_reference(f) if isinstance(f, str) else None
+            if ref is not None:
+                names.add(ref[0])
+    if len(_REFS_CACHE) > 4096:
+        _REFS_CACHE.clear()
+    _REFS_CACHE[path] = (stamp, names)
+    return names
+
+
+def protected(entries, kept: set[str]) -> set[str]:
+    """``kept`` plus every version a kept version references (references are direct: no closure needed)."""
+    out = set(kept)
+    for e in entries:
+        if e.name in kept and e.committed:
+            out |= referenced(e.path)
+    return out

@@ -5,7 +5,7 @@ sibling versions as ``@NAME/data/...``.  References are always to the version
 that holds the bytes (never through an intermediate one), so the versions a
 version depends on are exactly the ``@NAME`` prefixes of its ``files`` list.
 
-* :func:`referenced` and :func:`protected`: retention (catalog.removable, used by
+* retention (catalog.referenced, catalog.protected and catalog.removable, used by
   ``Checkpointer(keep=N)``, the asynchronous engine and ``hpcckpt gc``) never
   removes a version that a kept version references.
 * :func:`compact`: rewrites the kept versions of a root so that none of them
@@ -18,55 +18,14 @@ version depends on are exactly the ``@NAME`` prefixes of its ``files`` list.
 
 from __future__ import annotations
 
-import json
 import os
 
 import numpy as np
 
 from .checksum import checksum
-from .errors import CheckpointError, CorruptCheckpointError
-from .metadata import MAX_METADATA_BYTES, ChunkTable
-from .names import METADATA_FILE, compacted_file, split_reference
-from .storage.posix import read_bounded
-
-_REFS_CACHE: dict = {}
-
-
-def referenced(version_path: str) -> set[str]:
-    """Names of the sibling versions whose data ``version_path`` references (empty when unreadable)."""
-    path = os.path.join(version_path, METADATA_FILE)
-    try:
-        st = os.stat(path)
-        stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
-        if _REFS_CACHE.get(path, (None,))[0] == stamp:
-            return _REFS_CACHE[path][1]
-        raw = read_bounded(path, MAX_METADATA_BYTES)
-    except (OSError, CheckpointError):  # unreadable or damaged: it is not a committed version to protect
-        return set()
-    names: set[str] = set()
-    if b'"@' in raw:  # most versions reference nothing: skip the parse
-        try:
-            files = json.loads(raw).get("files", [])
-        except (ValueError, AttributeError, RecursionError):
-            files = []
-        for f in files if isinstance(files, list) else []:
-            ref = split_reference(f) if isinstance(f, str) else None
-            if ref is not None:
-                names.add(ref[0])
-    if len(_REFS_CACHE) > 4096:
-        _REFS_CACHE.clear()
-    _REFS_CACHE[path] = (stamp, names)
-    return names
-
-
-def protected(entries, kept: set[str]) -> set[str]:
-    """``kept`` plus every version a kept version references (references are direct: no closure needed)."""
-    out = set(kept)
-    for e in entries:
-        if e.name in kept and e.committed:
-            out |= referenced(e.path)
-    return out
-
+from .errors import CorruptCheckpointError
+from .metadata import ChunkTable
+from .names import compacted_file, split_reference
 
 def compact(root: str, keep: int | None = None, dry_run: bool = False, fsync: bool = True) -> list[str]:
     """Make the newest ``keep`` committed versions (all when None) independent of every other version.

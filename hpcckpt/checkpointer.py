@@ -40,6 +40,11 @@ class Checkpointer:
     CheckpointError on every rank naming the holder (``break_lock=True`` takes
     over a lock whose job is known to be gone).  Restoring needs no lock and
     works from a read-only root.
+
+    Read-only attributes for monitoring and tools: ``engine`` (the
+    asynchronous / multi-level engine, hpcckpt.asynchronous.Engine, or None for
+    blocking saves), ``chain_base`` (the version the next incremental save
+    builds on: the one saved or restored last) and ``last_restored``.
     """
 
     def __init__(self, root, comm=None, keep: int | None = None, *, policy=None, mtbf: float | None = None,
@@ -56,7 +61,7 @@ class Checkpointer:
         self.options = SaveOptions.from_kwargs(**options)
         if engine_wanted(engine_options) and (self.options.incremental or self.options.base is not None):
             raise CheckpointError("incremental saves do not combine with asynchronous or multi-level saves yet")
-        self._chain_base: str | None = None  # what the next incremental save builds on (hpcckpt/incremental.py)
+        self.chain_base: str | None = None  # what the next incremental save builds on (hpcckpt/incremental.py)
         self.last_restored: str | None = None
         self._closed = False
         self._break_lock = bool(break_lock)
@@ -65,16 +70,16 @@ class Checkpointer:
         self.pacer = agree(self.comm, f"starting the checkpoint policy under {self.root!r}", lambda: Pacer(
             self.comm, self.root, policy=policy, mtbf=mtbf, deadline=deadline, handle_signals=handle_signals,
             track_failures=track_failures))
-        self._engine = None
+        self.engine = None
         if engine_wanted(engine_options):
             from .asynchronous import Engine
 
-            self._engine = Engine(self, **engine_options)
+            self.engine = Engine(self, **engine_options)
 
     def _live(self) -> list:
         self._check_open()
-        if self._engine is not None:
-            live = self._engine.live()  # commits a pending asynchronous save first
+        if self.engine is not None:
+            live = self.engine.live()  # commits a pending asynchronous save first
             if live is not None:
                 return live
         live = agree(self.comm, f"listing {self.root!r}", lambda: on_root(self.comm, lambda: current(list_versions(self.root))))
@@ -97,8 +102,8 @@ class Checkpointer:
         self._check_open()
         what = f"save of step {step!r} under {self.root!r}"
         self._lock(what)
-        if self._engine is not None:
-            return self._engine.save(state, step, **options)
+        if self.engine is not None:
+            return self.engine.save(state, step, **options)
         opts = SaveOptions.from_kwargs(**{**self.options.__dict__, **options})
         name = agree(self.comm, what, lambda: on_root(self.comm, lambda: self._prepare(check_step(step))))
         name = self.comm.bcast(name, root=0)
@@ -108,7 +113,7 @@ class Checkpointer:
 
             opts = checkpointer_base(self, opts)
         result = save_version(state, os.path.join(self.root, name), self.comm, opts, step=step, io_root=self.root)
-        self._chain_base = result.path
+        self.chain_base = result.path
         self.pacer.record_save(step, time.perf_counter() - t0)
         on_root(self.comm, lambda: best_effort(f"retention under {self.root!r}", lambda: remove_versions(
             removable(list_versions(self.root), self.keep))))
@@ -133,8 +138,8 @@ class Checkpointer:
         Rank 0's clock decides; a signal on any rank counts; one small allreduce.
         """
         self._check_open()
-        if self._engine is not None:
-            self._engine.poll()  # commits a finished asynchronous save without waiting for an unfinished one
+        if self.engine is not None:
+            self.engine.poll()  # commits a finished asynchronous save without waiting for an unfinished one
         return self.pacer.decide(step) is not None
 
     def maybe_save(self, state, step: int, **options) -> SaveResult | None:
@@ -162,9 +167,9 @@ class Checkpointer:
         does not fit raises at once, and so does any failure of an explicitly
         requested ``step``.
         """
-        if self._engine is not None and self._engine.levels.enabled:
+        if self.engine is not None and self.engine.levels.enabled:
             self._check_open()
-            return self._engine.restore(state, step, strict)
+            return self.engine.restore(state, step, strict)
         live = self._live()
         if step is not None:
             live = [e for e in live if e.step == step]
@@ -185,7 +190,7 @@ class Checkpointer:
                 if self.comm.Get_rank() == 0:
                     warnings.warn(f"hpcckpt: skipping unusable version {entry.path}: {exc}", stacklevel=2)
                 continue
-            self.last_restored = self._chain_base = entry.path
+            self.last_restored = self.chain_base = entry.path
             return out
         raise CheckpointError(f"no valid checkpoint under {self.root!r}: every version is damaged or unreadable ({skipped})")
 
@@ -196,8 +201,8 @@ class Checkpointer:
             return
         self._closed = True
         try:
-            if self._engine is not None:
-                self._engine.close()  # commits a pending save and waits for a flush in progress
+            if self.engine is not None:
+                self.engine.close()  # commits a pending save and waits for a flush in progress
         finally:
             self.pacer.close()
             if self._unlock is not None:
@@ -206,12 +211,12 @@ class Checkpointer:
     def wait(self):
         """Collective: commit the asynchronous save in flight and wait for a flush; its SaveResult (or None)."""
         self._check_open()
-        return self._engine.wait() if self._engine is not None else None
+        return self.engine.wait() if self.engine is not None else None
 
     @property
     def skipped(self) -> int:
         """Saves skipped because one was in flight (``skip_if_busy=True``)."""
-        return self._engine.skipped if self._engine is not None else 0
+        return self.engine.skipped if self.engine is not None else 0
 
     def _check_open(self) -> None:
         if self._closed:

@@ -39,7 +39,7 @@ import numpy as np
 from .collective import agree, on_root, resolve_comm
 from .encoding import decode_value, encode_value
 from .errors import CheckpointError, CorruptCheckpointError, TemplateMismatchError
-from .loading import _check_template, _plan
+from .loading import check_template, plan_reads
 from .metadata import FORMAT_NAME, FORMAT_VERSION
 from .regions import volume
 from .reader import allocate
@@ -327,7 +327,7 @@ class _Dataset:
 
 @dataclass
 class _Index:
-    """The HDF5 file as loading._check_template sees a checkpoint: datasets and value names."""
+    """The HDF5 file as loading.check_template sees a checkpoint: datasets and value names."""
 
     variables: dict = field(default_factory=dict)  # name -> _Dataset
     values: dict = field(default_factory=dict)  # value name -> attribute name
@@ -357,7 +357,7 @@ def load_hdf5(state, path, comm=None, *, strict: bool = True, allow_external: bo
     index = comm.bcast(index, root=0)
     local = agree(comm, what, lambda: _check(state, index, strict))
     requests = comm.gather(local["requests"], root=0)
-    ranges = agree(comm, what, lambda: on_root(comm, lambda: _plan(requests, index)))
+    ranges = agree(comm, what, lambda: on_root(comm, lambda: plan_reads(requests, index)))
     rows = comm.scatter(ranges, root=0)
     loaded, values = agree(comm, what, lambda: _read(path, local["index"], local, rows))
     out = {}
@@ -523,7 +523,7 @@ def _check(state, index: _Index, strict: bool) -> dict:
         if name in variables and want is not None and _byte_order_only(want, variables[name].dtype):
             variables[name] = replace(variables[name], dtype=want)
     mine = _Index(variables, index.values, index.unusable)
-    local = _check_template(state, mine, strict)
+    local = check_template(state, mine, strict)
     local["index"] = mine
     return local
 
@@ -600,39 +600,3 @@ def _from_attribute(raw):
     if isinstance(raw, np.ndarray) and raw.dtype.hasobject:  # variable-length strings
         return [x.decode("utf-8", "replace") if isinstance(x, bytes) else x for x in raw.ravel().tolist()]
     return raw
-
-
-# --------------------------------------------------------------------------- the `hpcckpt export` command
-
-def add_export_command(sub) -> None:
-    """Add ``hpcckpt export PATH OUT.h5`` to the CLI's subparsers (cli.build_parser calls this)."""
-    p = sub.add_parser("export", help="write one checkpoint version as a plain HDF5 file (needs h5py)",
-                       description="Write a checkpoint version (or the newest committed version under a root) as "
-                                   "one plain HDF5 file: each variable a global dataset of its global shape and "
-                                   "dtype, each replicated value an attribute of the root group (docs/hdf5.md). "
-                                   "Every chunk is verified against its checksum on the way.")
-    p.add_argument("path", metavar="PATH", help="a checkpoint version directory or a Checkpointer root")
-    p.add_argument("out", metavar="OUT.h5", help="the HDF5 file to write (written as OUT.h5.tmp, then renamed)")
-    p.add_argument("--overwrite", action="store_true", help="replace OUT.h5 if it exists")
-    from .cli import add_progress_flags
-
-    add_progress_flags(p, "only on a terminal")
-    p.set_defaults(func=cmd_export)
-
-
-def cmd_export(args) -> int:
-    """``hpcckpt export``: one OK line on stdout; a tqdm bar on stderr while it runs."""
-    import sys
-
-    from tqdm import tqdm
-
-    from .cli import EXIT_OK, _resolve_version, human_bytes
-
-    path, note = _resolve_version(args.path)
-    show = args.progress if args.progress is not None else sys.stderr.isatty()
-    with tqdm(total=export_nbytes(path), unit="B", unit_scale=True, unit_divisor=1024, file=sys.stderr,
-              desc="export", leave=False, dynamic_ncols=True, disable=not show) as bar:
-        result = export(path, args.out, progress=bar.update, overwrite=args.overwrite)
-    print(f"OK: {path} -> {result.path}: {len(result.datasets)} datasets, {len(result.attributes)} attributes, "
-          f"{human_bytes(result.nbytes)}" + (f" ({note})" if note else ""))
-    return EXIT_OK

@@ -428,7 +428,7 @@ def save_incremental(state, directory: str, comm, options, step: int | None = No
                                    mpiio_hints=options.mpiio_hints, fsync=options.fsync)
         dtypes = {n: dtype_from_json(v.dtype) for n, v in variables.items()}
         with timer.phase("hash"):
-            entries, failure = attempt(lambda: _hash_pieces(local["arrays"], boxes, variables, dtypes, codecs,
+            entries, failure = attempt(lambda: hash_pieces(local["arrays"], boxes, variables, dtypes, codecs,
                                                              options.block_bytes, index))
             entries = entries or []
             new_keys = [e[4] for e in entries if e[6] is None] if options.dedup else None
@@ -504,7 +504,7 @@ def save_incremental(state, directory: str, comm, options, step: int | None = No
     return result
 
 
-def _hash_pieces(arrays: dict, boxes: dict, variables: dict, dtypes: dict, codecs: dict, block_bytes: int,
+def hash_pieces(arrays: dict, boxes: dict, variables: dict, dtypes: dict, codecs: dict, block_bytes: int,
                  index: ChainIndex | None) -> list[tuple]:
     """This rank's pieces on the global grid: (variable, start, count, array, key, raw nbytes, base Location or None)."""
     out = []
@@ -560,7 +560,7 @@ def checkpointer_base(ckpt, opts):
     """
     import dataclasses
 
-    base = ckpt._chain_base
+    base = ckpt.chain_base
     ok = ckpt.comm.bcast(base is not None and os.path.isfile(os.path.join(base, METADATA_FILE))
                          if ckpt.comm.Get_rank() == 0 else None, root=0)
     return dataclasses.replace(opts, base=base) if ok else opts

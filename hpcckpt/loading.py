@@ -39,10 +39,10 @@ def load_version(state, directory: str, comm, strict: bool = True, timer: PhaseT
     with timer.phase("metadata"):
         meta = bcast_checked(comm, what, lambda: _step_checked(read_metadata(directory), expect_step, directory))
     with timer.phase("plan"):
-        local = agree(comm, what, lambda: _check_template(state, meta, strict))
+        local = agree(comm, what, lambda: check_template(state, meta, strict))
         requests = allgather_checked(comm, what, lambda: local["requests"])
         try:  # the same inputs on every rank: the same answer, or the same error everywhere
-            ranges = _plan(requests, meta)
+            ranges = plan_reads(requests, meta)
         except TemplateMismatchError as exc:
             raise TemplateMismatchError(f"{what} failed: {exc}") from None
         boxes = [_boxes(meta, req, rng) for req, rng in zip(requests, ranges)]
@@ -73,7 +73,7 @@ def _step_checked(meta: Metadata, expect_step: int | None, directory: str) -> Me
     return meta
 
 
-def _check_template(state, meta: Metadata, strict: bool) -> dict:
+def check_template(state, meta: Metadata, strict: bool) -> dict:
     """Rank-local checks of the template against the metadata; the requests rank 0 plans with."""
     distributed, replicated = split_state(state)
     stored = set(meta.variables) | set(meta.values)
@@ -125,7 +125,7 @@ def _check_ragged(name: str, ragged: Ragged, var: Variable):
     return ("ragged", None if ragged.rows is None else int(ragged.rows))
 
 
-def _plan(requests: list[dict], meta: Metadata) -> list[dict]:
+def plan_reads(requests: list[dict], meta: Metadata) -> list[dict]:
     """Check the template's blocks tile each array and split Ragged rows; row ranges per rank."""
     ranges: list[dict] = [{} for _ in requests]
     for name in sorted(common_names(requests, "template's distributed")):

@@ -228,15 +228,15 @@ def test_repeated_save_with_unchanged_layout_calls_no_mpi(comm, mpi_tmp, levels)
                       **extra) as ck:
         ck.save({"u": _block(comm, a), "t": 0}, 1)  # plans collectively (one allgather)
         ck.wait()
-        counting = _CountingComm(ck._engine.comm)
-        ck._engine.comm = counting
+        counting = _CountingComm(ck.engine.comm)
+        ck.engine.comm = counting
         for step in (2, 3):
             ck.save({"u": _block(comm, a), "t": step}, step)
             assert counting.calls == [], counting.calls  # the foreground part: no collective at all
             a += 1.0
             ck.wait()  # the commit does the agreement
             counting.calls.clear()
-        ck._engine.comm = counting._comm
+        ck.engine.comm = counting._comm
         assert ck.steps() == [1, 2, 3]
     with Checkpointer(os.path.join(mpi_tmp, "root"), track_failures=False, **extra) as ck:
         b = np.zeros(3000)
@@ -256,7 +256,7 @@ def test_layout_change_on_one_rank_is_reconciled_at_the_commit(comm, mpi_tmp):
         for step in (1, 2, 3):
             ck.save({"p": Ragged(rows(step, comm.rank)), "u": _block(comm, a)}, step)
         ck.wait()
-        assert ck._engine._plan_cache.summaries[0]["p"]["rows"] == 40  # everyone adopted the new plan
+        assert ck.engine._plan_cache.summaries[0]["p"]["rows"] == 40  # everyone adopted the new plan
         for step in (1, 2, 3):
             got = ck.restore({"p": Ragged(rows=len(rows(step, comm.rank))), "u": _block(comm, np.zeros(500))},
                              step=step)
@@ -266,6 +266,6 @@ def test_layout_change_on_one_rank_is_reconciled_at_the_commit(comm, mpi_tmp):
         ck.save({"p": Ragged(rows(3, comm.rank)), "u": _block(comm, bad)}, 4)
         with pytest.raises(CheckpointError, match="asynchronous save of step 4"):
             ck.wait()
-        assert ck._engine._plan_cache is None
+        assert ck.engine._plan_cache is None
         ck.save({"p": Ragged(rows(3, comm.rank)), "u": _block(comm, a)}, 5)
         assert ck.steps() == [1, 2, 3, 5]

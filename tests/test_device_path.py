@@ -85,7 +85,7 @@ def test_asynchronous_save_stages_device_arrays_in_pinned_buffers(tmp_path, cupy
         ckpt.save({"u": hpcckpt.Block(dev)}, step=1)
         dev += 1.0
         ckpt.wait()
-        assert ckpt._engine.pool.pinned
+        assert ckpt.engine.pool.pinned
     back = cupy.zeros(x.shape)
     with hpcckpt.Checkpointer(tmp_path) as ckpt:
         ckpt.restore({"u": hpcckpt.Block(back)})

@@ -14,7 +14,7 @@ import pytest
 h5py = pytest.importorskip("h5py")
 
 import hpcckpt  # noqa: E402
-from hpcckpt import hdf5  # noqa: E402
+from hpcckpt import cli, hdf5  # noqa: E402
 from hpcckpt.collective import SerialComm  # noqa: E402
 from hpcckpt.errors import CheckpointError, CorruptCheckpointError, TemplateMismatchError  # noqa: E402
 from hpcckpt.metadata import FORMAT_VERSION  # noqa: E402
@@ -480,7 +480,7 @@ def test_export_command_with_progress_bar(tmp_path, capsys):
     ck, out = str(tmp_path / "ck"), str(tmp_path / "out.h5")
     arrays, parts, _ = _checkpoint(ck)
     parser = argparse.ArgumentParser()
-    hdf5.add_export_command(parser.add_subparsers(dest="command"))
+    cli.add_export_command(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["export", ck, out, "--progress"])
     assert args.func(args) == 0
     captured = capsys.readouterr()

@@ -9,7 +9,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 from hpcckpt.checksum import checksum
 from hpcckpt.incremental import (ChainIndex, assemble, block_grid, choose_kind, duplicates, grid_boxes, local_piece,
-                                 _hash_pieces)
+                                 hash_pieces)
 from hpcckpt.metadata import ChunkTable, Metadata, Variable, parse, split_reference
 from hpcckpt.planning import VariablePlan
 from hpcckpt.regions import even_rows, tiling_problem, volume
@@ -100,7 +100,7 @@ def simulate_save(name, data, kinds, nranks, splits, index, store, max_chain=4, 
             lo, hi = splits[n][r]
             arrays[n] = a[lo:hi]
             boxes[n] = ((lo,) + (0,) * (a.ndim - 1), (hi,) + a.shape[1:])
-        per_rank.append(_hash_pieces(arrays, boxes, variables, dtypes, codecs, BLOCK, index))
+        per_rank.append(hash_pieces(arrays, boxes, variables, dtypes, codecs, BLOCK, index))
     total = sum(e[5] for entries in per_rank for e in entries)
     changed = sum(e[5] for entries in per_rank for e in entries if e[6] is None)
     kind, _ = choose_kind(index.depth if index is not None and len(index) else None, changed, total, max_chain,

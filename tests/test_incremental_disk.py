@@ -15,7 +15,8 @@ import pytest
 import hpcckpt
 from hpcckpt.collective import SerialComm
 from hpcckpt.catalog import current, gc, list_versions
-from hpcckpt.chain import compact, referenced
+from hpcckpt.catalog import referenced
+from hpcckpt.chain import compact
 from hpcckpt.errors import CheckpointError, CorruptCheckpointError
 from hpcckpt.metadata import check_relative_path
 from hpcckpt.storage.posix import confined_path

@@ -21,6 +21,8 @@ is exactly the chunk's extent.
 from __future__ import annotations
 
 import struct
+from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -267,6 +269,29 @@ def check_compressor(cfg, error=CorruptCheckpointError) -> dict:
     raise error(f"codec {str(cid)[:40]!r} is not a known lossless compressor (known: blosc, zstd, lz4)")
 
 
+@dataclass(frozen=True)
+class CodecFamily:
+    """A codec id that a module beyond this one implements, registered by that module (no import cycle).
+
+    ``check(config, dtype, error)``: the validated, normalised config (raises
+    ``error``); ``make(config, dtype)``: the codec object of a validated config;
+    ``spec_type``: the user-facing spec class whose ``config()`` is its JSON form.
+    """
+
+    check: Callable[[dict, np.dtype, type], dict]
+    make: Callable[[dict, np.dtype], "Codec"]
+    spec_type: type
+
+
+#: codec id -> family, filled by the family's own module when hpcckpt.codecs is imported (lossy.py).
+FAMILIES: dict[str, CodecFamily] = {}
+
+
+def register_family(codec_id: str, family: CodecFamily) -> None:
+    """Make ``codec_id`` known to check_config, from_config and spec_to_json."""
+    FAMILIES[codec_id] = family
+
+
 def check_config(cfg, dtype, error=CorruptCheckpointError) -> dict:
     """Validate any variable codec config for a variable of ``dtype``; the normalised config."""
     _check(isinstance(cfg, dict), f"a codec config must be an object, got {type(cfg).__name__}", error)
@@ -286,10 +311,8 @@ def check_config(cfg, dtype, error=CorruptCheckpointError) -> dict:
             _keys(f, ("elementsize",), error)
             filters.append({"id": "shuffle", "elementsize": _int(f, "elementsize", 1, 1 << 16, error)})
         return {"id": "hpcckpt.chain", "codecs": filters + [check_compressor(codecs[-1], error)]}
-    if cid == "hpcckpt.quantize":
-        from .lossy import check_quantize_config
-
-        return check_quantize_config(cfg, dtype, error)
+    if cid in FAMILIES:
+        return FAMILIES[cid].check(cfg, dtype, error)
     return check_compressor(cfg, error)
 
 
@@ -301,10 +324,8 @@ def from_config(cfg, dtype, error=CorruptCheckpointError) -> Codec:
         return NoneCodec()
     if cid == "hpcckpt.chain":
         return ChainCodec(cfg)
-    if cid == "hpcckpt.quantize":
-        from .lossy import QuantizeCodec
-
-        return QuantizeCodec(cfg, dtype)
+    if cid in FAMILIES:
+        return FAMILIES[cid].make(cfg, dtype)
     return NumcodecsCodec(cfg)
 
 
@@ -315,11 +336,9 @@ def max_stored_bytes(raw_bytes: int) -> int:
 
 def spec_to_json(spec):
     """The JSON-able form of a user's codec spec (a name, a Lossy, a numcodecs codec, a config dict, None)."""
-    from .lossy import Lossy
-
     if spec is None or isinstance(spec, str):
         return spec
-    if isinstance(spec, Lossy):
+    if any(isinstance(spec, family.spec_type) for family in FAMILIES.values()):
         return spec.config()
     if isinstance(spec, dict):
         return dict(spec)

@@ -24,7 +24,7 @@ import numpy as np
 
 from ..errors import CheckpointError, CorruptCheckpointError
 from . import kernels
-from .core import Codec, Compressor, check_compressor
+from .core import Codec, CodecFamily, Compressor, check_compressor, register_family
 
 MAGIC = b"HCQ1"
 HEADER = struct.Struct("<4sBBhIqQQQQd")  # magic, mode, width, e, reserved, ref, n, n_out, len_q, len_o, bound
@@ -186,3 +186,6 @@ class QuantizeCodec(Codec):
             raise CorruptCheckpointError("a lossy chunk's extent is not a whole number of elements")
         fields, streams = self.unpack(stored, out.nbytes // itemsize)
         self.unfilter(np, fields, streams, out=out.view(self.dtype).reshape(-1))
+
+
+register_family("hpcckpt.quantize", CodecFamily(check=check_quantize_config, make=QuantizeCodec, spec_type=Lossy))

@@ -90,7 +90,7 @@ def test_asynchronous_save_holds_the_values_at_the_call(tmp_path):
         ckpt.save({"u": hpcckpt.Block(dev)}, step=1)
         dev += 1.0  # the application goes on at once
         ckpt.wait()
-        assert ckpt._engine.pool.pinned  # staged through page-locked memory
+        assert ckpt.engine.pool.pinned  # staged through page-locked memory
     back = cupy.zeros_like(dev)
     with hpcckpt.Checkpointer(tmp_path) as ckpt:
         ckpt.restore({"u": hpcckpt.Block(back)})
