@@ -62,7 +62,7 @@ from .planning import plan_save
 from .options import SaveOptions, SaveResult
 from .staging import DEFAULT_STAGING_BYTES, SlotQueue, StagingPool, pieces_of, stage, staged_bytes
 from .state import split_state, summarize_for_save
-from .stats import phase_record
+from .stats import phase_record, slowest
 from .storage.posix import atomic_write
 from .transport.base import Written
 from .transport.file_per_rank import SequentialFile
@@ -378,8 +378,8 @@ class Engine:
         if not self.asynchronous:
             result = self.complete()
         else:
-            result = SaveResult(path=self._path(name), step=step, bytes_written=staged[0], nchunks=staged[1],
-                                timings=dict(timer.seconds), strategy="asynchronous")
+            result = SaveResult(path=self._path(name), step=step, timings=dict(timer.seconds), pending=True,
+                                levels=())
         self.ckpt.pacer.record_save(step, time.perf_counter() - t0)
         return result
 
@@ -542,7 +542,8 @@ class Engine:
                                       summaries, variables, boxes, codecs)
         self._names.add(p.name)
         result = SaveResult(path=self._path(p.name), step=p.step, bytes_written=total[0], nchunks=total[1],
-                            timings=dict(timer.seconds), strategy="file-per-rank")
+                            timings={**timer.seconds, **total[2]},
+                            levels=self._levels_reached(p.due))
         self.last_result = result
         self.count += 1
         if self.rank == 0:
@@ -616,11 +617,18 @@ class Engine:
         meta, nbytes, nchunks = metadata_from_rows(settled.variables, settled.tables, settled.codecs, p.values,
                                                    self.comm.Get_size(), p.step, extra)
         raw = commit_version(directory, meta, p.options.fsync)
-        total = nbytes, nchunks
+        total = nbytes, nchunks, slowest(settled.stats)
         flushing = self.flush.name if self.flush is not None else None  # never a version being flushed
         best_effort(f"retention under {self.ckpt.root!r}", lambda: remove_versions(
             [e for e in removable(list_versions(self.ckpt.root), self.ckpt.keep) if e.name != flushing]))
         return total, raw
+
+    def _levels_reached(self, due: dict) -> tuple[str, ...]:
+        """Where a version just committed is: the root, or L1 plus the partner copy / parity done for it."""
+        if not self.levels.enabled:
+            return ("root",)
+        return ("L1",) + (("L2",) if due.get("partner") and self.partner is not None else ()) \
+            + (("L3",) if due.get("parity") and self.groups else ())
 
     def _commit_nodes(self, p: Pending, raw: bytes) -> None:
         if self.leader and self.rank != 0:

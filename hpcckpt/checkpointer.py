@@ -44,7 +44,8 @@ class Checkpointer:
     Read-only attributes for monitoring and tools: ``engine`` (the
     asynchronous / multi-level engine, hpcckpt.asynchronous.Engine, or None for
     blocking saves), ``chain_base`` (the version the next incremental save
-    builds on: the one saved or restored last) and ``last_restored``.
+    builds on: the one saved or restored last), ``last_restored`` and
+    ``last_result`` (the SaveResult of the newest committed save).
     """
 
     def __init__(self, root, comm=None, keep: int | None = None, *, policy=None, mtbf: float | None = None,
@@ -63,6 +64,7 @@ class Checkpointer:
             raise CheckpointError("incremental saves do not combine with asynchronous or multi-level saves yet")
         self.chain_base: str | None = None  # what the next incremental save builds on (hpcckpt/incremental.py)
         self.last_restored: str | None = None
+        self._last_result: SaveResult | None = None
         self._closed = False
         self._break_lock = bool(break_lock)
         self._unlock = None  # set once the writer lock is held (every rank alike); releases it
@@ -114,6 +116,7 @@ class Checkpointer:
             opts = checkpointer_base(self, opts)
         result = save_version(state, os.path.join(self.root, name), self.comm, opts, step=step, io_root=self.root)
         self.chain_base = result.path
+        self._last_result = result
         self.pacer.record_save(step, time.perf_counter() - t0)
         on_root(self.comm, lambda: best_effort(f"retention under {self.root!r}", lambda: remove_versions(
             removable(list_versions(self.root), self.keep))))
@@ -212,6 +215,12 @@ class Checkpointer:
         """Collective: commit the asynchronous save in flight and wait for a flush; its SaveResult (or None)."""
         self._check_open()
         return self.engine.wait() if self.engine is not None else None
+
+    @property
+    def last_result(self) -> SaveResult | None:
+        """The SaveResult of the newest committed save of this Checkpointer (an asynchronous save's counts
+        once a later call, or :meth:`wait`, has committed it); None before any."""
+        return self.engine.last_result if self.engine is not None else self._last_result
 
     @property
     def skipped(self) -> int:

@@ -51,7 +51,7 @@ from .monitor import PhaseTimer
 from .names import METADATA_FILE, is_reference_version, reference, split_reference
 from .options import SaveResult
 from .save_stages import describe_state, plan_and_prepare
-from .stats import phase_record
+from .stats import phase_record, slowest
 
 #: Name of the content hash stored in the optional ``hash`` column of the chunk table.
 HASH_ALGORITHM = "xxh3_128"
@@ -498,10 +498,9 @@ def save_incremental(state, directory: str, comm, options, step: int | None = No
         logger.info("saved %s (%s, depth %d, base %s: %s): wrote %d of %d bytes in %d chunks, write %.3f s",
                     directory, kind, info["depth"], info["base"], reason, written_bytes, total_bytes, nchunks,
                     max(s["seconds"].get("write", 0.0) for s in stats))
-    result = SaveResult(path=directory, step=step, bytes_written=written_bytes, nchunks=nchunks,
-                          timings=timer.seconds, strategy=strategy)
-    result.incremental = {**info, **summary}
-    return result
+    return SaveResult(path=directory, step=step, bytes_written=written_bytes, nchunks=nchunks,
+                      timings={**slowest(phase_record(stats)), "commit": timer.seconds["commit"]}, strategy=strategy,
+                      kind=kind, incremental={**info, **summary})
 
 
 def hash_pieces(arrays: dict, boxes: dict, variables: dict, dtypes: dict, codecs: dict, block_bytes: int,

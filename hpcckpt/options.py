@@ -76,14 +76,35 @@ class SaveOptions:
 
 @dataclass
 class SaveResult:
-    """What a save did: where, how many bytes (all ranks), and this rank's seconds per phase."""
+    """What a save did; the same meaning for every kind of save (blocking, incremental, asynchronous, levels).
+
+    ``bytes_written``: the stored bytes all ranks wrote for this version
+    (an incremental version: the new blocks only); ``nchunks``: chunks in the
+    version's index (an incremental version's referenced ones included);
+    ``timings``: seconds per phase of the slowest rank (the maximum over the
+    ranks of each phase, as stored in the version's ``extra.stats``), plus this
+    rank's ``commit``; ``strategy``: the transport used; ``kind``: ``"full"``
+    or ``"incremental"``; ``levels``: where the version is committed,
+    ``("root",)`` or the node-local levels it reached (``"L1"``, ``"L2"``
+    partner copy, ``"L3"`` parity; the L4 flush commits later); ``incremental``:
+    the figures of an incremental save (docs/incremental.md), else None.
+
+    ``pending``: an asynchronous save whose data is still being written: then
+    nothing is committed yet (``bytes_written`` and ``nchunks`` are 0, and
+    ``timings`` are this rank's foreground phases); the committed result comes
+    from ``Checkpointer.wait()`` or, after the next call, ``Checkpointer.last_result``.
+    """
 
     path: str
     step: int | None
-    bytes_written: int
-    nchunks: int
+    bytes_written: int = 0
+    nchunks: int = 0
     timings: dict[str, float] = field(default_factory=dict)
     strategy: str = "file-per-rank"
+    kind: str = "full"
+    levels: tuple[str, ...] = ("root",)
+    pending: bool = False
+    incremental: dict | None = None
 
 
 def _check_incremental(opts) -> None:

@@ -23,7 +23,7 @@ from .log import logger
 from .monitor import PhaseTimer
 from .options import SaveOptions, SaveResult
 from .save_stages import describe_state, plan_and_prepare
-from .stats import phase_record, straggler
+from .stats import phase_record, slowest, straggler
 from .transport import WRITERS, Piece, TransportContext
 from .transport import io_history
 from .transport.auto import choose_strategy
@@ -59,9 +59,11 @@ def save_version(state, directory: str, comm, options: SaveOptions, step: int | 
         stats = comm.gather({"seconds": timer.seconds, "timeline": timer.timeline, "bytes": written.nbytes}, root=0)
         with timer.phase("commit"):
             tables = comm.gather(written.rows, root=0)
-            extra = {**(extra or {}), "strategy": strategy, "stats": on_root(comm, lambda: phase_record(stats))}
+            record = on_root(comm, lambda: phase_record(stats))
+            extra = {**(extra or {}), "strategy": strategy, "stats": record}
             total = agree(comm, what, lambda: on_root(comm, lambda: _commit(
-                directory, plan, tables, local["values"], comm.Get_size(), step, extra, options.fsync)))
+                directory, plan, tables, local["values"], comm.Get_size(), step, extra, options.fsync)
+                + (slowest(record),)))
             total = comm.bcast(total, root=0)
     except CheckpointError:
         if rank == 0:  # the directory is new (planning created it): drop the partial version
@@ -70,12 +72,11 @@ def save_version(state, directory: str, comm, options: SaveOptions, step: int | 
     if rank == 0:
         write_seconds = max(s["seconds"]["write"] for s in stats)
         io_history.record(io_root, strategy, comm.Get_size(), total[0], write_seconds)
-        summary = phase_record(stats)
         logger.info("saved %s: %d bytes in %d chunks, %s, write %.3f s (%.2f GB/s); %s", directory, total[0],
                     total[1], strategy, write_seconds, total[0] / max(write_seconds, 1e-9) / 1e9,
-                    straggler(summary))
-    return SaveResult(path=directory, step=step, bytes_written=total[0], nchunks=total[1], timings=timer.seconds,
-                      strategy=strategy)
+                    straggler(record))
+    return SaveResult(path=directory, step=step, bytes_written=total[0], nchunks=total[1],
+                      timings={**total[2], "commit": timer.seconds["commit"]}, strategy=strategy)
 
 
 def _transport(comm, what: str, directory: str, options: SaveOptions, arrays: dict, io_root: str | None):

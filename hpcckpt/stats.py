@@ -45,6 +45,11 @@ def phase_record(per_rank: list[dict]) -> dict:
             "timeline": [[[name, round(a, 6), round(b, 6)] for name, a, b in s["timeline"]] for s in per_rank]}
 
 
+def slowest(record: dict) -> dict[str, float]:
+    """The slowest rank's seconds per phase of a :func:`phase_record` (the maximum over the ranks)."""
+    return {phase: max(values, default=0.0) for phase, values in record["phases"].items()}
+
+
 def save_stats(extra: dict) -> dict:
     """The stats record of a version's metadata ``extra``, checked enough to print safely."""
     stats = extra.get("stats") if isinstance(extra, dict) else None

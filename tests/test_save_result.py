@@ -1,0 +1,80 @@
+"""SaveResult means the same for every kind of save (issue 18): global bytes, the slowest rank's phases,
+full or incremental, the levels reached, and pending for an asynchronous save until it commits."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import hpcckpt
+from hpcckpt import Block, Checkpointer
+
+
+def _state(n=4096, k=0.0):
+    return {"a": Block(np.arange(n, dtype=np.float64) + k), "t": k}
+
+
+def _stored_phases(path):
+    with hpcckpt.open(path) as view:
+        return view.meta.extra["stats"]["phases"]
+
+
+def test_blocking_full_save(tmp_path):
+    res = hpcckpt.save(_state(), tmp_path / "v", chunk_bytes=8192)
+    assert (res.kind, res.levels, res.pending, res.incremental) == ("full", ("root",), False, None)
+    assert res.bytes_written == 4096 * 8 and res.nchunks == 4
+    phases = _stored_phases(tmp_path / "v")
+    assert {p: max(v) for p, v in phases.items()} == {p: res.timings[p] for p in phases}
+    assert "commit" in res.timings
+
+
+def test_incremental_saves_say_their_kind(tmp_path):
+    with Checkpointer(tmp_path, incremental=True, block_bytes=4096, track_failures=False) as ck:
+        first = ck.save(_state(), 1)
+        state = _state()
+        state["a"].local[:10] = -1.0  # one block of eight changes
+        second = ck.save(state, 2)
+    assert first.kind == "full" and first.incremental["kind"] == "full"
+    assert second.kind == "incremental" and second.incremental["written_bytes"] == second.bytes_written == 4096
+    assert second.nchunks == 8 and second.levels == ("root",) and not second.pending  # the whole index
+
+
+def test_asynchronous_save_is_pending_until_committed(tmp_path):
+    with Checkpointer(tmp_path, asynchronous=True, track_failures=False) as ck:
+        res = ck.save(_state(), 1)
+        assert res.pending and (res.bytes_written, res.nchunks, res.levels) == (0, 0, ())
+        assert ck.last_result is None or ck.last_result.step != 1
+        done = ck.wait()
+        assert done is ck.last_result and not done.pending and done.step == 1
+        assert done.bytes_written == 4096 * 8 and done.kind == "full" and done.levels == ("root",)
+        phases = _stored_phases(done.path)
+        assert all(done.timings[p] == max(v) for p, v in phases.items())
+        ck.save(_state(k=1.0), 2)
+        assert ck.last_result.step == 1  # the pending step 2 is not committed yet
+        ck.wait()
+        assert ck.last_result.step == 2
+
+
+def test_node_local_levels_are_reported(tmp_path):
+    with Checkpointer(tmp_path / "root", local_dir=tmp_path / "local", track_failures=False) as ck:
+        res = ck.save(_state(), 1)
+    assert not res.pending and res.levels[0] == "L1" and res.bytes_written == 4096 * 8
+
+
+@pytest.mark.mpi(min_size=2)
+def test_every_rank_gets_the_same_result_with_the_slowest_phases(mpi_tmp):
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    n = 1000
+    local = np.arange(n, dtype=np.float64) + comm.rank * n
+    state = {"a": Block(local, offset=(comm.rank * n,), global_shape=(comm.size * n,))}
+    for kind, kw in (("blocking", {}), ("incremental", {"incremental": True})):
+        with Checkpointer(f"{mpi_tmp}/{kind}", comm=comm, track_failures=False, **kw) as ck:
+            res = ck.save(state, 1)
+        everyone = comm.allgather((res.bytes_written, res.nchunks, res.kind, {p: t for p, t in res.timings.items()
+                                                                              if p != "commit"}))
+        assert all(e == everyone[0] for e in everyone), everyone
+        assert res.bytes_written == comm.size * n * 8
+        phases = _stored_phases(res.path)
+        assert {p: max(v) for p, v in phases.items()} == everyone[0][3]
