@@ -14,7 +14,7 @@ from .errors import CheckpointError, TemplateMismatchError
 from .loading import load_version
 from .pacing import Pacer
 from .options import SaveOptions, SaveResult
-from .saving import save_version
+from .saving import PlanCache, save_version
 
 
 class Checkpointer:
@@ -65,6 +65,7 @@ class Checkpointer:
         self.chain_base: str | None = None  # what the next incremental save builds on (hpcckpt/incremental.py)
         self.last_restored: str | None = None
         self._last_result: SaveResult | None = None
+        self._plan_cache = PlanCache()  # the plan of the last blocking save, reused while the layout holds
         self._closed = False
         self._break_lock = bool(break_lock)
         self._unlock = None  # set once the writer lock is held (every rank alike); releases it
@@ -107,14 +108,14 @@ class Checkpointer:
         if self.engine is not None:
             return self.engine.save(state, step, **options)
         opts = SaveOptions.from_kwargs(**{**self.options.__dict__, **options})
-        name = agree(self.comm, what, lambda: on_root(self.comm, lambda: self._prepare(check_step(step))))
-        name = self.comm.bcast(name, root=0)
         t0 = time.perf_counter()
         if opts.incremental and opts.base is None:
             from .incremental import checkpointer_base
 
             opts = checkpointer_base(self, opts)
-        result = save_version(state, os.path.join(self.root, name), self.comm, opts, step=step, io_root=self.root)
+        # rank 0 clears leftovers and names the version inside the save's first collective
+        result = save_version(state, lambda: os.path.join(self.root, self._prepare(check_step(step))), self.comm,
+                              opts, step=step, io_root=self.root, cache=self._plan_cache)
         self.chain_base = result.path
         self._last_result = result
         self.pacer.record_save(step, time.perf_counter() - t0)

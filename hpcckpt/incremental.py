@@ -50,7 +50,7 @@ from .metadata import ChunkTable, Metadata, Variable
 from .monitor import PhaseTimer
 from .names import METADATA_FILE, is_reference_version, reference, split_reference
 from .options import SaveResult
-from .save_stages import describe_state, plan_and_prepare
+from .save_stages import create_version_directory, describe_state, plan_variables
 from .stats import phase_record, slowest
 
 #: Name of the content hash stored in the optional ``hash`` column of the chunk table.
@@ -389,7 +389,8 @@ def save_incremental(state, directory: str, comm, options, step: int | None = No
         mine = (local["summaries"] if local else None, local_bytes, list(_CACHE), layout is not None)
 
         def plan_on_root(msgs):
-            planned = plan_and_prepare([m[0] for m in msgs], directory, options)
+            planned = plan_variables([m[0] for m in msgs], options)
+            create_version_directory(directory)
             created[0] = True
             base = _base_index(directory, options, io_root, lambda key: all(key in m[2] for m in msgs))
             strategy = options.strategy

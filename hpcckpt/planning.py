@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .encoding import dtype_from_json
 from .errors import TemplateMismatchError
 from .regions import even_rows, overlapping, tiling_problem, volume
 
@@ -25,6 +26,14 @@ class VariablePlan:
     kind: str
     dtype: object
     shape: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the whole global array."""
+        n = dtype_from_json(self.dtype).itemsize
+        for s in self.shape:
+            n *= s
+        return n
 
 
 def plan_save(summaries: list[dict[str, dict]]) -> tuple[dict[str, VariablePlan], list[dict[str, tuple]]]:

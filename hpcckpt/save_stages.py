@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 
+from .codecs.core import spec_to_json
 from .codecs.pipeline import codec_summary, decide_codecs
 from .encoding import encode_value
 from .names import DATA_DIR
@@ -17,21 +18,39 @@ from .planning import plan_save
 from .state import split_state, summarize_for_save
 
 
-def describe_state(state, rank: int, options: SaveOptions) -> dict:
-    """This rank's part of a save: ``summaries`` (what it holds, for the planner), ``arrays`` (its buffers,
-    read now) and, on rank 0, ``values`` (the replicated values in their JSON form); no MPI."""
+def describe_state(state, rank: int, options: SaveOptions, measure: bool = True) -> dict:
+    """This rank's part of a save, read from ``state`` now; no MPI.
+
+    ``summaries``: what it holds, for the planner (with ``measure``, each
+    variable's codec summary too, which for ``codec="auto"`` samples the data:
+    see :func:`measure_codecs`); ``specs``: each variable's codec spec (JSON);
+    ``arrays``: its buffers; ``values`` (rank 0): the replicated values in their
+    JSON form; ``distributed``: the Block/Ragged objects.
+    """
     distributed, replicated = split_state(state)
     summaries = {name: summarize_for_save(name, value) for name, value in distributed.items()}
-    for name, value in distributed.items():
-        summaries[name]["codec"] = codec_summary(value, summaries[name], options.codec)
-    arrays = {name: value.local for name, value in distributed.items()}
-    values = {name: encode_value(v, repr(name)) for name, v in replicated.items()} if rank == 0 else None
-    return {"summaries": summaries, "arrays": arrays, "values": values}
+    local = {"summaries": summaries, "distributed": distributed,
+             "specs": {name: spec_to_json(getattr(value, "codec", None)) for name, value in distributed.items()},
+             "arrays": {name: value.local for name, value in distributed.items()},
+             "values": {name: encode_value(v, repr(name)) for name, v in replicated.items()} if rank == 0 else None}
+    if measure:
+        measure_codecs(local, options)
+    return local
 
 
-def plan_and_prepare(summaries: list[dict], directory: str, options: SaveOptions) -> tuple:
-    """Rank 0: ``(variables, boxes per rank, codec configs)`` of the version, and its new ``data/`` directory."""
+def measure_codecs(local: dict, options: SaveOptions) -> dict:
+    """Add each variable's codec summary to the summaries of :func:`describe_state`; the summaries."""
+    for name, value in local["distributed"].items():
+        local["summaries"][name]["codec"] = codec_summary(value, local["summaries"][name], options.codec)
+    return local["summaries"]
+
+
+def plan_variables(summaries: list[dict], options: SaveOptions) -> tuple:
+    """Rank 0: ``(variables, boxes per rank, codec configs)`` of a version from every rank's summaries (pure)."""
     variables, boxes = plan_save(summaries)
-    codecs = decide_codecs(variables, summaries, options.codec_threads)
+    return variables, boxes, decide_codecs(variables, summaries, options.codec_threads)
+
+
+def create_version_directory(directory: str) -> None:
+    """Rank 0: the new version's directory and its ``data/``; fails if it exists (two writers never share one)."""
     os.makedirs(os.path.join(directory, DATA_DIR), exist_ok=False)
-    return variables, boxes, codecs

@@ -35,3 +35,19 @@ def run_mpi(nranks: int, script: str, *args, timeout: float = 120, env: dict | N
     if check and proc.returncode != 0:
         pytest.fail(f"{' '.join(cmd)} exited {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
     return proc
+
+
+class CountingComm:
+    """Wraps a communicator and counts every MPI call made through it."""
+
+    def __init__(self, comm):
+        self._comm, self.calls = comm, []
+
+    def __getattr__(self, name):
+        attr = getattr(self._comm, name)
+        if callable(attr) and name not in ("Get_rank", "Get_size"):
+            def counted(*a, **k):
+                self.calls.append(name)
+                return attr(*a, **k)
+            return counted
+        return attr

@@ -17,6 +17,7 @@ import pytest
 from hpcckpt import Block, Checkpointer, CheckpointError
 from hpcckpt.staging import SlotQueue, StagingPool, stage
 from hpcckpt.transport import file_per_rank
+from mpitools import CountingComm
 
 
 # ----------------------------------------------------------- staging (serial)
@@ -202,22 +203,6 @@ def test_failure_in_background_is_every_ranks_error_and_not_committed(comm, mpi_
     ck.close()
 
 
-class _CountingComm:
-    """Wraps a communicator and counts every MPI call made through it."""
-
-    def __init__(self, comm):
-        self._comm, self.calls = comm, []
-
-    def __getattr__(self, name):
-        attr = getattr(self._comm, name)
-        if callable(attr) and name not in ("Get_rank", "Get_size"):
-            def counted(*a, **k):
-                self.calls.append(name)
-                return attr(*a, **k)
-            return counted
-        return attr
-
-
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("levels", [False, True])
@@ -228,7 +213,7 @@ def test_repeated_save_with_unchanged_layout_calls_no_mpi(comm, mpi_tmp, levels)
                       **extra) as ck:
         ck.save({"u": _block(comm, a), "t": 0}, 1)  # plans collectively (one allgather)
         ck.wait()
-        counting = _CountingComm(ck.engine.comm)
+        counting = CountingComm(ck.engine.comm)
         ck.engine.comm = counting
         for step in (2, 3):
             ck.save({"u": _block(comm, a), "t": step}, step)

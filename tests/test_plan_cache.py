@@ -1,0 +1,78 @@
+"""The blocking save's plan cache: a repeated save of an unchanged layout makes at most three collectives
+(issue 18), and any change of layout replans and still restores exactly."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hpcckpt import Block, Checkpointer, Ragged
+from mpitools import CountingComm
+
+COLLECTIVES = {"allgather", "gather", "bcast", "scatter", "allreduce", "exscan", "Barrier", "barrier", "alltoall",
+               "Allgather", "Gather", "Bcast", "Scatter", "Allreduce", "Alltoallv", "send", "recv", "Send", "Recv",
+               "sendrecv", "Sendrecv", "Split", "Dup"}
+
+
+@pytest.fixture
+def world():
+    from mpi4py import MPI
+
+    return MPI.COMM_WORLD
+
+
+def _state(comm, n=2000, k=0.0, rows=3):
+    local = np.arange(n, dtype=np.float64) + comm.rank * n + k
+    return {"u": Block(local, offset=(comm.rank * n,), global_shape=(comm.size * n,)),
+            "p": Ragged(np.full(rows + comm.rank, comm.rank, np.int64)), "t": k}
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.timeout(120)
+def test_a_repeated_blocking_save_makes_at_most_three_collectives(world, mpi_tmp):
+    comm = CountingComm(world)
+    with Checkpointer(f"{mpi_tmp}/root", comm=comm, strategy="file-per-rank", track_failures=False) as ck:
+        ck.save(_state(world), 1)  # plans
+        counts = []
+        for step in (2, 3, 4):
+            comm.calls.clear()
+            ck.save(_state(world, k=step), step)
+            counts.append([c for c in comm.calls if c in COLLECTIVES])
+        assert all(len(c) <= 3 for c in counts), counts
+        assert counts[0] == ["allgather", "gather", "bcast"], counts
+        target = _state(world, k=-1)
+        out = ck.restore(target)
+    assert out["t"] == 4 and np.array_equal(target["u"].local, _state(world, k=4)["u"].local)
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.timeout(120)
+def test_a_changed_layout_replans_and_restores_exactly(world, mpi_tmp):
+    with Checkpointer(f"{mpi_tmp}/root", comm=world, track_failures=False, keep=None) as ck:
+        ck.save(_state(world), 1)
+        ck.save(_state(world, k=2, rows=5), 2)  # Ragged rows changed on every rank
+        ck.save(_state(world, k=3, rows=5, n=1500), 3)  # the Block's extent changed
+        ck.save(_state(world, k=4, rows=5, n=1500), 4)  # unchanged again: the cache
+        for step, n, rows in ((2, 2000, 5), (3, 1500, 5), (4, 1500, 5)):
+            target = _state(world, k=-1, n=n, rows=rows)
+            out = ck.restore(target, step=step)
+            want = _state(world, k=step, n=n, rows=rows)
+            assert np.array_equal(target["u"].local, want["u"].local)
+            parts = np.concatenate(world.allgather(out["p"].local))
+            assert parts.tolist() == sorted(sum(([r] * (rows + r) for r in range(world.size)), []))
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.timeout(120)
+def test_a_failure_after_a_cached_plan_is_agreed_and_the_next_save_replans(world, mpi_tmp):
+    from hpcckpt import CheckpointError
+
+    with Checkpointer(f"{mpi_tmp}/root", comm=world, track_failures=False) as ck:
+        ck.save(_state(world), 1)
+        bad = _state(world, k=2)
+        if world.rank == 1:
+            bad["u"] = Block(np.zeros(3), offset=(0,), global_shape=(world.size * 2000,))  # overlaps rank 0
+        with pytest.raises(CheckpointError):
+            ck.save(bad, 2)
+        ck.save(_state(world, k=3), 3)
+        assert ck.steps() == [1, 3]
