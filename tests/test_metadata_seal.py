@@ -204,3 +204,17 @@ def test_deeply_nested_extra_is_refused(version):
         parse(sealed(doc))
     doc["extra"]["deep"] = [[[{"a": [1]}]]]
     assert parse(sealed(doc)).extra["deep"] == [[[{"a": [1]}]]]
+
+
+def test_reading_metadata_allocates_about_its_size(version):
+    """os.read allocates what it is asked for: asking for the 256 MiB limit cost 256 MiB per metadata read."""
+    import tracemalloc
+
+    path, raw = version
+    tracemalloc.start()
+    try:
+        hpcckpt.open(path).close()
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 << 20, peak

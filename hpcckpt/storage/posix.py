@@ -125,12 +125,15 @@ def read_bounded(path: str, limit: int) -> bytes:
     Bounded by the bytes actually read, not by the size the file reports
     (``/proc`` files and some devices report 0): at most ``limit + 1`` bytes are
     ever read into memory.  CorruptCheckpointError when the file is longer.
+    Each read asks for the size the file reports (plus one byte, to see its end),
+    never for ``limit``: ``os.read`` allocates what it is asked for.
     """
     fd = open_regular(path)
     try:
         chunks, total = [], 0
+        step = min(_MAX_IO, max(os.fstat(fd).st_size + 1, 1 << 16))
         while True:
-            piece = os.read(fd, min(_MAX_IO, limit + 1 - total))
+            piece = os.read(fd, min(step, limit + 1 - total))
             if not piece:
                 break
             chunks.append(piece)
