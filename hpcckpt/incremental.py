@@ -362,7 +362,7 @@ def save_incremental(state, directory: str, comm, options, step: int | None = No
     turns a version with reusable blocks into a full one.
     """
     from .codecs.pipeline import EncodedPieces
-    from .transport import WRITERS, Piece, TransportContext
+    from .transport import TRANSPORTS, Piece, TransportContext
     from .transport import io_history
     from .transport.auto import choose_strategy
     from .transport.topology import node_layout, ranks_per_node_setting
@@ -384,7 +384,7 @@ def save_incremental(state, directory: str, comm, options, step: int | None = No
         local, rpn = described if failure is None else (None, None)
         layout_key = (members, rpn)
         layout = _LAYOUTS.get(layout_key) if members else None
-        needs_layout = options.strategy in ("auto", "aggregated")
+        needs_layout = options.strategy == "auto" or TRANSPORTS[options.strategy].needs_node_layout
         local_bytes = sum(as_local_array(a).nbytes for a in local["arrays"].values() if a is not None) if local else 0
         mine = (local["summaries"] if local else None, local_bytes, list(_CACHE), layout is not None)
 
@@ -453,7 +453,7 @@ def save_incremental(state, directory: str, comm, options, step: int | None = No
         to_write = [e for e, d in zip(new, dup) if not d]
         refs = [(e[0], *e[6], e[1], e[2], e[4][0]) for e in entries if e[6] is not None]
         dups = [(e[0], e[4], e[1], e[2], e[4][0]) for e, d in zip(new, dup) if d]
-        fused = strategy == "file-per-rank"  # it checksums the others while it writes them (from the cache)
+        fused = TRANSPORTS[strategy].hashes_while_writing  # it checksums the others while it writes them
 
         def pieces():
             """The blocks to write as Pieces; an uncompressed block's checksum comes from its content hash."""
@@ -470,7 +470,7 @@ def save_incremental(state, directory: str, comm, options, step: int | None = No
                 yield Piece(variable, start, count, payload, digest)
 
         with timer.phase("write"):
-            written, failure = attempt(lambda: WRITERS[strategy](ctx, pieces()))
+            written, failure = attempt(lambda: TRANSPORTS[strategy].write(ctx, pieces()))
         with timer.phase("commit"):
             info = {"kind": kind, "base": index.name if kind == "incremental" else None,
                     "depth": index.depth + 1 if kind == "incremental" else 0, "reason": reason,

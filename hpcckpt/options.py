@@ -11,13 +11,13 @@ from dataclasses import dataclass, field
 
 from .codecs.pipeline import check_codec_option
 from .errors import CheckpointError
-from .transport import WRITERS
+from .transport import TRANSPORTS
 
 #: Default largest chunk: small enough that the scratch buffer and the parts a
 #: reshard load forwards stay well under 10% of a typical per-rank state, large
 #: enough that 100 GiB is about 12,800 chunks (metadata opens in well under 1 s).
 DEFAULT_CHUNK_BYTES = 8 << 20
-STRATEGIES = ("auto", *WRITERS)
+STRATEGIES = ("auto", *TRANSPORTS)
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ from .monitor import PhaseTimer
 from .options import SaveOptions, SaveResult
 from .save_stages import create_version_directory, describe_state, measure_codecs, plan_variables
 from .stats import phase_record, slowest, straggler
-from .transport import WRITERS, Piece, TransportContext
+from .transport import TRANSPORTS, Piece, TransportContext
 from .transport import io_history
 from .transport.auto import choose_strategy
 from .transport.topology import node_layout, ranks_per_node_setting
@@ -85,7 +85,7 @@ def save_version(state, directory, comm, options: SaveOptions, step: int | None 
                                    local["root"] if rank == 0 and local is not None else None))
         root_part = everyone[0][2]
         directory = root_part[0] if root_part else directory
-        what = f"save of {directory!r}"
+        what = f"save of {directory!r}" if isinstance(directory, str) else "save of a new version"
         try:
             raise_if_failed(comm, what, [f for f, _, _ in everyone])
             hit = all(h for _, h, _ in everyone)
@@ -106,8 +106,8 @@ def save_version(state, directory, comm, options: SaveOptions, step: int | None 
         with timer.phase("write"):
             pieces = _pieces(local["arrays"], cache.boxes, options.chunk_bytes, timer,
                              EncodedPieces.for_save(cache.codecs, local["summaries"], options.codec_threads),
-                             hash_here=strategy != "file-per-rank")
-            written, failure = attempt(lambda: WRITERS[strategy](ctx, pieces))
+                             hash_here=not TRANSPORTS[strategy].hashes_while_writing)
+            written, failure = attempt(lambda: TRANSPORTS[strategy].write(ctx, pieces))
         stats = {"seconds": dict(timer.seconds), "timeline": list(timer.timeline),
                  "bytes": written.nbytes if written is not None else 0}
         with timer.phase("commit"):
@@ -115,7 +115,7 @@ def save_version(state, directory, comm, options: SaveOptions, step: int | None 
                 record = phase_record([m[0] for m in msgs])
                 done = _commit(directory, cache, [m[1] for m in msgs], local["values"], comm.Get_size(), step,
                                {**(extra or {}), "strategy": strategy, "stats": record}, options.fsync)
-                return done + (slowest(record), record)
+                return done + (slowest(record), str(straggler(record)))  # small: broadcast to every rank
 
             total = root_phase(comm, what, failure, (stats, written.rows if written is not None else None),
                                commit_on_root)
@@ -124,12 +124,12 @@ def save_version(state, directory, comm, options: SaveOptions, step: int | None 
         if rank == 0:  # the directory is new (rank 0 created it): drop the partial version
             shutil.rmtree(directory, ignore_errors=True)
         raise
-    nbytes, nchunks, phases, record = total
+    nbytes, nchunks, phases, straggler_text = total
     if rank == 0:
         write_seconds = phases.get("write", 0.0)
         io_history.record(io_root, strategy, comm.Get_size(), nbytes, write_seconds)
         logger.info("saved %s: %d bytes in %d chunks, %s, write %.3f s (%.2f GB/s); %s", directory, nbytes,
-                    nchunks, strategy, write_seconds, nbytes / max(write_seconds, 1e-9) / 1e9, straggler(record))
+                    nchunks, strategy, write_seconds, nbytes / max(write_seconds, 1e-9) / 1e9, straggler_text)
     return SaveResult(path=directory, step=step, bytes_written=nbytes, nchunks=nchunks,
                       timings={**phases, "commit": timer.seconds["commit"]}, strategy=strategy)
 
@@ -189,7 +189,7 @@ def _context(comm, directory: str, options: SaveOptions, layout) -> TransportCon
 
 def _transport(comm, what: str, directory: str, options: SaveOptions, cache: PlanCache, io_root: str | None):
     """The transport context and the strategy after a new plan (auto resolved the same way on every rank)."""
-    needs_layout = options.strategy in ("auto", "aggregated")
+    needs_layout = options.strategy == "auto" or TRANSPORTS[options.strategy].needs_node_layout
     cache.layout = node_layout(comm, options.ranks_per_node) if needs_layout else None
     strategy = options.strategy
     if strategy == "auto":

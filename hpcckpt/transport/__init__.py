@@ -1,10 +1,28 @@
-"""Transports: how the chunks of all ranks reach storage (file-per-rank, aggregated, shared-file)."""
+"""Transports: how the chunks of all ranks reach storage (file-per-rank, aggregated, shared-file).
 
-from .aggregated import write_aggregated
-from .base import Piece, TransportContext, Written
-from .file_per_rank import write_file_per_rank
-from .shared_file import write_shared_file
+``TRANSPORTS`` is the registry the save looks strategies up in (and the list of
+strategy names is derived from); each transport is a :class:`Transport`
+registered here with :func:`register`.
+"""
 
-WRITERS = {"file-per-rank": write_file_per_rank, "aggregated": write_aggregated, "shared-file": write_shared_file}
+from .aggregated import Aggregated
+from .base import Piece, Transport, TransportContext, Written
+from .file_per_rank import FilePerRank
+from .shared_file import SharedFile
 
-__all__ = ["Piece", "TransportContext", "Written", "WRITERS"]
+#: strategy name -> Transport, in the order users see them.
+TRANSPORTS: dict[str, Transport] = {}
+
+
+def register(transport: Transport) -> Transport:
+    """Make ``transport`` a strategy (``strategy=transport.name``); returns it."""
+    if not transport.name or transport.name == "auto":
+        raise ValueError(f"a transport needs a name other than 'auto', got {transport.name!r}")
+    TRANSPORTS[transport.name] = transport
+    return transport
+
+
+for _transport in (FilePerRank(), Aggregated(), SharedFile()):
+    register(_transport)
+
+__all__ = ["Piece", "Transport", "TransportContext", "Written", "TRANSPORTS", "register"]

@@ -18,7 +18,7 @@ import numpy as np
 
 from ..errors import CheckpointError
 from ..names import aggregator_file
-from .base import TransportContext, Written
+from .base import Transport, TransportContext, Written
 from .file_per_rank import SequentialFile
 from .throttle import write_turn
 
@@ -108,3 +108,13 @@ def _aggregate(ctx: TransportContext, pieces, members: list[int]) -> Written:
     if failure is not None:
         raise failure
     return out
+
+
+class Aggregated(Transport):
+    """The ``aggregated`` strategy: :func:`write_aggregated`."""
+
+    name = "aggregated"
+    needs_node_layout = True
+
+    def write(self, ctx: TransportContext, pieces) -> Written:
+        return write_aggregated(ctx, pieces)

@@ -25,7 +25,8 @@ from __future__ import annotations
 
 from statistics import median
 
-STRATEGIES = ("file-per-rank", "aggregated", "shared-file")
+from . import TRANSPORTS
+
 SMALL_BYTES = 8 << 20
 #: Another strategy replaces the one in use only when its median bandwidth is this much better.
 HYSTERESIS = 0.10
@@ -38,7 +39,7 @@ def choose_strategy(nranks: int, bytes_per_rank: float, ranks_per_node: int, his
     similar: dict[str, list[float]] = {}
     last = None  # the strategy of the newest measurement at this scale
     for row in history:
-        if row.get("nranks") == nranks and row.get("strategy") in STRATEGIES and _within(
+        if row.get("nranks") == nranks and row.get("strategy") in TRANSPORTS and _within(
                 row.get("bytes_per_rank", 0), bytes_per_rank):
             similar.setdefault(row["strategy"], []).append(float(row["gbps"]))
             last = row["strategy"]

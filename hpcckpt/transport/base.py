@@ -10,6 +10,7 @@ exception into an agreed CheckpointError on every rank.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -58,3 +59,39 @@ class TransportContext:
     aggregator_buffer: int = 64 << 20
     mpiio_hints: dict = field(default_factory=dict)
     fsync: bool = True
+
+
+class Transport(ABC):
+    """How the pieces of all ranks reach storage; one instance per strategy, registered under its ``name``.
+
+    Call order, for one save (every call made by every rank of ``ctx.comm``):
+
+    1. ``write(ctx, pieces)`` (all ranks, collectively): consume this rank's
+       pieces (an iterator: they are produced, and encoded, as the transport
+       asks for them), make them durable under ``ctx.directory`` (fsynced when
+       ``ctx.fsync``), and return the ``Written`` rows this rank reports: the
+       pieces it stored itself, wherever they came from.  A transport that
+       exchanges messages finishes its protocol even when something fails on
+       this rank (the pieces iterator raising included), then raises; the save
+       turns that into one CheckpointError on every rank.
+
+    The save then gathers every rank's rows and commits the version (commit.py).
+
+    Capability flags, read by the save instead of testing names:
+
+    * ``hashes_while_writing``: pieces may come with ``checksum=None``; the
+      transport fills it in while it writes (one pass over the bytes).
+    * ``needs_node_layout``: ``ctx.layout`` must be the communicator's
+      NodeLayout (the save computes it, collectively, once per communicator).
+
+    A new transport subclasses this, registers an instance with
+    ``hpcckpt.transport.register``, and passes ``hpcckpt.testing.TransportTests``.
+    """
+
+    name: str = ""
+    hashes_while_writing: bool = False
+    needs_node_layout: bool = False
+
+    @abstractmethod
+    def write(self, ctx: TransportContext, pieces) -> Written:
+        """Store this rank's ``pieces``; the rows of the chunk index this rank reports (see the class docstring)."""

@@ -12,7 +12,7 @@ import os
 from ..checksum import hexdigest, new_hasher
 from ..names import rank_file
 from ..storage.posix import create_exclusive, write_all
-from .base import TransportContext, Written
+from .base import Transport, TransportContext, Written
 from .throttle import write_turn
 
 
@@ -62,3 +62,13 @@ def write_file_per_rank(ctx: TransportContext, pieces) -> Written:
         finally:
             target.close()
     return out
+
+
+class FilePerRank(Transport):
+    """The ``file-per-rank`` strategy: :func:`write_file_per_rank`."""
+
+    name = "file-per-rank"
+    hashes_while_writing = True
+
+    def write(self, ctx: TransportContext, pieces) -> Written:
+        return write_file_per_rank(ctx, pieces)

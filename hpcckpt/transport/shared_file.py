@@ -15,7 +15,7 @@ import os
 import numpy as np
 
 from ..names import SHARED_FILE
-from .base import TransportContext, Written
+from .base import Transport, TransportContext, Written
 
 
 
@@ -64,3 +64,12 @@ def write_shared_file(ctx: TransportContext, pieces) -> Written:
     if failure is not None:
         raise failure
     return out
+
+
+class SharedFile(Transport):
+    """The ``shared-file`` strategy: :func:`write_shared_file`."""
+
+    name = "shared-file"
+
+    def write(self, ctx: TransportContext, pieces) -> Written:
+        return write_shared_file(ctx, pieces)
