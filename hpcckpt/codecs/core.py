@@ -21,6 +21,7 @@ is exactly the chunk's extent.
 from __future__ import annotations
 
 import struct
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Callable
 
@@ -51,18 +52,36 @@ def _numcodecs():
     return numcodecs
 
 
-class Codec:
-    """One variable's codec: ``encode`` a C-contiguous array to stored bytes, ``decode`` them back."""
+class Codec(ABC):
+    """One variable's codec: ``encode`` a C-contiguous array to stored bytes, ``decode`` them back.
+
+    Call order: the save makes one codec object per variable from its config
+    (``from_config``, after rank 0 chose it) and calls ``encode`` once per chunk,
+    from the codec threads (so ``encode`` must be thread-safe); the load makes
+    one per variable from the validated config in the metadata and calls
+    ``decode`` once per chunk read, after the chunk's checksum was verified.
+
+    ``config`` is what the metadata stores (a reader in another language
+    decodes it from docs/compression.md alone); ``lossy`` is the capability
+    flag that a decoded chunk may differ from the saved one (within the bound
+    its config records).  A new codec family registers itself with
+    :func:`register_family` and passes ``hpcckpt.testing.CodecTests``.
+    """
 
     lossy = False
     config: dict
 
+    @abstractmethod
     def encode(self, arr: np.ndarray) -> np.ndarray:
-        raise NotImplementedError
+        """The stored bytes (flat uint8) of the C-contiguous chunk ``arr``."""
 
+    @abstractmethod
     def decode(self, stored: np.ndarray, out: np.ndarray) -> None:
-        """Fill ``out`` (uint8, exactly the chunk's decoded size) from ``stored``; CorruptCheckpointError if bad."""
-        raise NotImplementedError
+        """Fill ``out`` (uint8, exactly the chunk's decoded size) from ``stored``; CorruptCheckpointError if bad.
+
+        Every size the stream declares is checked against ``out`` before
+        anything is written into it: a crafted stream never over- or under-fills it.
+        """
 
     @property
     def is_none(self) -> bool:
