@@ -219,7 +219,7 @@ def _parse_doc(doc, sealed: bool) -> Metadata:
     for name in files:
         check_relative_path(name)
     nranks = doc["nranks"]
-    _expect(type(nranks) is int and nranks >= 1, "nranks must be a positive integer")
+    _expect(type(nranks) is int and 1 <= nranks < _MAX_BYTES, "nranks must be a positive integer below 2^62")
     _expect(isinstance(doc["created"], str), "created must be a string")
     values = doc["values"]
     _expect(isinstance(values, dict), "values must be an object")
@@ -264,7 +264,7 @@ def _parse_variable(name: str, doc, nfiles: int) -> Variable:
     dtype = dtype_from_json(doc["dtype"])
     shape = doc["shape"]
     _expect(isinstance(shape, list) and len(shape) <= _MAX_NDIM
-            and all(type(s) is int and s >= 0 for s in shape), f"variable {name!r} has an invalid shape")
+            and all(type(s) is int and 0 <= s < _MAX_BYTES for s in shape), f"variable {name!r} has an invalid shape")
     _expect(kind != "ragged" or len(shape) >= 1, f"ragged variable {name!r} needs at least one axis")
     expected = 1
     for s in shape:

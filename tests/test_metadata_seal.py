@@ -218,3 +218,14 @@ def test_reading_metadata_allocates_about_its_size(version):
     finally:
         tracemalloc.stop()
     assert peak < 8 << 20, peak
+
+
+@pytest.mark.parametrize("edit", [lambda d: d["variables"]["u"].update(shape=[1 << 70, 0]),
+                                  lambda d: d.update(nranks=1 << 64)])
+def test_integers_beyond_the_documented_range_are_refused(version, edit):
+    """docs/format.md: every integer of the metadata outside values lies in [0, 2^62) (int64 readers)."""
+    path, _ = version
+    doc = read_doc(path)
+    edit(doc)
+    with pytest.raises(CorruptCheckpointError, match="shape|nranks"):
+        parse(sealed(doc))
