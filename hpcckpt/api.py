@@ -9,7 +9,7 @@ from .collective import agree, on_root, resolve_comm
 from .errors import CheckpointError
 from .loading import load_version
 from .names import DATA_DIR, METADATA_FILE
-from .reader import CheckpointView
+from .view import CheckpointView
 from .options import SaveOptions, SaveResult
 from .saving import save_version
 

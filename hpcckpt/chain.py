@@ -35,7 +35,8 @@ def compact(root: str, keep: int | None = None, dry_run: bool = False, fsync: bo
     """
     from .catalog import current, list_versions
     from .incremental import ChainIndex, codec_key
-    from .reader import allocate, read_metadata
+    from .metadata_file import read_metadata
+    from .reader import allocate
     from .commit import commit_version
     from .storage.posix import confined_path, open_regular, read_exact, write_all
 

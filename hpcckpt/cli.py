@@ -36,7 +36,8 @@ from .encoding import dtype_to_json
 from .errors import CheckpointError, CorruptCheckpointError
 from .metadata import CHECKSUM_ALGORITHM, FORMAT_NAME, FORMAT_VERSION, Metadata
 from .names import METADATA_FILE
-from .reader import CheckpointView, read_metadata
+from .metadata_file import read_metadata
+from .view import CheckpointView
 
 #: ``verify`` shows a progress bar on a terminal from this many bytes on.
 PROGRESS_THRESHOLD = 64 << 20

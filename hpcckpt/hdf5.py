@@ -137,7 +137,7 @@ class ExportResult:
 
 def export_nbytes(checkpoint_path) -> int:
     """The bytes of array data an export of ``checkpoint_path`` moves (the total for a progress bar)."""
-    from .reader import CheckpointView
+    from .view import CheckpointView
 
     with CheckpointView(os.fspath(checkpoint_path)) as view:
         return sum(v.nbytes for v in view.variables.values())
@@ -151,7 +151,7 @@ def export(checkpoint_path, out_h5, progress=None, *, overwrite: bool = False) -
     is refused unless ``overwrite=True``; the new file appears only once
     complete (written as ``out_h5 + ".tmp"``, then renamed).
     """
-    from .reader import CheckpointView
+    from .view import CheckpointView
 
     h5py = _h5py()
     out = os.fspath(out_h5)

@@ -319,7 +319,7 @@ def _base_index(directory: str, options, io_root, cached_everywhere):
 
     ``cached_everywhere(key)``: whether every rank holds ``key`` in its cache.
     """
-    from .reader import read_metadata
+    from .metadata_file import read_metadata
 
     base = _resolve_base(directory, options, io_root)
     if base is None:

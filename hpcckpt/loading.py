@@ -22,7 +22,8 @@ from .errors import CorruptCheckpointError, TemplateMismatchError
 from .metadata import Metadata, Variable
 from .monitor import PhaseTimer
 from .planning import common_names, plan_rows, plan_shared_reads
-from .reader import ChunkReader, allocate, read_metadata
+from .metadata_file import read_metadata
+from .reader import ChunkReader, allocate
 from .regions import tiling_problem
 from .state import Block, Ragged, block_box, split_state
 

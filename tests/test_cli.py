@@ -479,7 +479,7 @@ def test_compressed_variable(capsys, tmp_path):
                                          ("phases", {"write": [True]})])
 def test_stats_of_a_malformed_timing_record_is_a_clean_error(capsys, root, field, value):
     """Found by the fuzz test below: a crafted ``extra.stats`` made ``hpcckpt stats`` crash (TypeError...)."""
-    from hpcckpt.reader import read_metadata
+    from hpcckpt.metadata_file import read_metadata
 
     version = step_dir(root, 10)
     meta = read_metadata(version)
@@ -573,7 +573,7 @@ def fuzz_root(tmp_path_factory):
 @given(data=st.data())
 def test_crafted_metadata_never_crashes_the_cli(fuzz_root, tmp_path_factory, data):
     """Every command answers crafted (but well-formed JSON) metadata with exit 0/1, never an internal error."""
-    from hpcckpt.reader import read_metadata
+    from hpcckpt.metadata_file import read_metadata
 
     work = tmp_path_factory.mktemp("case")
     root = str(work / "root")

@@ -20,7 +20,7 @@ from hpcckpt import cli
 from hpcckpt.collective import SerialComm
 from hpcckpt.chain import compact
 from hpcckpt.errors import CheckpointError, CorruptCheckpointError
-from hpcckpt.reader import read_metadata
+from hpcckpt.metadata_file import read_metadata
 
 COMM = SerialComm()
 PART = os.path.join("data", "part-000000.bin")

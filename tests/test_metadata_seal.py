@@ -177,12 +177,12 @@ def test_metadata_that_is_a_fifo_or_a_device_is_refused_without_blocking(version
 
 def test_metadata_reads_are_bounded_by_bytes_read(version, monkeypatch):
     path, raw = version
-    import hpcckpt.reader
+    import hpcckpt.metadata_file
 
-    monkeypatch.setattr(hpcckpt.reader, "MAX_METADATA_BYTES", len(raw) - 1)
+    monkeypatch.setattr(hpcckpt.metadata_file, "MAX_METADATA_BYTES", len(raw) - 1)
     with pytest.raises(CorruptCheckpointError, match="longer than"):
         hpcckpt.open(path)
-    monkeypatch.setattr(hpcckpt.reader, "MAX_METADATA_BYTES", len(raw))
+    monkeypatch.setattr(hpcckpt.metadata_file, "MAX_METADATA_BYTES", len(raw))
     assert hpcckpt.open(path).step == 3
 
 

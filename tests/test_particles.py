@@ -16,7 +16,7 @@ import pytest
 
 import hpcckpt
 from hpcckpt.catalog import current, list_versions
-from hpcckpt.reader import read_metadata
+from hpcckpt.metadata_file import read_metadata
 from mpitools import ROOT, run_mpi
 
 APP = os.path.join(ROOT, "apps", "particles.py")

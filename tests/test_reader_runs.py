@@ -14,7 +14,8 @@ import hpcckpt
 from hpcckpt.collective import SerialComm
 from hpcckpt.checksum import checksum, checksum_from_xxh3_128
 from hpcckpt.errors import CorruptCheckpointError
-from hpcckpt.reader import ChunkReader, coalesce, direct_targets, read_metadata
+from hpcckpt.metadata_file import read_metadata
+from hpcckpt.reader import ChunkReader, coalesce, direct_targets
 from hpcckpt.storage.posix import confined_path
 
 COMM = SerialComm()

@@ -30,7 +30,7 @@ from ..errors import CheckpointError, TemplateMismatchError
 from ..loading import load_version
 from ..metadata import Metadata, parse
 from ..names import DATA_DIR, METADATA_FILE, PARITY_DIR, parity_file, parse_version_name, rank_file
-from ..reader import read_metadata_bytes
+from ..metadata_file import read_metadata_bytes
 from .partner import transfer
 
 

@@ -1,0 +1,35 @@
+"""Reading a version's ``metadata.json`` from disk: safely (a regular file, bounded), then checked and validated.
+
+The one place every reader (load, ``hpcckpt.open``, the CLI, incremental
+bases, compaction, level restores) gets a version's metadata from, so that the
+rules of docs/format.md section 6, check 0, are applied once.
+"""
+
+from __future__ import annotations
+
+import os
+
+from .errors import CheckpointError
+from .metadata import MAX_METADATA_BYTES, Metadata, parse
+from .names import METADATA_FILE
+from .storage.posix import read_bounded
+
+
+def read_metadata(directory: str) -> Metadata:
+    """Read, check and validate ``directory/metadata.json``; CheckpointError if there is no committed version."""
+    path = os.path.join(directory, METADATA_FILE)
+    return parse(read_metadata_bytes(directory), source=path)
+
+
+def read_metadata_bytes(directory: str) -> bytes:
+    """The raw bytes of ``directory/metadata.json``, read safely (a regular file, at most MAX_METADATA_BYTES).
+
+    Not yet checked: :func:`hpcckpt.metadata.parse` checks its seal.
+    """
+    path = os.path.join(directory, METADATA_FILE)
+    try:
+        return read_bounded(path, MAX_METADATA_BYTES)
+    except FileNotFoundError:
+        if os.path.exists(directory) and not os.path.isdir(directory):
+            raise CheckpointError(f"{directory!r} is not a checkpoint directory") from None
+        raise CheckpointError(f"no committed checkpoint at {directory!r} ({METADATA_FILE} is missing)") from None
