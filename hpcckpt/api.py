@@ -11,7 +11,7 @@ from .loading import load_version
 from .names import DATA_DIR, METADATA_FILE
 from .view import CheckpointView
 from .options import SaveOptions, SaveResult
-from .saving import save_version
+from .save_pipeline import save_version
 
 
 def save(state, path, comm=None, *, step: int | None = None, overwrite: bool = False, **options) -> SaveResult:

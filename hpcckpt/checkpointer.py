@@ -14,7 +14,8 @@ from .errors import CheckpointError, TemplateMismatchError
 from .loading import load_version
 from .pacing import Pacer
 from .options import SaveOptions, SaveResult
-from .saving import PlanCache, save_version
+from .save_pipeline import save_version
+from .save_plan import PlanCache
 
 
 class Checkpointer:
@@ -60,8 +61,6 @@ class Checkpointer:
 
         engine_options = pop_engine_options(options)
         self.options = SaveOptions.from_kwargs(**options)
-        if engine_wanted(engine_options) and (self.options.incremental or self.options.base is not None):
-            raise CheckpointError("incremental saves do not combine with asynchronous or multi-level saves yet")
         self.chain_base: str | None = None  # what the next incremental save builds on (hpcckpt/incremental.py)
         self.last_restored: str | None = None
         self._last_result: SaveResult | None = None
@@ -109,13 +108,9 @@ class Checkpointer:
             return self.engine.save(state, step, **options)
         opts = SaveOptions.from_kwargs(**{**self.options.__dict__, **options})
         t0 = time.perf_counter()
-        if opts.incremental and opts.base is None:
-            from .incremental import checkpointer_base
-
-            opts = checkpointer_base(self, opts)
         # rank 0 clears leftovers and names the version inside the save's first collective
         result = save_version(state, lambda: os.path.join(self.root, self._prepare(check_step(step))), self.comm,
-                              opts, step=step, io_root=self.root, cache=self._plan_cache)
+                              opts, step=step, io_root=self.root, cache=self._plan_cache, chain_base=self.chain_base)
         self.chain_base = result.path
         self._last_result = result
         self.pacer.record_save(step, time.perf_counter() - t0)
@@ -171,7 +166,7 @@ class Checkpointer:
         does not fit raises at once, and so does any failure of an explicitly
         requested ``step``.
         """
-        if self.engine is not None and self.engine.levels.enabled:
+        if self.engine is not None and self.engine.node is not None:
             self._check_open()
             return self.engine.restore(state, step, strict)
         live = self._live()

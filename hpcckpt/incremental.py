@@ -20,9 +20,10 @@ occurrence (lowest rank, then save order) is written, the others point at it.
 A hybrid policy (:func:`choose_kind`) makes a full version when the chain is
 ``max_chain`` deep or when more than ``full_threshold`` of the bytes changed.
 
-The pure parts (grid, keys, index, policy, duplicate assignment, row assembly)
-know nothing of MPI or files and are tested with hypothesis; :func:`save_incremental`
-is the collective save that wires them into the transports of saving.py.
+Everything here is pure (grid, keys, index, policy, duplicate assignment, row
+assembly, the version's metadata) and tested with hypothesis; the save
+pipeline's select stage (selection.py) runs it across ranks, chain_cache.py
+finds the base.
 """
 
 from __future__ import annotations
@@ -30,8 +31,6 @@ from __future__ import annotations
 import itertools
 import json
 import math
-import os
-import shutil
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -39,19 +38,11 @@ import xxhash
 
 from . import blockhash
 from .arrays import byte_view
-from .checksum import checksum, checksum_from_xxh3_128
-from .collective import attempt, raise_if_failed, root_phase
-from .commit import commit_version, now_iso
+from .commit import now_iso
 from .devices import array_module, as_local_array, is_device_array
-from .encoding import dtype_from_json, dtype_to_json
-from .errors import CheckpointError
-from .log import logger
+from .encoding import dtype_to_json
 from .metadata import ChunkTable, Metadata, Variable
-from .monitor import PhaseTimer
-from .names import METADATA_FILE, is_reference_version, reference, split_reference
-from .options import SaveResult
-from .save_stages import create_version_directory, describe_state, plan_variables
-from .stats import phase_record, slowest
+from .names import reference, split_reference
 
 #: Name of the content hash stored in the optional ``hash`` column of the chunk table.
 HASH_ALGORITHM = "xxh3_128"
@@ -193,6 +184,13 @@ class ChainIndex:
     def __len__(self) -> int:
         return len(self.locations)
 
+    def restricted(self, file_name: str) -> "ChainIndex":
+        """The locations in data files named ``file_name`` only (multi-level saves: a rank reuses its own file's
+        blocks, which sit on its node)."""
+        suffix = "/" + file_name
+        return ChainIndex(self.name, self.depth, {k: loc for k, loc in self.locations.items()
+                                                  if loc[0].endswith(suffix)})
+
 
 # --------------------------------------------------------------------------- policy
 
@@ -270,239 +268,7 @@ def assemble(variables: dict, dtypes: dict, codecs: dict, per_rank: list[dict]):
     return files, out
 
 
-# --------------------------------------------------------------------------- the collective save
-
-#: Indexes of the versions this process saved (or read) last, on every rank, newest last:
-#: ``{(real path, metadata stamp): ChainIndex}``.  Two entries: the version saved last and its
-#: predecessor (a save on an explicit base, as ``hpcckpt.save(..., base=...)`` repeated on one base).
-_CACHE: dict = {}
-_CACHE_ENTRIES = 2
-#: Node layouts already asked of MPI: ``{(members as COMM_WORLD ranks, ranks per node setting): NodeLayout}``.
-_LAYOUTS: dict = {}
-
-
-def _remember(key, index) -> None:
-    _CACHE.pop(key, None)
-    _CACHE[key] = index
-    while len(_CACHE) > _CACHE_ENTRIES:
-        _CACHE.pop(next(iter(_CACHE)))
-
-
-def _stamp(directory: str):
-    st = os.stat(os.path.join(directory, METADATA_FILE))
-    return st.st_ino, st.st_mtime_ns, st.st_size
-
-
-def _resolve_base(directory: str, options, io_root: str | None) -> str | None:
-    """Rank 0: the base version's path (an explicit ``base``, else the newest committed under ``io_root``)."""
-    parent = os.path.dirname(os.path.realpath(directory))
-    if options.base is not None:
-        base = os.fspath(options.base)
-        if not os.path.isfile(os.path.join(base, METADATA_FILE)):
-            raise CheckpointError(f"base {base!r} is not a committed checkpoint")
-        if os.path.dirname(os.path.realpath(base)) != parent:
-            raise CheckpointError(f"base {base!r} must be a sibling of {directory!r} (the same parent directory)")
-        if not is_reference_version(os.path.basename(os.path.realpath(base))):
-            raise CheckpointError(f"base {base!r}: its name must be letters, digits and _.+- to be referenced")
-        return base
-    if io_root is None:
-        return None
-    from .catalog import current, list_versions
-
-    name = os.path.basename(os.path.normpath(directory))
-    live = [e for e in current(list_versions(io_root)) if e.name != name]
-    return live[-1].path if live else None
-
-
-def _base_index(directory: str, options, io_root, cached_everywhere):
-    """Rank 0: ``(key, ChainIndex or None)`` of the base (None: every rank has it cached), or None without a base.
-
-    ``cached_everywhere(key)``: whether every rank holds ``key`` in its cache.
-    """
-    from .metadata_file import read_metadata
-
-    base = _resolve_base(directory, options, io_root)
-    if base is None:
-        return None
-    key = (os.path.realpath(base), _stamp(base))
-    if cached_everywhere(key):
-        return key, None
-    index = _CACHE.get(key)
-    if index is None:
-        index = ChainIndex.from_metadata(read_metadata(base), os.path.basename(key[0]))
-    return key, index
-
-
-def _members(comm) -> tuple:
-    """The COMM_WORLD ranks of ``comm``'s processes (local, no communication): what a node layout depends on."""
-    if comm.Get_size() == 1 or not hasattr(comm, "Get_group"):
-        return ()  # a single process (SerialComm included: never import mpi4py for it) needs no layout query
-    try:
-        from mpi4py import MPI
-
-        world = MPI.COMM_WORLD.Get_group()
-        group = comm.Get_group()
-        try:
-            return tuple(group.Translate_ranks(list(range(comm.Get_size())), world))
-        finally:
-            group.Free()
-            world.Free()
-    except Exception:  # noqa: BLE001 - a SerialComm or an exotic communicator: never cached
-        return ()
-
-
-def save_incremental(state, directory: str, comm, options, step: int | None = None, extra: dict | None = None,
-                     io_root: str | None = None):
-    """Collectively write ``state`` into the new ``directory`` as an incremental (or full) version; commit it.
-
-    Collectives (the fixed cost of a save): gather + bcast to plan, one allgather
-    after hashing (totals for the policy, new blocks' keys for dedup), the
-    transport's own, gather + bcast to commit; plus a node-layout query on the
-    first save of a communicator and an allgather of all keys when the policy
-    turns a version with reusable blocks into a full one.
-    """
-    from .codecs.pipeline import EncodedPieces
-    from .transport import TRANSPORTS, Piece, TransportContext
-    from .transport import io_history
-    from .transport.auto import choose_strategy
-    from .transport.topology import node_layout, ranks_per_node_setting
-
-    rank, size = comm.Get_rank(), comm.Get_size()
-    timer = PhaseTimer()
-    what = f"save of {directory!r}"
-    name = os.path.basename(os.path.normpath(directory))
-    members = _members(comm)
-    created = [False]
-
-    with timer.phase("plan"):
-        def describe():
-            d = describe_state(state, rank, options)
-            k = ranks_per_node_setting(options.ranks_per_node)
-            return d, k
-
-        described, failure = attempt(describe)
-        local, rpn = described if failure is None else (None, None)
-        layout_key = (members, rpn)
-        layout = _LAYOUTS.get(layout_key) if members else None
-        needs_layout = options.strategy == "auto" or TRANSPORTS[options.strategy].needs_node_layout
-        local_bytes = sum(as_local_array(a).nbytes for a in local["arrays"].values() if a is not None) if local else 0
-        mine = (local["summaries"] if local else None, local_bytes, list(_CACHE), layout is not None)
-
-        def plan_on_root(msgs):
-            planned = plan_variables([m[0] for m in msgs], options)
-            create_version_directory(directory)
-            created[0] = True
-            base = _base_index(directory, options, io_root, lambda key: all(key in m[2] for m in msgs))
-            strategy = options.strategy
-            if strategy == "auto":
-                history = io_history.read(io_root)
-                have_layout = layout is not None and all(m[3] for m in msgs)
-                strategy = (choose_strategy(size, sum(m[1] for m in msgs) / size, layout.max_ranks_per_node, history)
-                            if have_layout else ("auto", sum(m[1] for m in msgs), history))
-            return planned, base, strategy, all(m[3] for m in msgs)
-
-        try:
-            planned, base, strategy, all_have_layout = root_phase(comm, what, failure, mine, plan_on_root)
-        except CheckpointError:
-            if rank == 0 and created[0]:
-                shutil.rmtree(directory, ignore_errors=True)
-            raise
-    try:
-        with timer.phase("plan"):
-            variables, all_boxes, codecs = planned
-            boxes = all_boxes[rank]
-            if base is None:
-                index = None
-            else:
-                key, shipped = base
-                index = shipped if shipped is not None else _CACHE[key]
-                _remember(key, index)
-            if needs_layout and not all_have_layout:
-                layout = node_layout(comm, rpn)  # collective, once per communicator
-                if members:
-                    _LAYOUTS[layout_key] = layout
-            if isinstance(strategy, tuple):  # auto, decided now that the layout is known (same answer everywhere)
-                _, total, history = strategy
-                strategy = choose_strategy(size, total / size, layout.max_ranks_per_node, history)
-            ctx = TransportContext(comm=comm, directory=directory, layout=layout, max_writers=options.max_writers,
-                                   aggregators=options.aggregators, aggregator_buffer=options.aggregator_buffer,
-                                   mpiio_hints=options.mpiio_hints, fsync=options.fsync)
-        dtypes = {n: dtype_from_json(v.dtype) for n, v in variables.items()}
-        with timer.phase("hash"):
-            entries, failure = attempt(lambda: hash_pieces(local["arrays"], boxes, variables, dtypes, codecs,
-                                                             options.block_bytes, index))
-            entries = entries or []
-            new_keys = [e[4] for e in entries if e[6] is None] if options.dedup else None
-            mine = (sum(e[5] for e in entries), sum(e[5] for e in entries if e[6] is None), new_keys,
-                    sum(1 for e in entries if e[6] is not None))
-            everyone = comm.allgather((failure, None if failure else mine))
-            raise_if_failed(comm, what, [f for f, _ in everyone])
-            everyone = [m for _, m in everyone]
-        total_bytes = sum(m[0] for m in everyone)
-        changed_bytes = sum(m[1] for m in everyone)
-        kind, reason = choose_kind(index.depth if index is not None and len(index) else None, changed_bytes,
-                                   total_bytes, options.max_chain, options.full_threshold)
-        if options.dedup:
-            keys_per_rank = [m[2] for m in everyone]
-        if kind == "full":
-            if options.dedup and any(m[3] for m in everyone):  # reusable blocks are written after all
-                keys_per_rank = comm.allgather([e[4] for e in entries])
-            entries = [e[:6] + (None,) for e in entries]
-        new = [e for e in entries if e[6] is None]
-        dup = duplicates(keys_per_rank, rank) if options.dedup else [False] * len(new)
-        to_write = [e for e, d in zip(new, dup) if not d]
-        refs = [(e[0], *e[6], e[1], e[2], e[4][0]) for e in entries if e[6] is not None]
-        dups = [(e[0], e[4], e[1], e[2], e[4][0]) for e, d in zip(new, dup) if d]
-        fused = TRANSPORTS[strategy].hashes_while_writing  # it checksums the others while it writes them
-
-        def pieces():
-            """The blocks to write as Pieces; an uncompressed block's checksum comes from its content hash."""
-            encoder = EncodedPieces.for_save(codecs, local["summaries"], options.codec_threads)
-            encoded = encoder.wrap(((e[0], e[1], e[2], e[3]) for e in to_write), timer)
-            for (variable, start, count, arr), e in zip(encoded, to_write):  # wrap first: zip then runs it to its end
-                payload = byte_view(arr)
-                (content, _, ck) = e[4]
-                host_hashed = not content.startswith(f"{blockhash.NAME}:")  # xxh3_128, not the device hash
-                digest = checksum_from_xxh3_128(content, payload.nbytes) if ck == "none" and host_hashed else None
-                if digest is None and not fused:
-                    with timer.phase("hash"):
-                        digest = checksum(payload)
-                yield Piece(variable, start, count, payload, digest)
-
-        with timer.phase("write"):
-            written, failure = attempt(lambda: TRANSPORTS[strategy].write(ctx, pieces()))
-        with timer.phase("commit"):
-            info = {"kind": kind, "base": index.name if kind == "incremental" else None,
-                    "depth": index.depth + 1 if kind == "incremental" else 0, "reason": reason,
-                    "hash": HASH_ALGORITHM, "block_bytes": options.block_bytes, "total_bytes": total_bytes,
-                    "changed_bytes": changed_bytes}
-            mine = None
-            if failure is None:
-                mine = ({"seconds": dict(timer.seconds), "timeline": list(timer.timeline), "bytes": written.nbytes},
-                        {"written": written.rows, "hashes": {(e[0], tuple(e[1])): e[4][0] for e in to_write},
-                         "refs": refs, "dups": dups})
-
-            def commit_on_root(msgs):
-                stats = [m[0] for m in msgs]
-                return _commit(directory, name, variables, dtypes, codecs, [m[1] for m in msgs], local["values"],
-                               size, step, {**(extra or {}), "strategy": strategy, "stats": phase_record(stats),
-                                            "incremental": info}, options.fsync) + (stats,)
-
-            done = root_phase(comm, what, failure, mine, commit_on_root)
-    except CheckpointError:
-        if rank == 0:
-            shutil.rmtree(directory, ignore_errors=True)
-        raise
-    (written_bytes, nchunks, summary), new_stamp, new_index, stats = done
-    _remember((os.path.realpath(directory), new_stamp), new_index)
-    if rank == 0:
-        logger.info("saved %s (%s, depth %d, base %s: %s): wrote %d of %d bytes in %d chunks, write %.3f s",
-                    directory, kind, info["depth"], info["base"], reason, written_bytes, total_bytes, nchunks,
-                    max(s["seconds"].get("write", 0.0) for s in stats))
-    return SaveResult(path=directory, step=step, bytes_written=written_bytes, nchunks=nchunks,
-                      timings={**slowest(phase_record(stats)), "commit": timer.seconds["commit"]}, strategy=strategy,
-                      kind=kind, incremental={**info, **summary})
-
+# --------------------------------------------------------------------------- pieces and metadata
 
 def hash_pieces(arrays: dict, boxes: dict, variables: dict, dtypes: dict, codecs: dict, block_bytes: int,
                  index: ChainIndex | None) -> list[tuple]:
@@ -526,13 +292,15 @@ def hash_pieces(arrays: dict, boxes: dict, variables: dict, dtypes: dict, codecs
     return out
 
 
-def _commit(directory, name, variables, dtypes, codecs, parts, values, nranks, step, extra, fsync):
-    """Rank 0: assemble the chunk tables, check the referenced versions are still there, commit the metadata."""
+def incremental_metadata(variables: dict, dtypes: dict, codecs: dict, parts: list, values, nranks: int, step,
+                         extra: dict) -> tuple[Metadata, int, int, dict]:
+    """Rank 0, pure: the Metadata of an incremental-capable version from every rank's part (see :func:`assemble`).
+
+    Returns ``(meta, written bytes, chunk count, summary)``; ``summary`` (the
+    written, referenced and deduplicated bytes) is also added to
+    ``extra["incremental"]``.
+    """
     files, tables = assemble(variables, dtypes, codecs, parts)
-    parent = os.path.dirname(os.path.realpath(directory))
-    for ref in {split_reference(f)[0] for f in files if split_reference(f) is not None}:
-        if not os.path.isfile(os.path.join(parent, ref, METADATA_FILE)):
-            raise CheckpointError(f"the base version {ref} was removed during the save")
     written = sum(nbytes for p in parts for _, _, _, nbytes, _, _, _ in p["written"])
     referenced = sum(r[3] for p in parts for r in p["refs"])
     deduplicated = sum(math.prod(d[3]) * dtypes[d[0]].itemsize for p in parts for d in p["dups"])
@@ -547,20 +315,9 @@ def _commit(directory, name, variables, dtypes, codecs, parts, values, nranks, s
                                     codec=(codecs or {}).get(vname, {"id": "none"}))
     meta = Metadata(step=step, files=files, nranks=nranks, created=now_iso(), variables=meta_vars, values=values,
                     extra=extra)
-    commit_version(directory, meta, fsync)
-    nchunks = sum(len(rows) for rows, _ in tables.values())
-    return (written, nchunks, summary), _stamp(directory), ChainIndex.from_metadata(meta, name)
+    return meta, written, sum(len(rows) for rows, _ in tables.values()), summary
 
 
-def checkpointer_base(ckpt, opts):
-    """The options of a Checkpointer's incremental save with ``base`` set to the version it saved or restored last.
-
-    Without one (a fresh Checkpointer), or when that version is gone, the save
-    builds on the newest committed version under the root.
-    """
-    import dataclasses
-
-    base = ckpt.chain_base
-    ok = ckpt.comm.bcast(base is not None and os.path.isfile(os.path.join(base, METADATA_FILE))
-                         if ckpt.comm.Get_rank() == 0 else None, root=0)
-    return dataclasses.replace(opts, base=base) if ok else opts
+def referenced_versions(files: list[str]) -> set[str]:
+    """The sibling versions a version's file list points into."""
+    return {split_reference(f)[0] for f in files if split_reference(f) is not None}

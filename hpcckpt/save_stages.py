@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 
 from .codecs.core import spec_to_json
+from .devices import as_local_array
 from .codecs.pipeline import codec_summary, decide_codecs
 from .encoding import encode_value
 from .names import DATA_DIR
@@ -18,24 +19,37 @@ from .planning import plan_save
 from .state import split_state, summarize_for_save
 
 
-def describe_state(state, rank: int, options: SaveOptions, measure: bool = True) -> dict:
+def describe_state(state, rank: int, nranks: int, options: SaveOptions, measure: bool = False) -> dict:
     """This rank's part of a save, read from ``state`` now; no MPI.
 
     ``summaries``: what it holds, for the planner (with ``measure``, each
     variable's codec summary too, which for ``codec="auto"`` samples the data:
     see :func:`measure_codecs`); ``specs``: each variable's codec spec (JSON);
-    ``arrays``: its buffers; ``values`` (rank 0): the replicated values in their
-    JSON form; ``distributed``: the Block/Ragged objects.
+    ``arrays``: its buffers (host or device arrays, or None); ``values`` (rank
+    0): the replicated values in their JSON form; ``distributed``: the
+    Block/Ragged objects; ``key``: the layout the plan cache compares
+    (save_plan.layout_key).
     """
     distributed, replicated = split_state(state)
     summaries = {name: summarize_for_save(name, value) for name, value in distributed.items()}
-    local = {"summaries": summaries, "distributed": distributed,
-             "specs": {name: spec_to_json(getattr(value, "codec", None)) for name, value in distributed.items()},
-             "arrays": {name: value.local for name, value in distributed.items()},
-             "values": {name: encode_value(v, repr(name)) for name, v in replicated.items()} if rank == 0 else None}
+    specs = {name: spec_to_json(getattr(value, "codec", None)) for name, value in distributed.items()}
+    local = {"summaries": summaries, "distributed": distributed, "specs": specs,
+             "arrays": {name: None if value.local is None else as_local_array(value.local)
+                        for name, value in distributed.items()},
+             "values": {name: encode_value(v, repr(name)) for name, v in replicated.items()} if rank == 0 else None,
+             "key": layout_key(nranks, options, summaries, specs)}
     if measure:
         measure_codecs(local, options)
     return local
+
+
+def layout_key(nranks: int, options: SaveOptions, summaries: dict, specs: dict) -> str:
+    """A rank's layout as a plan cache compares it: rank count, options, names, kinds, dtypes, boxes, codec specs.
+
+    Taken before the codec summaries are measured (they sample the data, which changes every save).
+    """
+    return repr((nranks, options, sorted((n, sorted(s.items())) for n, s in summaries.items()),
+                 sorted(specs.items())))
 
 
 def measure_codecs(local: dict, options: SaveOptions) -> dict:

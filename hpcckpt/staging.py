@@ -113,18 +113,25 @@ class StagingPool:
 
 @dataclass
 class Staged:
-    """One staged array (or piece of one): ``array`` is a C-ordered copy held in ``buffer``.
+    """One staged item (or piece of one): ``array`` is a C-ordered copy held in ``buffer``.
 
-    ``start`` is the global start of ``array`` (the rank's box start plus the
-    piece's local start); ``remaining`` counts the pieces the writer still has
-    to write before ``buffer`` goes back to the pool.
+    ``start`` is the global start of ``array``; ``cut``: whether the writer
+    may cut it into chunks (an incremental block is written whole);
+    ``remaining`` counts the chunks the writer still has to write before
+    ``buffer`` goes back to the pool.
     """
 
     variable: str
     start: tuple
     array: np.ndarray
     buffer: np.ndarray
+    cut: bool = True
     remaining: int = 0
+
+    @property
+    def item(self) -> tuple:
+        """As a selection item ``(variable, global start, array, cut)`` (transform.raw_pieces takes these)."""
+        return self.variable, self.start, self.array, self.cut
 
 
 class SlotQueue:
@@ -146,34 +153,31 @@ class SlotQueue:
             return self._items.popleft()
 
 
-def staged_bytes(arrays: dict) -> int:
-    """Bytes the whole-array staging of ``arrays`` takes in the pool."""
-    return sum(int(a.nbytes) for a in arrays.values() if a is not None)
+def staged_bytes(items) -> int:
+    """Bytes the whole-item staging of ``items`` (selection items) takes in the pool."""
+    return sum(int(arr.nbytes) for _, _, arr, _ in items)
 
 
-def stage(arrays: dict, starts: dict, pool: StagingPool, queue: SlotQueue, piece_bytes: int | None = None
-          ) -> tuple[int, int]:
-    """Copy every local array into pool buffers, handing each to ``queue``; return (bytes, staged items).
+def stage(items, pool: StagingPool, queue: SlotQueue, piece_bytes: int | None = None) -> tuple[int, int]:
+    """Copy every selected item into pool buffers, handing each to ``queue``; return (bytes, staged items).
 
-    ``arrays[name]`` is this rank's array (any layout; numpy, or CuPy: then the
-    copy is a device-to-host copy),
-    ``starts[name]`` the global start of its box.  With ``piece_bytes=None``
-    each array is one copy into a buffer of its size; otherwise each
-    array is copied in pieces of at most ``piece_bytes`` (one buffer each, so
-    the pool can recycle them while the copy goes on).  Ends with
-    ``queue.put(None)``, also after a failure.
+    ``items``: ``(variable, global start, array, cut)`` (selection.Selection);
+    an array may have any layout, numpy or CuPy (then the copy is a
+    device-to-host copy).  With ``piece_bytes=None`` each item is one copy into
+    a buffer of its size; otherwise each ``cut`` item is copied in pieces of at
+    most ``piece_bytes`` (one buffer each, so the pool can recycle them while
+    the copy goes on).  Ends with ``queue.put(None)``, also after a failure.
     """
     total = count = 0
     try:
-        for name, arr in arrays.items():
-            if arr is None or not arr.size:
+        for name, box, arr, cut in items:
+            if not arr.size:
                 continue
-            box = starts[name]
-            if piece_bytes is None:
+            if piece_bytes is None or not cut:
                 buf = pool.acquire(arr.nbytes)
                 dst = buf.view(arr.dtype).reshape(arr.shape)
                 copy_into(dst, arr)
-                queue.put(Staged(name, tuple(box), dst, buf))
+                queue.put(Staged(name, tuple(box), dst, buf, cut))
                 total += arr.nbytes
                 count += 1
                 continue
@@ -189,15 +193,3 @@ def stage(arrays: dict, starts: dict, pool: StagingPool, queue: SlotQueue, piece
     finally:
         queue.put(None)
     return total, count
-
-
-def pieces_of(item: Staged, piece_bytes: int):
-    """(global start, extent, C-contiguous view) of each piece of a staged array (views: no copy)."""
-    arr = item.array
-    if arr.ndim == 0:
-        yield item.start, (), arr
-        return
-    for start, stop in contiguous_pieces(arr.shape, arr.dtype.itemsize, piece_bytes):
-        extent = tuple(b - a for a, b in zip(start, stop))
-        yield (tuple(int(b) + int(s) for b, s in zip(item.start, start)), extent,
-               arr[tuple(slice(a, b) for a, b in zip(start, stop))])

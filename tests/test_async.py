@@ -28,14 +28,19 @@ def _drain(queue):
     return items
 
 
+def _items(arrays, starts):
+    """Selection items (variable, global start, array, cut) of whole arrays."""
+    return [(name, starts[name], arr, True) for name, arr in arrays.items()]
+
+
 def _reassemble(items, pool_piece=None):
-    from hpcckpt.staging import pieces_of
+    from hpcckpt.transform import raw_pieces
 
     got = {}
     for s in items:
-        for start, count, view in pieces_of(s, pool_piece or 1 << 30):
+        for _, start, count, view in raw_pieces([s.item], pool_piece or 1 << 30):
             assert view.flags.c_contiguous
-            got.setdefault(s.variable, []).append((start, view.copy()))
+            got.setdefault(s.variable, []).append((start, view.reshape(count).copy()))
     return got
 
 
@@ -46,7 +51,7 @@ def test_staging_copies_every_layout_whole_with_one_copy_per_array():
     arrays = {"a": a, "f": f, "v": a[:, ::2], "z": np.array(7.5), **small}
     starts = {"a": (10, 0), "f": (0, 0), "v": (0, 0), "z": (), **{k: (0,) for k in small}}
     pool, queue = StagingPool(1 << 20), SlotQueue()
-    nbytes, count = stage(arrays, starts, pool, queue)
+    nbytes, count = stage(_items(arrays, starts), pool, queue)
     items = _drain(queue)
     assert count == len(items) == len(arrays)  # one buffer (one np.copyto) per array
     assert nbytes == sum(x.nbytes for x in arrays.values()) == pool.allocated_bytes
@@ -57,22 +62,22 @@ def test_staging_copies_every_layout_whole_with_one_copy_per_array():
     a[:] = -1  # the staged copies do not follow the caller's arrays
     assert np.array_equal(items[0].array, np.arange(24.0).reshape(4, 6))
     # the writer's pieces of a staged array are views of its buffer, cut at piece_bytes
-    pieces = list(__import__("hpcckpt.staging", fromlist=["pieces_of"]).pieces_of(items[0], 48))
-    assert [p[0] for p in pieces] == [(10, 0), (11, 0), (12, 0), (13, 0)]
-    assert all(np.shares_memory(p[2], items[0].buffer) for p in pieces)
+    pieces = list(__import__("hpcckpt.transform", fromlist=["raw_pieces"]).raw_pieces([items[0].item], 48))
+    assert [p[1] for p in pieces] == [(10, 0), (11, 0), (12, 0), (13, 0)]
+    assert all(np.shares_memory(p[3], items[0].buffer) for p in pieces)
 
 
 def test_staging_in_pieces_and_buffers_are_reused():
     a = np.arange(1000.0)
     pool, queue = StagingPool(1 << 20), SlotQueue()
-    nbytes, count = stage({"a": a}, {"a": (5,)}, pool, queue, piece_bytes=800)
+    nbytes, count = stage(_items({"a": a}, {"a": (5,)}), pool, queue, piece_bytes=800)
     items = _drain(queue)
     assert count == 10 and nbytes == a.nbytes and items[1].start == (105,)
     assert np.array_equal(np.concatenate([i.array for i in items]), a)
     first = [i.buffer for i in items]
     for i in items:
         pool.release(i.buffer)
-    stage({"a": a}, {"a": (5,)}, pool, queue, piece_bytes=800)
+    stage(_items({"a": a}, {"a": (5,)}), pool, queue, piece_bytes=800)
     again = _drain(queue)
     assert {id(i.buffer) for i in again} == {id(b) for b in first}  # warm pool: no new allocation
     assert pool.allocated_bytes == a.nbytes
@@ -241,7 +246,7 @@ def test_layout_change_on_one_rank_is_reconciled_at_the_commit(comm, mpi_tmp):
         for step in (1, 2, 3):
             ck.save({"p": Ragged(rows(step, comm.rank)), "u": _block(comm, a)}, step)
         ck.wait()
-        assert ck.engine._plan_cache.summaries[0]["p"]["rows"] == 40  # everyone adopted the new plan
+        assert ck.engine.plan_cache.variables["p"].shape == (40 + 10 * (comm.size - 1),)  # everyone adopted it
         for step in (1, 2, 3):
             got = ck.restore({"p": Ragged(rows=len(rows(step, comm.rank))), "u": _block(comm, np.zeros(500))},
                              step=step)
@@ -251,6 +256,6 @@ def test_layout_change_on_one_rank_is_reconciled_at_the_commit(comm, mpi_tmp):
         ck.save({"p": Ragged(rows(3, comm.rank)), "u": _block(comm, bad)}, 4)
         with pytest.raises(CheckpointError, match="asynchronous save of step 4"):
             ck.wait()
-        assert ck.engine._plan_cache is None
+        assert not ck.engine.plan_cache.valid
         ck.save({"p": Ragged(rows(3, comm.rank)), "u": _block(comm, a)}, 5)
         assert ck.steps() == [1, 2, 3, 5]

@@ -173,10 +173,10 @@ def _serial_ck(tmp_path, **kw):
 
 def test_intervals_derived_from_given_costs_unless_explicit(tmp_path):
     with _serial_ck(tmp_path, level_costs=(0.2, 20.0), local_failure_fraction=0.9) as ck:
-        assert ck.engine.levels.flush_every == derived_flush(0.2, 20.0, 0.9) == 30
-        assert ck.engine.levels.partner_every == 0  # one node: no partner to copy to
+        assert ck.engine.node.levels.flush_every == derived_flush(0.2, 20.0, 0.9) == 30
+        assert ck.engine.node.levels.partner_every == 0  # one node: no partner to copy to
     with _serial_ck(tmp_path, flush_every=4) as ck:  # explicit: taken as given, nothing derived
-        assert ck.engine.levels.flush_every == 4 and not ck.engine.auto_levels
+        assert ck.engine.node.levels.flush_every == 4 and not ck.engine.node.auto_levels
     with pytest.raises(CheckpointError, match="level_costs"):
         _serial_ck(tmp_path, flush_every=2, level_costs=(1, 2))
 
@@ -192,7 +192,7 @@ def test_intervals_derived_from_measured_costs_after_the_first_flush(tmp_path):
 
     a = np.arange(200_000.0)
     with _serial_ck(tmp_path, asynchronous=True) as ck:
-        eng = ck.engine
+        eng = ck.engine.node
         assert eng.auto_levels and eng.levels.flush_every == 1 and eng.level_costs is None
         ck.save({"u": Block(a)}, 1)
         ck.wait()  # the first checkpoint reaches L4; its costs set the interval
@@ -212,9 +212,9 @@ def test_ls_shows_levels_and_a_flush_in_progress(tmp_path, capsys):
         for step in (1, 2, 3):
             ck.save({"u": Block(a)}, step)
         ck.latest()  # commits step 3: due for a flush (count 2)
-        assert ck.engine.flushing == "step-000000000003"
+        assert ck.engine.node.flushing == "step-000000000003"
         assert (tmp_path / "root" / "flush-in-progress.json").exists()
-        ck.engine.flush.thread.join()
+        ck.engine.node.flush.thread.join()
         main(["ls", str(tmp_path / "root")])
         out = capsys.readouterr().out
         assert "flush to L4 of step-000000000003 in progress" in out

@@ -29,13 +29,19 @@ from ..commit import commit_version
 from ..errors import CheckpointError, TemplateMismatchError
 from ..loading import load_version
 from ..metadata import Metadata, parse
-from ..names import DATA_DIR, METADATA_FILE, PARITY_DIR, parity_file, parse_version_name, rank_file
+from ..names import DATA_DIR, METADATA_FILE, PARITY_DIR, parity_file, parse_version_name, rank_file, \
+    split_reference
 from ..metadata_file import read_metadata_bytes
 from .partner import transfer
 
 
-def inventory(vdir: str) -> dict[str, int]:
-    """Sizes of the data and parity files a node directory holds for one version."""
+def inventory(vdir: str, references=()) -> dict[str, int]:
+    """Sizes of the data and parity files a node directory holds for one version.
+
+    ``references``: files of older versions the version points into
+    (``@VERSION/data/...``, incremental saves), looked up beside it and listed
+    under that name.
+    """
     out = {}
     for sub in (DATA_DIR, PARITY_DIR):
         d = os.path.join(vdir, sub)
@@ -49,6 +55,14 @@ def inventory(vdir: str) -> dict[str, int]:
                     out[f"{sub}/{n}"] = os.stat(os.path.join(d, n)).st_size
                 except OSError:
                     pass
+    for name in references:
+        version, path = split_reference(name)
+        committed = os.path.isfile(os.path.join(os.path.dirname(vdir), version, METADATA_FILE))
+        try:
+            if committed:
+                out[name] = os.stat(os.path.join(os.path.dirname(vdir), version, path)).st_size
+        except OSError:
+            pass
     return out
 
 
@@ -73,9 +87,15 @@ def plan_rebuild(meta: Metadata, inv: list[dict[str, int]], size: int):
     owners = {rank_file(o): o for o in range(size)}
     moves, lost = [], []
     for name, end in sorted(ends.items()):
-        o = owners.get(name)
+        ref = split_reference(name)
+        o = owners.get(ref[1] if ref is not None else name)
         if o is None:
             return None, f"{name} is not a file-per-rank file of this layout"
+        if ref is not None:  # an older version's file: used where it is, never moved or rebuilt
+            if inv[o].get(name, -1) < end:
+                return None, (f"{name} (an older version's data this incremental version uses) is not on rank "
+                              f"{o}'s node: node-local rebuilds cover a version's own files only")
+            continue
         n = max(end, int(sizes[o]))
         if inv[o].get(name) == n:
             continue
@@ -120,9 +140,9 @@ def _order(name: str):
 
 def restore_levels(engine, state, step, strict):
     comm, rank = engine.comm, engine.rank
-    ckpt = engine.ckpt
-    local_sets = [set(ns) for ns in allgather_checked(comm, f"listing {engine.node_dir!r}", lambda: [
-        e.name for e in list_versions(engine.node_dir) if e.committed])]
+    ckpt, node = engine.ckpt, engine.node
+    local_sets = [set(ns) for ns in allgather_checked(comm, f"listing {node.node_dir!r}", lambda: [
+        e.name for e in list_versions(node.node_dir) if e.committed])]
     local_any = set().union(*local_sets)
     root_names = bcast_checked(comm, f"listing {ckpt.root!r}", lambda: [
         e.name for e in list_versions(ckpt.root) if e.committed])
@@ -130,16 +150,16 @@ def restore_levels(engine, state, step, strict):
     if step is not None:
         names = [n for n in names if _order(n)[0] == step]
         if not names:
-            raise CheckpointError(f"no committed version of step {step} under {ckpt.root!r} or {engine.levels.local_dir!r}")
+            raise CheckpointError(f"no committed version of step {step} under {ckpt.root!r} or {node.levels.local_dir!r}")
     if not names:
-        raise CheckpointError(f"no committed checkpoint under {ckpt.root!r} or {engine.levels.local_dir!r}")
+        raise CheckpointError(f"no committed checkpoint under {ckpt.root!r} or {node.levels.local_dir!r}")
     reasons = []
     for name in names:
         if name in local_any:
             out, level, why = _try_local(engine, state, name, local_sets, strict)
             if why is None:
                 _report(rank, name, level, reasons)
-                ckpt.last_restored = os.path.join(engine.node_dir, name)
+                ckpt.last_restored = ckpt.chain_base = node.path(name)
                 engine.restored_level = level
                 return out
             reasons.append(f"{name} cannot be restored from the node-local levels: {why}")
@@ -153,7 +173,7 @@ def restore_levels(engine, state, step, strict):
                 reasons.append(f"{name} on the shared root cannot be read: {exc}")
                 continue
             _report(rank, name, "L4", reasons)
-            ckpt.last_restored = path
+            ckpt.last_restored = ckpt.chain_base = path
             engine.restored_level = "L4"
             return out
     raise CheckpointError("no restorable checkpoint: " + "; ".join(reasons))
@@ -173,7 +193,7 @@ def _try_local(engine, state, name: str, local_sets, strict):
 
     comm, rank = engine.comm, engine.rank
     what = f"restore of {name} from the node-local levels"
-    vdir = os.path.join(engine.node_dir, name)
+    vdir = engine.node.path(name)
     src = next(r for r, s in enumerate(local_sets) if name in s)
 
     try:
@@ -181,7 +201,7 @@ def _try_local(engine, state, name: str, local_sets, strict):
         meta = agree(comm, what, lambda: parse(raw, source=os.path.join(vdir, METADATA_FILE)))
     except CheckpointError as exc:
         return None, None, str(exc)
-    inv = comm.allgather(inventory(vdir))
+    inv = comm.allgather(inventory(vdir, [f for f in meta.files if split_reference(f) is not None]))
     plan, why = plan_rebuild(meta, inv, comm.Get_size())
     if why is not None:
         return None, None, why
@@ -205,7 +225,7 @@ def _try_local(engine, state, name: str, local_sets, strict):
             finally:
                 if gcomm != MPI.COMM_NULL:
                     gcomm.Free()
-        agree(comm, what, lambda: engine.leader and name not in local_sets[rank] and (
+        agree(comm, what, lambda: engine.node.leader and name not in local_sets[rank] and (
             os.makedirs(vdir, exist_ok=True), commit_version(vdir, raw)))
         out = load_version(state, vdir, comm, strict=strict, expect_step=_order(name)[0])
     except TemplateMismatchError:

@@ -43,6 +43,18 @@ class SequentialFile:
                 os.close(fd)
 
 
+def store_piece(target: SequentialFile, piece, out: Written) -> None:
+    """Append one Piece to ``target`` and record its row in ``out``; a piece without a checksum is checksummed
+    while it is written (one pass over the bytes, not two)."""
+    if piece.checksum is None:
+        hasher = new_hasher()
+        offset = target.append(piece.payload, hasher)
+        piece.checksum = hexdigest(hasher)
+    else:
+        offset = target.append(piece.payload)
+    out.add(piece.header(), target.name, offset)
+
+
 def write_file_per_rank(ctx: TransportContext, pieces) -> Written:
     """Write this rank's pieces into ``data/part-<rank>.bin``, one wave of ``max_writers`` at a time.
 
@@ -54,11 +66,7 @@ def write_file_per_rank(ctx: TransportContext, pieces) -> Written:
     with write_turn(ctx.comm, list(range(ctx.comm.Get_size())), ctx.max_writers):
         try:
             for piece in pieces:
-                hasher = new_hasher() if piece.checksum is None else None
-                offset = target.append(piece.payload, hasher)
-                if hasher is not None:  # checksummed while written: one pass over the bytes, not two
-                    piece.checksum = hexdigest(hasher)
-                out.add(piece.header(), target.name, offset)
+                store_piece(target, piece, out)
         finally:
             target.close()
     return out

@@ -75,10 +75,10 @@ def flushkill(root, local, opts):
     a[:] = values(2, rank)
     ck.save({"u": Block(a, (rank * N,), (size * N,)), "step": 2}, 2)
     ck.latest()  # commits step 2 on L1 and starts its (throttled) flush
-    assert ck.engine.flushing is not None
+    assert ck.engine.node.flushing is not None
     time.sleep(0.3)
     comm.Barrier()
-    print(f"rank {rank}: OK killing during the flush of {ck.engine.flushing}", flush=True)
+    print(f"rank {rank}: OK killing during the flush of {ck.engine.node.flushing}", flush=True)
     os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -105,7 +105,7 @@ def failwrite(root, local, opts):
     if rank == 1:
         file_per_rank.SequentialFile.append = original
     assert ck.latest() is None, "the failed version was committed"
-    for d in (os.path.join(root, "step-000000000001"), os.path.join(ck.engine.node_dir, "step-000000000001")):
+    for d in (os.path.join(root, "step-000000000001"), os.path.join(ck.engine.node.node_dir, "step-000000000001")):
         assert not os.path.exists(os.path.join(d, "metadata.json")), d
     a[:] = values(2, rank)  # the next save works
     ck.save({"u": Block(a, (rank * N,), (size * N,)), "step": 2}, 2)
@@ -122,7 +122,7 @@ def failclose(root, local, opts):
     a[:] = values(1, rank)
     ck.save({"u": Block(a, (rank * N,), (size * N,)), "step": 1}, 1)
     ck.latest()  # commits step 1 on L1 and starts its (throttled) flush
-    assert ck.engine.flushing == "step-000000000001"
+    assert ck.engine.node.flushing == "step-000000000001"
 
     def full(self, buffer):
         raise OSError(28, "No space left on device (injected)")

@@ -1,0 +1,234 @@
+"""The save pipeline: every kind of save runs these stages, in this order, through one module each.
+
+::
+
+    describe   save_stages.describe_state      this rank's summaries, arrays, values (no MPI)
+    plan       save_plan                        agreed before writing (one allgather on a cache hit),
+                                                or checked at the commit (asynchronous full saves: no MPI)
+    select     selection                        full: every array; incremental: the changed blocks
+                                                (one allgather: the policy and deduplication)
+    stage      zero-copy (blocking) | staging.stage into the pool (asynchronous; device -> host for CuPy)
+    transform  transform                        cut into chunks -> codec -> checksum
+    transport  transport.TRANSPORTS (blocking) | background.BackgroundWrite (asynchronous, file-per-rank)
+    commit     commit_on_root + commit.commit_version   (every rank's rows gathered to rank 0)
+
+:func:`save_version` is the blocking save (``hpcckpt.save`` and a
+Checkpointer without engine); the asynchronous / multi-level engine
+(asynchronous.py) runs the same stages with the transport on its background
+writer and the commit at its next call, and adds the levels as destinations
+of the commit.  A failure on any rank, in any stage, is the same
+CheckpointError on every rank, and the new version's directory is removed.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+
+from . import chain_cache
+from .codecs.pipeline import EncodedPieces
+from .collective import attempt, bcast_checked, root_phase
+from .commit import commit_version, metadata_from_rows
+from .encoding import dtype_from_json
+from .errors import CheckpointError
+from .incremental import incremental_metadata, referenced_versions
+from .log import logger
+from .monitor import PhaseTimer
+from .names import METADATA_FILE
+from .options import SaveOptions, SaveResult
+from .save_plan import PlanCache, agree_plan
+from .save_stages import create_version_directory, describe_state
+from .selection import Selection, select_changed, select_full
+from .stats import phase_record, slowest, straggler
+from .transform import encoded_pieces, raw_pieces
+from .transport import TRANSPORTS, TransportContext, io_history
+from .transport.auto import choose_strategy
+from .transport.topology import node_layout, ranks_per_node_setting
+
+
+def describe(state, comm, options: SaveOptions) -> dict:
+    """The describe stage on this rank (no MPI); a bad HPCCKPT_RANKS_PER_NODE fails here, on every rank alike."""
+    local = describe_state(state, comm.Get_rank(), comm.Get_size(), options)
+    ranks_per_node_setting(options.ranks_per_node)
+    return local
+
+
+def is_incremental(options: SaveOptions) -> bool:
+    return options.incremental or options.base is not None
+
+
+def select(comm, what: str, local: dict, cache: PlanCache, options: SaveOptions, index, starts=None,
+           per_rank_files: bool = False) -> Selection:
+    """The select stage: every array (full saves; ``starts`` default to the cached boxes) or the changed blocks."""
+    if is_incremental(options):
+        return select_changed(comm, what, local["arrays"], cache.boxes, cache.variables, cache.codecs, options,
+                              index, per_rank_files)
+    return select_full(local["arrays"], starts if starts is not None else {n: b[0] for n, b in cache.boxes.items()})
+
+
+def save_version(state, directory, comm, options: SaveOptions, step: int | None = None, extra: dict | None = None,
+                 io_root: str | None = None, cache: PlanCache | None = None, chain_base: str | None = None
+                 ) -> SaveResult:
+    """Collectively write ``state`` into a new version directory and commit it (a blocking save).
+
+    ``directory``: the path, or a callable that rank 0 runs to choose it (a
+    Checkpointer clears leftovers and names the version there, inside the
+    plan stage's allgather).  ``io_root``: where bandwidth measurements for
+    ``strategy="auto"`` are kept and, for an incremental save, where the
+    newest version is looked up as its base (a Checkpointer's root).
+    ``cache``: a PlanCache kept across saves; a repeated save of an unchanged
+    layout then makes three collectives with the file-per-rank transport: the
+    allgather of the plan stage, and the gather + broadcast of the commit (an
+    incremental save adds the allgather of its select stage).
+    ``chain_base``: the version an incremental save builds on when it still
+    exists (a Checkpointer's last saved or restored one).
+    """
+    rank, size = comm.Get_rank(), comm.Get_size()
+    timer = PhaseTimer()
+    cache = cache if cache is not None else PlanCache()
+    incremental = is_incremental(options)
+    name_of = lambda root: f"save of {root[0]!r}" if root else "save of a new version"  # noqa: E731
+    with timer.phase("plan"):
+        local, failure = attempt(lambda: describe(state, comm, options))
+        root_part = None
+        if rank == 0 and failure is None:
+            root_part, failure = attempt(lambda: _start_on_root(directory, size, options, cache, local, io_root,
+                                                                chain_base))
+        try:
+            root, held, hit = agree_plan(comm, name_of, local, failure, options, cache, root_part,
+                                         chain_cache.held() if incremental else None)
+        except CheckpointError:
+            if rank == 0 and root_part:
+                shutil.rmtree(root_part[0], ignore_errors=True)
+            raise
+    path, strategy, base_key = root
+    what = name_of(root)
+    try:
+        with timer.phase("plan"):
+            ctx, strategy = _transport(comm, what, path, options, cache, io_root, strategy if hit else None)
+            index = chain_cache.base_index(comm, what, base_key, held) if incremental else None
+        with timer.phase("hash" if incremental else "plan"):
+            selection = select(comm, what, local, cache, options, index)
+        transport = TRANSPORTS[strategy]
+        with timer.phase("write"):
+            encoder = EncodedPieces.for_save(cache.codecs, local["summaries"], options.codec_threads)
+            pieces = encoded_pieces(raw_pieces(selection.items, options.chunk_bytes), encoder, timer,
+                                    checksum_here=not transport.hashes_while_writing, digests=selection.digests)
+            written, failure = attempt(lambda: transport.write(ctx, pieces))
+        stats = {"seconds": dict(timer.seconds), "timeline": list(timer.timeline),
+                 "bytes": written.nbytes if written is not None else 0}
+        with timer.phase("commit"):
+            def on_root(msgs):
+                record = phase_record([m[0] for m in msgs])
+                done = commit_on_root(path, cache.variables, cache.codecs, [m[1] for m in msgs], local["values"],
+                                      size, step, {**(extra or {}), "strategy": strategy, "stats": record},
+                                      options.fsync, selection.info)
+                return done.small() + (slowest(record), str(straggler(record)))  # small: broadcast to every rank
+
+            mine = (stats, selection.commit_part(written.rows) if written is not None else None)
+            nbytes, nchunks, summary, chain, phases, straggler_text = root_phase(comm, what, failure, mine, on_root)
+    except CheckpointError:
+        cache.invalidate()
+        if rank == 0:  # the directory is new (rank 0 created it): drop the partial version
+            shutil.rmtree(path, ignore_errors=True)
+        raise
+    if chain is not None:
+        chain_cache.remember(*chain)
+    if rank == 0:
+        write_seconds = phases.get("write", 0.0)
+        io_history.record(io_root, strategy, size, nbytes, write_seconds)
+        logger.info("saved %s (%s): %d bytes in %d chunks, %s, write %.3f s (%.2f GB/s); %s", path,
+                    selection.kind, nbytes, nchunks, strategy, write_seconds,
+                    nbytes / max(write_seconds, 1e-9) / 1e9, straggler_text)
+    return SaveResult(path=path, step=step, bytes_written=nbytes, nchunks=nchunks,
+                      timings={**phases, "commit": timer.seconds["commit"]}, strategy=strategy, kind=selection.kind,
+                      incremental=None if selection.info is None else {**selection.info, **summary})
+
+
+def _start_on_root(directory, nranks: int, options: SaveOptions, cache: PlanCache, local: dict, io_root, chain_base) -> tuple:
+    """Rank 0's part of the plan stage: ``(version directory, strategy or None, base key or None)``.
+
+    Creates the directory (choosing it first when ``directory`` is a callable),
+    decides the strategy when its own layout is unchanged (a cache hit needs no
+    other collective for it) and, for an incremental save, resolves the base.
+    """
+    path = directory() if callable(directory) else directory
+    base = None
+    if is_incremental(options):
+        chosen = options.base
+        if chosen is None and chain_base is not None and os.path.isfile(os.path.join(chain_base, METADATA_FILE)):
+            chosen = chain_base
+        base = chain_cache.resolve_base(path, chosen, io_root)
+    strategy = _auto(nranks, options, cache, io_root) if local["key"] == cache.key else None
+    create_version_directory(path)  # last: nothing to clean up when the checks above fail
+    return path, strategy, base
+
+
+def _auto(nranks: int, options: SaveOptions, cache: PlanCache, io_root: str | None) -> str:
+    """Rank 0: the strategy of a save whose plan is cached (auto decided from the recorded bandwidths)."""
+    if options.strategy != "auto":
+        return options.strategy
+    return choose_strategy(nranks, cache.total_bytes / nranks, cache.layout.max_ranks_per_node,
+                           io_history.read(io_root))
+
+
+def _transport(comm, what: str, directory: str, options: SaveOptions, cache: PlanCache, io_root: str | None,
+               strategy: str | None):
+    """The transport context and strategy; after a new plan, the node layout and ``auto`` resolved (collective)."""
+    if strategy is None:
+        needs_layout = options.strategy == "auto" or TRANSPORTS[options.strategy].needs_node_layout
+        cache.layout = node_layout(comm, options.ranks_per_node) if needs_layout else None
+        strategy = options.strategy
+        if strategy == "auto":
+            history = bcast_checked(comm, what, lambda: io_history.read(io_root))
+            strategy = choose_strategy(comm.Get_size(), cache.total_bytes / comm.Get_size(),
+                                       cache.layout.max_ranks_per_node, history)
+    ctx = TransportContext(comm=comm, directory=directory, layout=cache.layout, max_writers=options.max_writers,
+                           aggregators=options.aggregators, aggregator_buffer=options.aggregator_buffer,
+                           mpiio_hints=options.mpiio_hints, fsync=options.fsync)
+    return ctx, strategy
+
+
+@dataclass
+class Committed:
+    """Rank 0's account of a commit: the metadata bytes, the stored bytes and chunks, the incremental figures
+    (None for a plain full save), ``chain`` (the new version's index key and index, for the next save) and
+    the sibling versions it points into."""
+
+    raw: bytes
+    nbytes: int
+    nchunks: int
+    summary: dict | None
+    chain: tuple | None
+    references: frozenset = frozenset()
+
+    def small(self) -> tuple:
+        """What every rank needs of it (the metadata bytes stay on rank 0)."""
+        return self.nbytes, self.nchunks, self.summary, self.chain
+
+
+def commit_on_root(directory: str, variables: dict, codecs: dict, parts: list, values, nranks: int, step,
+                   extra: dict, fsync: bool, info: dict | None) -> Committed:
+    """Rank 0, the commit stage: the version's Metadata from every rank's part, committed at ``directory``.
+
+    ``parts``: each rank's :meth:`Selection.commit_part`; ``info``: the
+    incremental policy's outcome (None for a plain full save).  An
+    incremental version whose base disappeared during the save is refused.
+    """
+    references = frozenset()
+    if info is None:
+        meta, nbytes, nchunks = metadata_from_rows(variables, parts, codecs, values, nranks, step, extra)
+        summary = None
+    else:
+        dtypes = {n: dtype_from_json(v.dtype) for n, v in variables.items()}
+        meta, nbytes, nchunks, summary = incremental_metadata(variables, dtypes, codecs, parts, values, nranks,
+                                                              step, {**extra, "incremental": dict(info)})
+        parent = os.path.dirname(os.path.realpath(directory))
+        references = frozenset(referenced_versions(meta.files))
+        for ref in references:
+            if not os.path.isfile(os.path.join(parent, ref, METADATA_FILE)):
+                raise CheckpointError(f"the base version {ref} was removed during the save")
+    raw = commit_version(directory, meta, fsync)
+    return Committed(raw, nbytes, nchunks, summary, chain_cache.committed(directory, meta) if info else None,
+                     references)

@@ -1,0 +1,117 @@
+"""The select stage of every save: which of this rank's data is written, and what is pointed at instead.
+
+A full save writes every array whole (the transform stage cuts it into
+chunks).  An incremental save cuts each variable along the global block grid,
+hashes every block and writes only the blocks whose content the chain does not
+hold yet; the rules are incremental.py's (pure), this module runs them across
+the ranks: one allgather of the changed and total bytes (the full/incremental
+policy) and of the new blocks' keys (deduplication within the version).
+
+Both give a :class:`Selection`: the items to write, ``(variable, global
+start, array, cut)``, plus, for an incremental-capable save, the rows that
+point into older versions and the content hashes the commit records.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from . import blockhash
+from .checksum import checksum_from_xxh3_128
+from .collective import attempt, raise_if_failed
+from .encoding import dtype_from_json
+from .incremental import HASH_ALGORITHM, ChainIndex, choose_kind, duplicates, hash_pieces
+from .names import rank_file
+from .options import SaveOptions
+
+
+@dataclass
+class Selection:
+    """What this rank writes in one save.
+
+    ``items``: ``(variable, global start, array, cut)``; ``info``: the
+    version's ``extra.incremental`` (None for a plain full save, which records
+    no hashes); ``hashes``: ``{(variable, start): content hash}`` of the items;
+    ``refs``: rows into older versions; ``dups``: blocks identical to one
+    written in this version; ``digests``: checksums known from the content
+    hash (uncompressed host blocks), by ``(variable, start)``.
+    """
+
+    items: list
+    info: dict | None = None
+    hashes: dict = field(default_factory=dict)
+    refs: list = field(default_factory=list)
+    dups: list = field(default_factory=list)
+    digests: dict = field(default_factory=dict)
+
+    @property
+    def kind(self) -> str:
+        return "full" if self.info is None else self.info["kind"]
+
+    def commit_part(self, rows: list):
+        """What this rank sends to the commit with its written ``rows``."""
+        if self.info is None:
+            return rows
+        return {"written": rows, "hashes": self.hashes, "refs": self.refs, "dups": self.dups}
+
+    def with_items(self, items: list) -> "Selection":
+        """The same selection over other arrays (the staged copies of these items)."""
+        return Selection(items, self.info, self.hashes, self.refs, self.dups, self.digests)
+
+
+def select_full(arrays: dict, starts: dict) -> Selection:
+    """Every non-empty array of this rank, whole, at its box start (no MPI)."""
+    return Selection([(name, tuple(starts[name]), arr, True) for name, arr in sorted(arrays.items())
+                      if arr is not None and arr.size])
+
+
+def select_changed(comm, what: str, arrays: dict, boxes: dict, variables: dict, codecs: dict,
+                   options: SaveOptions, index: ChainIndex | None, per_rank_files: bool = False) -> Selection:
+    """Collective: the blocks of this rank that the chain does not hold, and what the others point at.
+
+    One allgather (every rank's changed and total bytes, and the keys of its
+    new blocks for deduplication), plus one more when the policy turns a
+    version with reusable blocks into a full one.  ``per_rank_files``
+    (multi-level saves): a rank reuses only blocks of its own rank file and
+    nothing is deduplicated across ranks, so every block a rank reads back on
+    its node is on that node.
+    """
+    rank = comm.Get_rank()
+    if per_rank_files and index is not None:
+        index = index.restricted(rank_file(rank))
+    dedup = options.dedup and not per_rank_files
+    dtypes = {n: dtype_from_json(v.dtype) for n, v in variables.items()}
+    entries, failure = attempt(lambda: hash_pieces(arrays, boxes, variables, dtypes, codecs, options.block_bytes,
+                                                   index))
+    entries = entries or []
+    new_keys = [e[4] for e in entries if e[6] is None] if dedup else None
+    mine = (sum(e[5] for e in entries), sum(e[5] for e in entries if e[6] is None), new_keys,
+            sum(1 for e in entries if e[6] is not None))
+    everyone = comm.allgather((failure, None if failure else mine))
+    raise_if_failed(comm, what, [f for f, _ in everyone])
+    everyone = [m for _, m in everyone]
+    total_bytes = sum(m[0] for m in everyone)
+    changed_bytes = sum(m[1] for m in everyone)
+    kind, reason = choose_kind(index.depth if index is not None and len(index) else None, changed_bytes,
+                               total_bytes, options.max_chain, options.full_threshold)
+    keys_per_rank = [m[2] for m in everyone] if dedup else None
+    if kind == "full":
+        if dedup and any(m[3] for m in everyone):  # reusable blocks are written after all
+            keys_per_rank = comm.allgather([e[4] for e in entries])
+        entries = [e[:6] + (None,) for e in entries]
+    new = [e for e in entries if e[6] is None]
+    dup = duplicates(keys_per_rank, rank) if dedup else [False] * len(new)
+    to_write = [e for e, d in zip(new, dup) if not d]
+    info = {"kind": kind, "base": index.name if kind == "incremental" else None,
+            "depth": index.depth + 1 if kind == "incremental" else 0, "reason": reason,
+            "hash": HASH_ALGORITHM, "block_bytes": options.block_bytes, "total_bytes": total_bytes,
+            "changed_bytes": changed_bytes}
+    digests = {}
+    for e in to_write:
+        content, _, ck = e[4]
+        if ck == "none" and not content.startswith(f"{blockhash.NAME}:"):  # raw bytes hashed with xxh3_128
+            digests[(e[0], tuple(e[1]))] = checksum_from_xxh3_128(content, e[5])
+    return Selection(items=[(e[0], tuple(e[1]), e[3], False) for e in to_write], info=info,
+                     hashes={(e[0], tuple(e[1])): e[4][0] for e in to_write},
+                     refs=[(e[0], *e[6], e[1], e[2], e[4][0]) for e in entries if e[6] is not None],
+                     dups=[(e[0], e[4], e[1], e[2], e[4][0]) for e, d in zip(new, dup) if d], digests=digests)
