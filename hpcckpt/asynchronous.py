@@ -289,6 +289,7 @@ class Engine:
         p, self.pending = self.pending, None
         if p is None:
             return None
+        t0 = time.perf_counter()
         comm = self.comm
         what = f"asynchronous save of step {p.step} ({p.name})" if self.asynchronous else \
             f"save of step {p.step} ({p.name})"
@@ -341,7 +342,9 @@ class Engine:
         self._names.add(p.name)
         info = p.selection.info
         result = SaveResult(path=self._path(p.name), step=p.step, bytes_written=nbytes, nchunks=nchunks,
-                            timings={**timer.seconds, **phases}, kind=p.selection.kind,
+                            timings={**phases, **({"levels": timer.seconds["levels"]} if "levels" in timer.seconds
+                                                  else {}), "commit": time.perf_counter() - t0},
+                            kind=p.selection.kind,
                             levels=self.node.reached(p.due) if self.node is not None else ("root",),
                             incremental=None if info is None else {**info, **summary})
         self.last_result = result

@@ -148,3 +148,61 @@ def test_kill_random_rank_after_random_delay(tmp_path, seed):
     print(f"{nranks} ranks, rank {victim} killed: saved {saved[-3:]}, latest {latest}, "
           f"partial {[e.name for e in list_versions(root) if not e.committed]}")
     restart(root, rng.choice([1, 2, 3, 4]), latest)
+
+
+#: The combination of issue 18: asynchronous incremental saves onto node-local levels (partner copies, flushes).
+COMBINED = {"asynchronous": True, "incremental": True, "block_bytes": 4096, "local_dir": True}
+
+
+def _committed_everywhere(tmp_path) -> dict[str, list[int]]:
+    """Every committed version on the root and on each node directory: checked exact for its step."""
+    where = {"root": str(tmp_path / "root")}
+    local = tmp_path / "local"
+    if local.exists():
+        where.update({d: str(local / d) for d in sorted(os.listdir(local))})
+    found = {}
+    for label, directory in where.items():
+        steps = []
+        for e in current(list_versions(directory)):
+            if label != "root":
+                continue  # a node directory holds only its own ranks' files: checked through the restore below
+            with hpcckpt.open(e.path) as view:
+                assert view.verify() == [], (e.path, view.verify())
+                assert view.values["step"] == e.step
+                assert np.array_equal(view.read("u"), global_data(e.step)), e.path
+            steps.append(e.step)
+        found[label] = steps if label == "root" else [e.step for e in current(list_versions(directory))]
+    return found
+
+
+@pytest.mark.parametrize("seed", [BASE + k for k in range(4)])
+def test_kill_asynchronous_incremental_multilevel_saves(tmp_path, seed):
+    """SIGKILL during asynchronous incremental saves on node-local levels; every level stays exact after it."""
+    import json
+
+    rng = random.Random(2000 + seed)
+    nranks = rng.choice([2, 4])
+    victim = rng.randrange(nranks)
+    kill_at = rng.randint(5, 80)
+    root = str(tmp_path / "root")
+    env = dict(_env(0), HPCCKPT_TEST_OPTIONS=json.dumps(COMBINED))
+    cmd = [mpiexec_path(), "-n", str(nranks), sys.executable, SCRIPT, root, "save", 8, victim, kill_at]
+    proc = _run_until_killed(list(map(str, cmd)), env, timeout=120)
+    saved = saved_steps(proc.stdout)
+    found = _committed_everywhere(tmp_path)
+    newest = max((s for steps in found.values() for s in steps), default=None)
+    if len(saved) > 1:  # a later save returned: the one before it was committed (each save commits the previous)
+        assert newest is not None and newest >= saved[-1] - 1, (saved, found)
+    print(f"{nranks} ranks, rank {victim} killed at call {kill_at}: exit {proc.returncode}, saved {saved}, "
+          f"committed {found}")
+    for restart_ranks in (nranks, rng.choice([1, 3])):
+        proc = run_mpi(restart_ranks, SCRIPT, root, "restore", 1, timeout=120, env={
+            "HPCCKPT_TEST_OPTIONS": json.dumps(COMBINED), "HPCCKPT_RANKS_PER_NODE": "2"})
+        restored = proc.stdout.split("RESTORED ")[1].split()[0]
+        restored = None if restored == "None" else int(restored)
+        if restart_ranks == nranks:  # the same rank count restores the newest version from the node-local levels
+            assert restored == newest, (restored, found)
+        else:  # another count reads what its ranks find: never older than the newest version on the root
+            assert restored is not None and max(found["root"], default=-1) <= restored <= newest, (restored, found)
+        found = _committed_everywhere(tmp_path)
+        newest = max(s for steps in found.values() for s in steps)
