@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 
 from .collective import agree, on_root, resolve_comm
 from .errors import CheckpointError
@@ -12,29 +11,34 @@ from .names import DATA_DIR, METADATA_FILE
 from .view import CheckpointView
 from .options import SaveOptions, SaveResult
 from .save_pipeline import save_version
+from .storage import POSIX, Storage
 
 
-def save(state, path, comm=None, *, step: int | None = None, overwrite: bool = False, **options) -> SaveResult:
+def save(state, path, comm=None, *, step: int | None = None, overwrite: bool = False, storage: Storage = POSIX,
+         **options) -> SaveResult:
     """Collectively write ``state`` as one complete, committed checkpoint directory at ``path``.
 
     ``overwrite=True`` replaces an existing checkpoint there (it is deleted
     before the new one is written; use a Checkpointer to keep the old one until
-    the new one is committed).  Other options: see SaveOptions.
+    the new one is committed).  ``storage``: where the checkpoint lives
+    (hpcckpt.storage: POSIX directories by default; a MemoryStorage holds it
+    in this process).  Other options: see SaveOptions.
     """
     comm = resolve_comm(comm)
     path = os.fspath(path)
     opts = SaveOptions.from_kwargs(**options)
-    agree(comm, f"save of {path!r}", lambda: on_root(comm, lambda: _clear_target(path, overwrite)))
-    return save_version(state, path, comm, opts, step=step)
+    agree(comm, f"save of {path!r}", lambda: on_root(comm, lambda: _clear_target(path, overwrite, storage)))
+    return save_version(state, path, comm, opts, step=step, storage=storage)
 
 
-def _clear_target(path: str, overwrite: bool) -> None:
+def _clear_target(path: str, overwrite: bool, storage: Storage) -> None:
     """Make ``path`` absent: remove an interrupted save, or an old checkpoint with overwrite; never user files."""
-    if not os.path.lexists(path):
+    if not storage.exists(path):
         return
-    if not os.path.isdir(path):
-        raise CheckpointError(f"{path!r} exists and is not a directory")
-    entries = set(os.listdir(path))
+    try:
+        entries = set(storage.listdir(path))
+    except (NotADirectoryError, FileNotFoundError):  # a file, or a link to nothing
+        raise CheckpointError(f"{path!r} exists and is not a directory") from None
     committed = METADATA_FILE in entries
     if committed and not overwrite:
         raise CheckpointError(f"{path!r} already holds a checkpoint; pass overwrite=True to replace it")
@@ -42,11 +46,11 @@ def _clear_target(path: str, overwrite: bool) -> None:
     if foreign:
         raise CheckpointError(f"{path!r} exists and holds files that are not hpcckpt's ({sorted(foreign)[:3]})")
     if committed:
-        os.remove(os.path.join(path, METADATA_FILE))  # uncommit first: a crash now leaves a partial, not a mix
-    shutil.rmtree(path)
+        storage.remove(os.path.join(path, METADATA_FILE))  # uncommit first: a crash now leaves a partial, not a mix
+    storage.remove(path)
 
 
-def load(state, path, comm=None, *, strict: bool = True) -> dict:
+def load(state, path, comm=None, *, strict: bool = True, storage: Storage = POSIX) -> dict:
     """Collectively fill the Blocks of ``state`` in place from the checkpoint at ``path``.
 
     Works whatever decomposition and number of ranks the data was saved with.
@@ -56,13 +60,13 @@ def load(state, path, comm=None, *, strict: bool = True) -> dict:
     attributes of the same names (docs/hdf5.md).
     """
     path = os.fspath(path)
-    if os.path.isfile(path):  # checkpoints are directories: a file is HDF5 input produced elsewhere
+    if storage is POSIX and os.path.isfile(path):  # checkpoints are directories: a file is HDF5 from elsewhere
         from .hdf5 import load_hdf5
 
         return load_hdf5(state, path, resolve_comm(comm), strict=strict)
-    return load_version(state, path, resolve_comm(comm), strict=strict)
+    return load_version(state, path, resolve_comm(comm), strict=strict, storage=storage)
 
 
-def open(path) -> CheckpointView:  # noqa: A001 - the public name the issue asks for
+def open(path, storage: Storage = POSIX) -> CheckpointView:  # noqa: A001 - the public name the issue asks for
     """A read-only view of the checkpoint at ``path`` for one plain Python process (no MPI needed)."""
-    return CheckpointView(path)
+    return CheckpointView(path, storage)

@@ -16,7 +16,7 @@ import os
 
 from .metadata import ChunkTable, Metadata, Variable
 from .names import DATA_DIR, METADATA_FILE
-from .storage.posix import atomic_write, fsync_path
+from .storage import POSIX, Storage
 
 
 def now_iso() -> str:
@@ -57,7 +57,7 @@ def metadata_from_rows(variables: dict, tables: list, codecs: dict | None, value
     return meta, total, nchunks
 
 
-def commit_version(directory: str, meta: Metadata | bytes, fsync: bool = True) -> bytes:
+def commit_version(directory: str, meta: Metadata | bytes, fsync: bool = True, storage: Storage = POSIX) -> bytes:
     """Make the version at ``directory`` visible with ``meta`` (a Metadata, or its committed bytes); those bytes.
 
     Order: ``data/`` fsynced (its new entries are durable), ``metadata.json``
@@ -66,9 +66,9 @@ def commit_version(directory: str, meta: Metadata | bytes, fsync: bool = True) -
     """
     raw = meta if isinstance(meta, (bytes, bytearray)) else meta.to_json_bytes()
     data = os.path.join(directory, DATA_DIR)
-    if fsync and os.path.isdir(data):
-        fsync_path(data)
-    atomic_write(os.path.join(directory, METADATA_FILE), bytes(raw), fsync=fsync)
+    if fsync and storage.exists(data):
+        storage.sync_directory(data)
+    storage.atomic_write(os.path.join(directory, METADATA_FILE), bytes(raw), fsync=fsync)
     if fsync:
-        fsync_path(os.path.dirname(os.path.abspath(directory)))
+        storage.sync_directory(os.path.dirname(os.path.abspath(directory)))
     return bytes(raw)

@@ -26,19 +26,22 @@ from .metadata_file import read_metadata
 from .reader import ChunkReader, allocate
 from .regions import tiling_problem
 from .state import Block, Ragged, block_box, split_state
+from .storage import POSIX, Storage
 
 
 def load_version(state, directory: str, comm, strict: bool = True, timer: PhaseTimer | None = None,
-                 expect_step: int | None = None) -> dict:
+                 expect_step: int | None = None, storage: Storage = POSIX) -> dict:
     """Fill the Blocks of ``state`` in place from ``directory``; return the restored state dict.
 
     ``expect_step``: the step the directory's name claims (a Checkpointer
     version); metadata holding another step is a damaged version.
+    ``storage``: where the version lives (hpcckpt.storage; POSIX by default).
     """
     timer = timer or PhaseTimer()
     what = f"load of {directory!r}"
     with timer.phase("metadata"):
-        meta = bcast_checked(comm, what, lambda: _step_checked(read_metadata(directory), expect_step, directory))
+        meta = bcast_checked(comm, what, lambda: _step_checked(read_metadata(directory, storage), expect_step,
+                                                                    directory))
     with timer.phase("plan"):
         local = agree(comm, what, lambda: check_template(state, meta, strict))
         requests = allgather_checked(comm, what, lambda: local["requests"])
@@ -51,7 +54,8 @@ def load_version(state, directory: str, comm, strict: bool = True, timer: PhaseT
                                           [b[name] for b in boxes]) for name in sorted(boxes[0])}
     with timer.phase("read"):
         rank = comm.Get_rank()
-        targets, outgoing, values = agree(comm, what, lambda: _read(directory, meta, local, boxes[rank], shared, rank))
+        targets, outgoing, values = agree(comm, what, lambda: _read(directory, meta, local, boxes[rank], shared, rank,
+                                                                    storage))
         _exchange(comm, meta, targets, shared, outgoing)
     if comm.Get_rank() == 0:
         logger.info("loaded %s on %d ranks: %s", directory, comm.Get_size(),
@@ -159,7 +163,7 @@ def _boxes(meta: Metadata, requests: dict, rows: dict) -> dict:
     return boxes
 
 
-def _read(directory: str, meta: Metadata, local: dict, boxes: dict, shared: dict, rank: int):
+def _read(directory: str, meta: Metadata, local: dict, boxes: dict, shared: dict, rank: int, storage: Storage):
     """This rank's part of the load: its targets filled (but for parts others send), what it owes, the values."""
     values = {name: decode_value(meta.values[name], repr(name)) for name in local["replicated"]}
     targets = {}
@@ -168,16 +172,16 @@ def _read(directory: str, meta: Metadata, local: dict, boxes: dict, shared: dict
         out = value.local if isinstance(value, Block) else allocate(
             tuple(b - a for a, b in zip(start, stop)), meta.variables[name].dtype, name)
         targets[name] = (start, stop, out)
-    return targets, _read_local(directory, meta, targets, shared, rank), values
+    return targets, _read_local(directory, meta, targets, shared, rank, storage), values
 
 
-def _read_local(directory: str, meta: Metadata, targets: dict, shared: dict, rank: int) -> list:
+def _read_local(directory: str, meta: Metadata, targets: dict, shared: dict, rank: int, storage: Storage) -> list:
     """Read every chunk this rank needs alone, and the shared chunks it was chosen to read.
 
     Returns the parts owed to other ranks as ``(rank, contiguous array)`` in plan order.
     """
     outgoing = []
-    with ChunkReader(directory, meta) as reader:
+    with ChunkReader(directory, meta, storage) as reader:
         for name, (start, stop, out) in targets.items():
             var = meta.variables[name]
             reader.read_into(var, start, stop, out, skip=shared[name])

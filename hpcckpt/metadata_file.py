@@ -12,24 +12,28 @@ import os
 from .errors import CheckpointError
 from .metadata import MAX_METADATA_BYTES, Metadata, parse
 from .names import METADATA_FILE
-from .storage.posix import read_bounded
+from .storage import POSIX, Storage
 
 
-def read_metadata(directory: str) -> Metadata:
+def read_metadata(directory: str, storage: Storage = POSIX) -> Metadata:
     """Read, check and validate ``directory/metadata.json``; CheckpointError if there is no committed version."""
     path = os.path.join(directory, METADATA_FILE)
-    return parse(read_metadata_bytes(directory), source=path)
+    return parse(read_metadata_bytes(directory, storage), source=path)
 
 
-def read_metadata_bytes(directory: str) -> bytes:
+def read_metadata_bytes(directory: str, storage: Storage = POSIX) -> bytes:
     """The raw bytes of ``directory/metadata.json``, read safely (a regular file, at most MAX_METADATA_BYTES).
 
     Not yet checked: :func:`hpcckpt.metadata.parse` checks its seal.
     """
     path = os.path.join(directory, METADATA_FILE)
     try:
-        return read_bounded(path, MAX_METADATA_BYTES)
+        return storage.read_file(path, MAX_METADATA_BYTES)
     except FileNotFoundError:
-        if os.path.exists(directory) and not os.path.isdir(directory):
+        try:
+            storage.listdir(directory)
+        except NotADirectoryError:
             raise CheckpointError(f"{directory!r} is not a checkpoint directory") from None
+        except OSError:
+            pass
         raise CheckpointError(f"no committed checkpoint at {directory!r} ({METADATA_FILE} is missing)") from None

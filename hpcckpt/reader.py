@@ -21,7 +21,6 @@ CorruptCheckpointError naming the file.
 
 from __future__ import annotations
 
-import os
 
 import numpy as np
 
@@ -31,7 +30,7 @@ from .devices import array_module, is_device_array, pinned_empty
 from .errors import CheckpointError, CorruptCheckpointError
 from .metadata import Metadata, Variable
 from .regions import overlapping, tiling_problem, volume
-from .storage.posix import confined_path, open_regular, read_exact, read_segments
+from .storage import POSIX, Storage
 
 
 def allocate(shape, dtype, name: str) -> np.ndarray:
@@ -102,10 +101,11 @@ def _bad_checksum(path: str, var: Variable, offset: int, stored: str, read: str)
 class ChunkReader:
     """Reads and verifies chunks of one version; keeps its files open until :meth:`close`."""
 
-    def __init__(self, directory: str, meta: Metadata):
+    def __init__(self, directory: str, meta: Metadata, storage: Storage = POSIX):
         self.directory = directory
         self.meta = meta
-        self._files: dict[int, tuple[int, int, str]] = {}  # index -> (fd, size, path)
+        self.storage = storage
+        self._files: dict[int, tuple] = {}  # index -> (storage handle, size, path)
         self._roots: dict = {}  # version name (None: this one) -> its real directory, resolved once
         self._scratch = np.empty(0, np.uint8)
         self._pinned_scratch = np.empty(0, np.uint8)  # replaced by page-locked memory when a GPU target is read
@@ -113,8 +113,8 @@ class ChunkReader:
         self._codecs: dict = {}  # variable name -> codec object (compressed variables only)
 
     def close(self) -> None:
-        for fd, _, _ in self._files.values():
-            os.close(fd)
+        for handle, _, _ in self._files.values():
+            self.storage.close_read(handle)
         self._files.clear()
 
     def __enter__(self):
@@ -125,12 +125,12 @@ class ChunkReader:
 
     def _file(self, index: int) -> tuple[int, int, str]:
         if index not in self._files:
-            path = confined_path(self.directory, self.meta.files[index], self._roots)
+            path = self.storage.resolve(self.directory, self.meta.files[index], self._roots)
             try:
-                fd = open_regular(path)  # a FIFO or device in place of a data file must not block or feed us
+                handle, size = self.storage.open_read(path)  # POSIX: never a FIFO or device in its place
             except FileNotFoundError:
                 raise CorruptCheckpointError(f"data file {path} is missing") from None
-            self._files[index] = (fd, os.fstat(fd).st_size, path)
+            self._files[index] = (handle, size, path)
         return self._files[index]
 
     def _fetch(self, var: Variable, k: int, into: np.ndarray | None) -> np.ndarray:
@@ -158,7 +158,7 @@ class ChunkReader:
                 setattr(self, attr, fresh)
             buf = getattr(self, attr)[:nbytes]
         hasher = new_hasher()
-        read_exact(fd, offset, buf, path, hasher)
+        self.storage.read_segments(fd, offset, buf, path, [(buf.nbytes, hasher)])
         digest = hexdigest(hasher)
         if digest != chunks.checksum[k]:
             raise _bad_checksum(path, var, offset, chunks.checksum[k], digest)
@@ -234,7 +234,7 @@ class ChunkReader:
             i = next(i for i, (o, n) in enumerate(zip(offsets, sizes)) if o + n > size)
             raise _truncated(path, var, offsets[i], sizes[i], size)
         hashers = [new_hasher() for _ in run]
-        read_segments(fd, offsets[0], dest, path, zip(sizes, hashers))
+        self.storage.read_segments(fd, offsets[0], dest, path, list(zip(sizes, hashers)))
         for k, offset, hasher in zip(run, offsets, hashers):
             digest = hexdigest(hasher)
             if digest != chunks.checksum[k]:

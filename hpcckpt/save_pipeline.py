@@ -23,7 +23,6 @@ CheckpointError on every rank, and the new version's directory is removed.
 from __future__ import annotations
 
 import os
-import shutil
 from dataclasses import dataclass
 
 from . import chain_cache
@@ -41,6 +40,7 @@ from .save_plan import PlanCache, agree_plan
 from .save_stages import create_version_directory, describe_state
 from .selection import Selection, select_changed, select_full
 from .stats import phase_record, slowest, straggler
+from .storage import POSIX, Storage
 from .transform import encoded_pieces, raw_pieces
 from .transport import TRANSPORTS, TransportContext, io_history
 from .transport.auto import choose_strategy
@@ -68,8 +68,8 @@ def select(comm, what: str, local: dict, cache: PlanCache, options: SaveOptions,
 
 
 def save_version(state, directory, comm, options: SaveOptions, step: int | None = None, extra: dict | None = None,
-                 io_root: str | None = None, cache: PlanCache | None = None, chain_base: str | None = None
-                 ) -> SaveResult:
+                 io_root: str | None = None, cache: PlanCache | None = None, chain_base: str | None = None,
+                 storage: Storage = POSIX) -> SaveResult:
     """Collectively write ``state`` into a new version directory and commit it (a blocking save).
 
     ``directory``: the path, or a callable that rank 0 runs to choose it (a
@@ -82,7 +82,9 @@ def save_version(state, directory, comm, options: SaveOptions, step: int | None 
     allgather of the plan stage, and the gather + broadcast of the commit (an
     incremental save adds the allgather of its select stage).
     ``chain_base``: the version an incremental save builds on when it still
-    exists (a Checkpointer's last saved or restored one).
+    exists (a Checkpointer's last saved or restored one).  ``storage``: where
+    the version is written (hpcckpt.storage); one without ``shared_files``
+    takes the file-per-rank transport only.
     """
     rank, size = comm.Get_rank(), comm.Get_size()
     timer = PhaseTimer()
@@ -94,19 +96,19 @@ def save_version(state, directory, comm, options: SaveOptions, step: int | None 
         root_part = None
         if rank == 0 and failure is None:
             root_part, failure = attempt(lambda: _start_on_root(directory, size, options, cache, local, io_root,
-                                                                chain_base))
+                                                                chain_base, storage))
         try:
             root, held, hit = agree_plan(comm, name_of, local, failure, options, cache, root_part,
                                          chain_cache.held() if incremental else None)
         except CheckpointError:
             if rank == 0 and root_part:
-                shutil.rmtree(root_part[0], ignore_errors=True)
+                _drop(storage, root_part[0])
             raise
     path, strategy, base_key = root
     what = name_of(root)
     try:
         with timer.phase("plan"):
-            ctx, strategy = _transport(comm, what, path, options, cache, io_root, strategy if hit else None)
+            ctx, strategy = _transport(comm, what, path, options, cache, io_root, strategy if hit else None, storage)
             index = chain_cache.base_index(comm, what, base_key, held) if incremental else None
         with timer.phase("hash" if incremental else "plan"):
             selection = select(comm, what, local, cache, options, index)
@@ -123,7 +125,7 @@ def save_version(state, directory, comm, options: SaveOptions, step: int | None 
                 record = phase_record([m[0] for m in msgs])
                 done = commit_on_root(path, cache.variables, cache.codecs, [m[1] for m in msgs], local["values"],
                                       size, step, {**(extra or {}), "strategy": strategy, "stats": record},
-                                      options.fsync, selection.info)
+                                      options.fsync, selection.info, storage)
                 return done.small() + (slowest(record), str(straggler(record)))  # small: broadcast to every rank
 
             mine = (stats, selection.commit_part(written.rows) if written is not None else None)
@@ -131,7 +133,7 @@ def save_version(state, directory, comm, options: SaveOptions, step: int | None 
     except CheckpointError:
         cache.invalidate()
         if rank == 0:  # the directory is new (rank 0 created it): drop the partial version
-            shutil.rmtree(path, ignore_errors=True)
+            _drop(storage, path)
         raise
     if chain is not None:
         chain_cache.remember(*chain)
@@ -146,7 +148,8 @@ def save_version(state, directory, comm, options: SaveOptions, step: int | None 
                       incremental=None if selection.info is None else {**selection.info, **summary})
 
 
-def _start_on_root(directory, nranks: int, options: SaveOptions, cache: PlanCache, local: dict, io_root, chain_base) -> tuple:
+def _start_on_root(directory, nranks: int, options: SaveOptions, cache: PlanCache, local: dict, io_root, chain_base,
+                   storage: Storage) -> tuple:
     """Rank 0's part of the plan stage: ``(version directory, strategy or None, base key or None)``.
 
     Creates the directory (choosing it first when ``directory`` is a callable),
@@ -154,28 +157,36 @@ def _start_on_root(directory, nranks: int, options: SaveOptions, cache: PlanCach
     other collective for it) and, for an incremental save, resolves the base.
     """
     path = directory() if callable(directory) else directory
+    if not storage.shared_files and options.strategy not in ("auto", "file-per-rank"):
+        raise CheckpointError(f"strategy {options.strategy!r} writes files shared between ranks, which "
+                              f"{type(storage).__name__} does not hold: use file-per-rank")
     base = None
     if is_incremental(options):
+        if storage is not POSIX:
+            raise CheckpointError("incremental saves build on versions in POSIX storage only")
         chosen = options.base
         if chosen is None and chain_base is not None and os.path.isfile(os.path.join(chain_base, METADATA_FILE)):
             chosen = chain_base
         base = chain_cache.resolve_base(path, chosen, io_root)
-    strategy = _auto(nranks, options, cache, io_root) if local["key"] == cache.key else None
-    create_version_directory(path)  # last: nothing to clean up when the checks above fail
+    strategy = _auto(nranks, options, cache, io_root, storage) if local["key"] == cache.key else None
+    create_version_directory(path, storage)  # last: nothing to clean up when the checks above fail
     return path, strategy, base
 
 
-def _auto(nranks: int, options: SaveOptions, cache: PlanCache, io_root: str | None) -> str:
+def _auto(nranks: int, options: SaveOptions, cache: PlanCache, io_root: str | None, storage: Storage) -> str:
     """Rank 0: the strategy of a save whose plan is cached (auto decided from the recorded bandwidths)."""
-    if options.strategy != "auto":
-        return options.strategy
+    if options.strategy != "auto" or not storage.shared_files:
+        return options.strategy if storage.shared_files else "file-per-rank"
     return choose_strategy(nranks, cache.total_bytes / nranks, cache.layout.max_ranks_per_node,
                            io_history.read(io_root))
 
 
 def _transport(comm, what: str, directory: str, options: SaveOptions, cache: PlanCache, io_root: str | None,
-               strategy: str | None):
+               strategy: str | None, storage: Storage):
     """The transport context and strategy; after a new plan, the node layout and ``auto`` resolved (collective)."""
+    if strategy is None and not storage.shared_files:
+        strategy = "file-per-rank"  # the only transport that needs no file shared between ranks
+        cache.layout = None
     if strategy is None:
         needs_layout = options.strategy == "auto" or TRANSPORTS[options.strategy].needs_node_layout
         cache.layout = node_layout(comm, options.ranks_per_node) if needs_layout else None
@@ -186,8 +197,16 @@ def _transport(comm, what: str, directory: str, options: SaveOptions, cache: Pla
                                        cache.layout.max_ranks_per_node, history)
     ctx = TransportContext(comm=comm, directory=directory, layout=cache.layout, max_writers=options.max_writers,
                            aggregators=options.aggregators, aggregator_buffer=options.aggregator_buffer,
-                           mpiio_hints=options.mpiio_hints, fsync=options.fsync)
+                           mpiio_hints=options.mpiio_hints, fsync=options.fsync, storage=storage)
     return ctx, strategy
+
+
+def _drop(storage: Storage, path: str) -> None:
+    """Rank 0: remove a version that failed (it created the directory); never raises."""
+    try:
+        storage.remove(path)
+    except OSError:
+        pass
 
 
 @dataclass
@@ -209,7 +228,7 @@ class Committed:
 
 
 def commit_on_root(directory: str, variables: dict, codecs: dict, parts: list, values, nranks: int, step,
-                   extra: dict, fsync: bool, info: dict | None) -> Committed:
+                   extra: dict, fsync: bool, info: dict | None, storage: Storage = POSIX) -> Committed:
     """Rank 0, the commit stage: the version's Metadata from every rank's part, committed at ``directory``.
 
     ``parts``: each rank's :meth:`Selection.commit_part`; ``info``: the
@@ -229,6 +248,6 @@ def commit_on_root(directory: str, variables: dict, codecs: dict, parts: list, v
         for ref in references:
             if not os.path.isfile(os.path.join(parent, ref, METADATA_FILE)):
                 raise CheckpointError(f"the base version {ref} was removed during the save")
-    raw = commit_version(directory, meta, fsync)
+    raw = commit_version(directory, meta, fsync, storage)
     return Committed(raw, nbytes, nchunks, summary, chain_cache.committed(directory, meta) if info else None,
                      references)

@@ -7,16 +7,14 @@ over and how the global layout is decided are written once.
 
 from __future__ import annotations
 
-import os
-
 from .codecs.core import spec_to_json
 from .devices import as_local_array
 from .codecs.pipeline import codec_summary, decide_codecs
 from .encoding import encode_value
-from .names import DATA_DIR
 from .options import SaveOptions
 from .planning import plan_save
 from .state import split_state, summarize_for_save
+from .storage import POSIX, Storage
 
 
 def describe_state(state, rank: int, nranks: int, options: SaveOptions, measure: bool = False) -> dict:
@@ -65,6 +63,6 @@ def plan_variables(summaries: list[dict], options: SaveOptions) -> tuple:
     return variables, boxes, decide_codecs(variables, summaries, options.codec_threads)
 
 
-def create_version_directory(directory: str) -> None:
+def create_version_directory(directory: str, storage: Storage = POSIX) -> None:
     """Rank 0: the new version's directory and its ``data/``; fails if it exists (two writers never share one)."""
-    os.makedirs(os.path.join(directory, DATA_DIR), exist_ok=False)
+    storage.make_version(directory)

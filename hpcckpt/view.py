@@ -15,6 +15,7 @@ from .errors import CheckpointError
 from .metadata import Variable
 from .metadata_file import read_metadata
 from .reader import ChunkReader, allocate
+from .storage import POSIX, Storage
 
 
 class CheckpointView:
@@ -25,11 +26,11 @@ class CheckpointView:
     returns any global region of a variable as a new numpy array.
     """
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, storage: Storage = POSIX):
         self.path = os.fspath(path)
-        self.meta = read_metadata(self.path)
+        self.meta = read_metadata(self.path, storage)
         self.values = {name: decode_value(v, repr(name)) for name, v in self.meta.values.items()}
-        self._reader = ChunkReader(self.path, self.meta)
+        self._reader = ChunkReader(self.path, self.meta, storage)
 
     @property
     def step(self) -> int | None:

@@ -32,13 +32,17 @@ from ..collective import agree, best_effort, on_root
 from ..commit import commit_version
 from ..errors import CheckpointError
 from ..log import logger
-from ..names import METADATA_FILE, parity_file, rank_file
+from ..names import METADATA_FILE, rank_file
 from ..storage.posix import atomic_write
 from ..transport.topology import node_layout, ranks_per_node_setting
 from . import DEFAULT_LOCAL_FAILURE_FRACTION, FLUSH_MARKER, LEVELS_FILE, LevelOptions, derived_flush_every, \
     node_dir, node_leader, parity_groups, partners
 from .flush import FlushThread
-from .partner import transfer
+from .parity import ParityLevel
+from .partner import PartnerLevel
+
+#: The redundancy levels, in the order the commit runs them (levels/base.py).
+LEVELS = (PartnerLevel(), ParityLevel())
 
 
 @dataclass
@@ -93,8 +97,8 @@ class NodeLevels:
         if self.auto_levels and self.partner is not None:
             self.levels = dataclasses.replace(self.levels, partner_every=1)
         agree(comm, f"creating {self.node_dir!r}", lambda: os.makedirs(self.node_dir, exist_ok=True))
-        if self.rank == 0 and (self.levels.partner_every and self.partner is None
-                               or self.levels.parity_every and not self.groups):
+        if self.rank == 0 and any(getattr(self.levels, f"{level.key}_every") and not level.available(self)
+                                  for level in LEVELS):
             warnings.warn("hpcckpt: a single node: partner copies and parity protect nothing and are skipped",
                           stacklevel=4)
         self._node_dirs = [node_dir(self.levels.local_dir, self.layout, r, simulated)
@@ -138,27 +142,20 @@ class NodeLevels:
         return [e.name for e in list_versions(self.node_dir)]
 
     def reached(self, due: dict) -> tuple[str, ...]:
-        """Where a version just committed is: L1 plus the partner copy / parity done for it."""
-        return ("L1",) + (("L2",) if due.get("partner") and self.partner is not None else ()) \
-            + (("L3",) if due.get("parity") and self.groups else ())
+        """Where a version just committed is: L1 plus the levels that protected it."""
+        return ("L1",) + tuple(level.label for level in LEVELS if due.get(level.key) and level.available(self))
 
     # ------------------------------------------------------------ commit destinations
     def protect(self, directory: str, sizes: list[int], due: dict, fsync: bool, what: str) -> dict:
-        """Collective: partner copies (L2) and XOR parity (L3) when due; the description for ``extra.levels``."""
-        comm = self.comm
-        info = {"layout": list(self.layout.node_of), "sizes": sizes, "partner": None, "parity": None}
-        if due.get("partner") and self.partner is not None:
-            moves = [(r, self.partner[r], rank_file(r), sizes[r]) for r in range(comm.Get_size())]
-            agree(comm, what + " (partner copies)", lambda: transfer(comm, moves, directory, directory, fsync))
-            info["partner"] = list(self.partner)
-        if due.get("parity") and self.groups:
-            gcomm, mine = self._group_comm()
-            segs = agree(comm, what + " (XOR parity)", lambda: self._encode(gcomm, mine, directory, sizes, fsync))
-            segs = comm.allgather(segs)
-            info["parity"] = {"groups": self.groups, "segment": [segs[g[0]] for g in self.groups]}
+        """Collective: every Level due and available protects the version; the description for ``extra.levels``."""
+        info = {"layout": list(self.layout.node_of), "sizes": sizes, **{level.key: None for level in LEVELS}}
+        for level in LEVELS:
+            if due.get(level.key) and level.available(self):
+                info[level.key] = level.protect(self, directory, sizes, fsync, what)
         return info
 
-    def _group_comm(self):
+    def group_comm(self):
+        """``(communicator of this rank's parity group or COMM_NULL, group index or None)``, split once."""
         if self._parity_comm is None:
             from mpi4py import MPI
 
@@ -167,15 +164,6 @@ class NodeLevels:
             key = 0 if mine is None else self.groups[mine].index(self.rank)
             self._parity_comm = (self.comm.Split(color, key), mine)
         return self._parity_comm
-
-    def _encode(self, gcomm, mine, directory: str, sizes, fsync: bool):
-        if mine is None:
-            return None
-        from . import parity
-
-        group = self.groups[mine]
-        return parity.encode(gcomm, os.path.join(directory, rank_file(self.rank)), sizes[self.rank],
-                             [sizes[r] for r in group], os.path.join(directory, parity_file(self.rank)), fsync)
 
     def commit_nodes(self, directory: str, raw: bytes, fsync: bool, what: str) -> None:
         """Collective: every node leader but rank 0 (which committed first) commits ``raw`` in its node directory."""

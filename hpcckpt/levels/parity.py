@@ -20,8 +20,11 @@ import os
 
 import numpy as np
 
+from ..collective import agree
 from ..errors import CheckpointError
+from ..names import parity_file, rank_file
 from ..storage.posix import open_regular
+from .base import Level
 
 ROUND_BYTES = 16 << 20
 
@@ -155,3 +158,28 @@ def rebuild(gcomm, lost: int, data_path: str, size: int, parity_path: str, seg: 
                 pass
     if error is not None:
         raise error
+
+
+class ParityLevel(Level):
+    """L3: XOR parity over groups of ranks on distinct nodes (one segment stored by each member)."""
+
+    key = "parity"
+    label = "L3"
+    recovers = "one member per group"
+
+    def available(self, node) -> bool:
+        return bool(node.groups)
+
+    def protect(self, node, directory: str, sizes: list[int], fsync: bool, what: str):
+        gcomm, mine = node.group_comm()
+        rank = node.rank
+
+        def encode_mine():
+            if mine is None:
+                return None
+            group = node.groups[mine]
+            return encode(gcomm, os.path.join(directory, rank_file(rank)), sizes[rank], [sizes[r] for r in group],
+                          os.path.join(directory, parity_file(rank)), fsync)
+
+        segs = node.comm.allgather(agree(node.comm, what + " (XOR parity)", encode_mine))
+        return {"groups": node.groups, "segment": [segs[g[0]] for g in node.groups]}

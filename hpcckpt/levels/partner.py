@@ -13,8 +13,11 @@ import os
 
 import numpy as np
 
+from ..collective import agree
 from ..errors import CheckpointError
+from ..names import rank_file
 from ..storage.posix import open_regular, read_exact, write_all
+from .base import Level
 
 ROUND_BYTES = 32 << 20
 _TAG = 7321
@@ -108,3 +111,20 @@ def _unlink(path: str) -> None:
         os.unlink(path)
     except OSError:
         pass
+
+
+class PartnerLevel(Level):
+    """L2: each rank's data file copied into the node directory of its partner on the next node."""
+
+    key = "partner"
+    label = "L2"
+    recovers = "any lost node"
+
+    def available(self, node) -> bool:
+        return node.partner is not None
+
+    def protect(self, node, directory: str, sizes: list[int], fsync: bool, what: str):
+        comm = node.comm
+        moves = [(r, node.partner[r], rank_file(r), sizes[r]) for r in range(comm.Get_size())]
+        agree(comm, what + " (partner copies)", lambda: transfer(comm, moves, directory, directory, fsync))
+        return list(node.partner)

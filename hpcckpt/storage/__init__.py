@@ -1,1 +1,12 @@
-"""Storage backends: where the bytes of a version live.  Only POSIX directories for now."""
+"""Storage backends: where the bytes of a version live.
+
+``Storage`` (base.py) is the interface with its call order; ``POSIX``
+(posix.py, the default) and ``MemoryStorage`` (memory.py) implement it, and
+``hpcckpt.testing.StorageTests`` is the conformance suite a new one passes.
+"""
+
+from .base import Storage
+from .memory import MemoryStorage
+from .posix import POSIX, PosixStorage
+
+__all__ = ["MemoryStorage", "POSIX", "PosixStorage", "Storage"]

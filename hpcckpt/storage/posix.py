@@ -9,13 +9,15 @@ and every name read from metadata is resolved inside the checkpoint directory.
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 from typing import Iterable
 
 from ..checksum import PIECE
 from ..errors import CheckpointError, CorruptCheckpointError
 from ..metadata import check_relative_path
-from ..names import METADATA_FILE, split_reference
+from ..names import DATA_DIR, METADATA_FILE, split_reference
+from .base import Storage
 
 #: Largest single os.write/os.preadv call (Linux moves at most ~2 GiB per call anyway).
 _MAX_IO = 1 << 30
@@ -245,3 +247,64 @@ def sizes(directory: str, names: Iterable[str]) -> list[int]:
         except FileNotFoundError:
             raise CorruptCheckpointError(f"data file {path} is missing") from None
     return out
+
+
+class PosixStorage(Storage):
+    """POSIX directories: the default Storage (the functions above, behind the interface of storage/base.py)."""
+
+    durable = True
+    shared_files = True
+
+    def make_version(self, directory: str) -> None:
+        os.makedirs(os.path.join(directory, DATA_DIR), exist_ok=False)
+
+    def create(self, path: str) -> int:
+        return create_exclusive(path)
+
+    def append(self, handle: int, buffer, hasher=None) -> int:
+        return write_all(handle, buffer, hasher)
+
+    def close(self, handle: int, fsync: bool) -> None:
+        try:
+            if fsync:
+                os.fsync(handle)
+        finally:
+            os.close(handle)
+
+    def atomic_write(self, path: str, data: bytes, fsync: bool = True) -> None:
+        atomic_write(path, data, fsync)
+
+    def sync_directory(self, path: str) -> None:
+        fsync_path(path)
+
+    def read_file(self, path: str, limit: int) -> bytes:
+        return read_bounded(path, limit)
+
+    def resolve(self, directory: str, name: str, roots: dict | None = None) -> str:
+        return confined_path(directory, name, roots)
+
+    def open_read(self, path: str) -> tuple[int, int]:
+        fd = open_regular(path)
+        return fd, os.fstat(fd).st_size
+
+    def read_segments(self, handle: int, offset: int, buffer, name: str, segments) -> None:
+        read_segments(handle, offset, buffer, name, segments)
+
+    def close_read(self, handle: int) -> None:
+        os.close(handle)
+
+    def exists(self, path: str) -> bool:
+        return os.path.lexists(path)
+
+    def listdir(self, path: str) -> list[str]:
+        return os.listdir(path)
+
+    def remove(self, path: str) -> None:
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path)
+        elif os.path.lexists(path):
+            os.unlink(path)
+
+
+#: The default storage of every save and load.
+POSIX = PosixStorage()

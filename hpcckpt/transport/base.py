@@ -59,6 +59,7 @@ class TransportContext:
     aggregator_buffer: int = 64 << 20
     mpiio_hints: dict = field(default_factory=dict)
     fsync: bool = True
+    storage: object = None  # a hpcckpt.storage.Storage; None: POSIX
 
 
 class Transport(ABC):

@@ -11,7 +11,7 @@ import os
 
 from ..checksum import hexdigest, new_hasher
 from ..names import rank_file
-from ..storage.posix import create_exclusive, write_all
+from ..storage import POSIX, Storage
 from .base import Transport, TransportContext, Written
 from .throttle import write_turn
 
@@ -19,28 +19,24 @@ from .throttle import write_turn
 class SequentialFile:
     """A new data file written front to back; opened lazily so that a rank with nothing creates nothing."""
 
-    def __init__(self, directory: str, name: str, fsync: bool):
-        self.directory, self.name, self.fsync = directory, name, fsync
-        self.fd: int | None = None
+    def __init__(self, directory: str, name: str, fsync: bool, storage: Storage = POSIX):
+        self.directory, self.name, self.fsync, self.storage = directory, name, fsync, storage
+        self.fd = None  # the storage's handle once the file exists
         self.offset = 0
 
     def append(self, buffer, hasher=None) -> int:
         """Write ``buffer`` at the end (hashing it on the way when given a hasher); return its offset."""
         if self.fd is None:
-            self.fd = create_exclusive(os.path.join(self.directory, self.name))
+            self.fd = self.storage.create(os.path.join(self.directory, self.name))
         start = self.offset
-        self.offset += write_all(self.fd, buffer, hasher)
+        self.offset += self.storage.append(self.fd, buffer, hasher)
         return start
 
     def close(self) -> None:
         """fsync (if asked) and close; safe to call twice and after a failure."""
         fd, self.fd = self.fd, None
         if fd is not None:
-            try:
-                if self.fsync:
-                    os.fsync(fd)
-            finally:
-                os.close(fd)
+            self.storage.close(fd, self.fsync)
 
 
 def store_piece(target: SequentialFile, piece, out: Written) -> None:
@@ -62,7 +58,7 @@ def write_file_per_rank(ctx: TransportContext, pieces) -> Written:
     """
     rank = ctx.comm.Get_rank()
     out = Written()
-    target = SequentialFile(ctx.directory, rank_file(rank), ctx.fsync)
+    target = SequentialFile(ctx.directory, rank_file(rank), ctx.fsync, ctx.storage or POSIX)
     with write_turn(ctx.comm, list(range(ctx.comm.Get_size())), ctx.max_writers):
         try:
             for piece in pieces:
