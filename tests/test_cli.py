@@ -134,7 +134,7 @@ def test_ls_committed(capsys, root):
     assert all(row[2] == "committed" for row in body)
     assert all(row[-2:] == ["2", "5"] for row in body)  # u, p; step, time, name, bad, arr
     size = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(step_dir(root, 5)) for f in fs)
-    assert cli.human_bytes(size) == " ".join(body[1][3:5])
+    assert cli.common.human_bytes(size) == " ".join(body[1][3:5])
     assert "3 versions: 3 committed (newest step 10)" in out
 
 
@@ -355,7 +355,7 @@ def test_verify_progress_bar(capsys, root, monkeypatch):
     rc, out, err = run_cli(capsys, "verify", step_dir(root, 5), "--progress")
     assert rc == 0 and "verify" in err and "B" in err
     # automatic: only above the threshold and on a terminal
-    monkeypatch.setattr(cli, "PROGRESS_THRESHOLD", 10)
+    monkeypatch.setattr(cli.verify, "PROGRESS_THRESHOLD", 10)
     monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
     rc, out, err = run_cli(capsys, "verify", step_dir(root, 5))
     assert rc == 0 and "verify" in err

@@ -8,6 +8,7 @@ import pytest
 from hpcckpt.errors import CheckpointError
 from hpcckpt.policy import cli, formulas
 from hpcckpt.policy import simulate as S
+from hpcckpt.policy import simulate_report as R
 
 
 class FixedStream(S.FailureStream):
@@ -133,15 +134,15 @@ def test_scenario_validation():
 def test_table_and_plot(tmp_path):
     s = S.Scenario(work=20.0, cost=0.05, restart=0.0, mtbf=1.0)
     res = S.run_simulation(s, seeds=10, seed=8)
-    text = S.format_table(res, show_sweep=True)
+    text = R.format_table(res, show_sweep=True)
     assert "daly (oracle)" in text and "learned (prior x10)" in text and "simulated optimum" in text
     assert text.count("| fixed ") == len(res.sweep)
-    path = S.plot_waste(res, str(tmp_path / "w.png"))
+    path = R.plot_waste(res, str(tmp_path / "w.png"))
     with open(path, "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
     rows = S.compare_young_daly(ratios=(0.1, 1.0), seeds=5)
-    assert "Young" in S.format_young_daly(rows)
-    p2 = S.plot_young_daly(rows, str(tmp_path / "yd.png"))
+    assert "Young" in R.format_young_daly(rows)
+    p2 = R.plot_young_daly(rows, str(tmp_path / "yd.png"))
     with open(p2, "rb") as f:
         assert f.read(4) == b"\x89PNG"
 

@@ -133,7 +133,7 @@ def run_interval(args) -> int:
 
 
 def run_simulate(args) -> int:
-    from hpcckpt.policy import simulate
+    from hpcckpt.policy import simulate, simulate_report
 
     try:
         sc = simulate.Scenario(work=parse_duration(args.work), cost=parse_duration(args.cost),
@@ -149,10 +149,10 @@ def run_simulate(args) -> int:
                                       history_failures=args.history_failures)
     except CheckpointError as exc:
         return _error("simulate", str(exc))
-    print(simulate.format_table(res, show_sweep=args.sweep))
+    print(simulate_report.format_table(res, show_sweep=args.sweep))
     if args.plot:
         try:
-            simulate.plot_waste(res, args.plot)
+            simulate_report.plot_waste(res, args.plot)
         except (OSError, ImportError) as exc:
             return _error("simulate", f"cannot write plot {args.plot}: {exc}")
         print(f"plot written to {args.plot}")

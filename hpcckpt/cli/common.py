@@ -1,0 +1,205 @@
+"""What every ``hpcckpt`` subcommand shares: exit codes, argument types, sizes and tables, version lookup."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import tempfile
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..catalog import VersionEntry, current, list_versions
+from ..errors import CheckpointError
+from ..metadata import Metadata
+from ..names import METADATA_FILE
+from ..metadata_file import read_metadata
+
+
+#: ``gc`` leaves alone a partial version touched more recently than this (a save may be running).
+DEFAULT_GRACE = "5m"
+
+EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+
+# --------------------------------------------------------------------------- helpers
+
+def human_bytes(n: int) -> str:
+    """``132`` -> ``"132 B"``, ``1536`` -> ``"1.5 KiB"``."""
+    n = int(n)
+    if n < 1024:
+        return f"{n} B"
+    value = float(n)
+    for unit in ("KiB", "MiB", "GiB", "TiB", "PiB"):
+        value /= 1024.0
+        if value < 1024 or unit == "PiB":
+            return f"{value:.1f} {unit}"
+    return f"{n} B"  # pragma: no cover
+
+
+def shape_str(shape) -> str:
+    return "x".join(str(s) for s in shape) if shape else "()"
+
+
+def box_str(start, count) -> str:
+    return "[" + ", ".join(f"{a}:{a + c}" for a, c in zip(start, count)) + "]" if len(start) else "[]"
+
+
+def dtype_str(dtype: np.dtype) -> str:
+    return dtype.str if dtype.fields is None and dtype.subdtype is None else str(dtype)
+
+
+def short_repr(value, width: int = 60) -> str:
+    """One line, at most ``width`` characters, describing a replicated value."""
+    if isinstance(value, np.ndarray):
+        body = np.array2string(value, threshold=8, edgeitems=3, separator=", ", max_line_width=10**6)
+        text = f"ndarray {dtype_str(value.dtype)} {value.shape}: {body}"
+    else:
+        text = repr(value)
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def dir_size(path: str) -> int:
+    """Apparent size of every regular file below ``path`` (symlinks not followed)."""
+    total = 0
+    for dirpath, _dirs, files in os.walk(path):
+        for name in files:
+            try:
+                st = os.lstat(os.path.join(dirpath, name))
+            except OSError:
+                continue
+            total += st.st_size
+    return total
+
+
+def newest_mtime(path: str) -> float:
+    """The latest modification time of ``path`` or anything below it."""
+    newest = 0.0
+    for dirpath, _dirs, files in os.walk(path):
+        for name in [None, *files]:
+            try:
+                newest = max(newest, os.lstat(dirpath if name is None else os.path.join(dirpath, name)).st_mtime)
+            except OSError:
+                continue
+    return newest
+
+
+def require_dir(path: str, what: str = "directory") -> str:
+    if not os.path.exists(path):
+        raise CheckpointError(f"{path}: no such {what}")
+    if not os.path.isdir(path):
+        raise CheckpointError(f"{path}: not a directory")
+    return path
+
+
+def require_root(root: str) -> str:
+    require_dir(root, "checkpoint root")
+    if os.path.isfile(os.path.join(root, METADATA_FILE)):
+        raise CheckpointError(f"{root} is a single checkpoint version, not a root of versions "
+                              f"(try: hpcckpt inspect {root})")
+    return root
+
+
+def duration(text: str) -> float:
+    from ..policy.cli import parse_duration
+
+    try:
+        return parse_duration(text)
+    except CheckpointError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def positive_int(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
+    return n
+
+
+@dataclass
+class VersionRow:
+    """One line of ``hpcckpt ls``."""
+
+    entry: VersionEntry
+    state: str  # committed, superseded, partial, damaged
+    size: int
+    meta: Metadata | None = None
+    problem: str | None = None
+
+
+def version_rows(root: str) -> list[VersionRow]:
+    entries = list_versions(root)
+    live = {e.name for e in current(entries)}
+    rows = []
+    for e in entries:
+        row = VersionRow(e, "partial", dir_size(e.path))
+        if e.committed:
+            row.state = "committed" if e.name in live else "superseded"
+            try:
+                row.meta = read_metadata(e.path)
+            except CheckpointError as exc:
+                row.state, row.problem = "damaged", str(exc)
+        rows.append(row)
+    return rows
+
+
+def failure_estimate(root: str, prior_mtbf: float | None):
+    """(summary dict, footer line) of the failure history under ``root``, or None when there is none.
+
+    The history is read from a private copy: FailureHistory.load renames a
+    malformed file to ``.bad``, which a read-only listing must not do.
+    """
+    from ..policy import FailureHistory, estimate_mtbf
+    from ..policy.history import HISTORY_FILENAME
+
+    path = os.path.join(root, HISTORY_FILENAME)
+    if not os.path.isfile(path):
+        return None
+    with tempfile.TemporaryDirectory(prefix="hpcckpt-ls-") as tmp:
+        shutil.copyfile(path, os.path.join(tmp, HISTORY_FILENAME))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            history = FailureHistory.load(tmp)
+    if caught:
+        reason = str(caught[0].message).split(" (", 1)[-1].rsplit(")", 1)[0]
+        return {"error": f"unreadable: {reason}"}, f"failure history: {path} is unreadable ({reason})"
+    est = estimate_mtbf(history, prior_mtbf=prior_mtbf)
+    nopen = 1 if history.current is not None else 0
+    summary = {"runs": len(history.runs), "open": nopen, "failures": est.n_failures, "exposure_s": est.exposure,
+               "mtbf_s": est.mtbf, "method": est.method, "prior_mtbf_s": est.prior_mtbf,
+               "weibull_shape": est.weibull_shape}
+    runs = f"{len(history.runs)} run{'s' if len(history.runs) != 1 else ''}"
+    if nopen:
+        runs += ", the last still open (not counted)"
+    return summary, f"failure history: {runs}; estimate: {est}"
+
+
+def add_progress_flags(p: argparse.ArgumentParser, default: str) -> None:
+    """``--progress`` / ``--no-progress`` (``args.progress`` is None when neither is given)."""
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--progress", dest="progress", action="store_true", default=None,
+                   help=f"always show a progress bar on stderr (default: {default})")
+    g.add_argument("--no-progress", dest="progress", action="store_false", help="never show a progress bar")
+
+
+def print_table(rows: list[tuple], right: set[int] = frozenset(), indent: str = "") -> None:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        cells = [cell.rjust(w) if i in right else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths))]
+        print((indent + "  ".join(cells)).rstrip())
+
+
+def resolve_version(path: str) -> tuple[str, str | None]:
+    """A version directory for ``path``: itself, or the newest committed version when it is a root."""
+    require_dir(path, "checkpoint")
+    if os.path.isfile(os.path.join(path, METADATA_FILE)):
+        return path, None
+    live = current(list_versions(path))
+    if live:
+        return live[-1].path, f"{path} is a root; showing its newest committed version {live[-1].name}"
+    return path, None  # read_metadata names the missing metadata.json

@@ -1,0 +1,81 @@
+"""``hpcckpt gc`` and ``hpcckpt unlock``: removing leftovers, old versions and stale writer locks."""
+
+from __future__ import annotations
+
+import sys
+import time
+import warnings
+
+
+from ..catalog import current, list_versions, remove_versions, removable
+
+
+from .common import EXIT_FAIL, EXIT_OK, dir_size, human_bytes, newest_mtime, require_root
+
+
+# --------------------------------------------------------------------------- unlock
+
+def cmd_unlock(args) -> int:
+    from ..rootlock import break_lock, describe
+
+    root = require_root(args.root)
+    holder = break_lock(root)
+    print(f"removed the writer lock of {root} (held by {describe(holder)})" if holder is not None
+          else f"{root} has no writer lock")
+    return 0
+
+
+# --------------------------------------------------------------------------- gc
+
+def cmd_gc(args) -> int:
+    root = require_root(args.root)
+    entries = list_versions(root)
+    if args.compact:
+        from ..chain import compact
+
+        for line in compact(root, args.keep, dry_run=args.dry_run):
+            print(("would compact  " if args.dry_run else "compacted  ") + line)
+        entries = list_versions(root)
+    live = current(entries)
+    kept_by_keep = {e.name for e in (live[-args.keep:] if args.keep else live)}
+    newest_rev = {e.step: e.name for e in live}
+    now = time.time()
+    plan, busy = [], []
+    doomed = removable(entries, args.keep)
+    # removable() keeps what a kept incremental version references: say why such a version stays
+    unprotected = {e.name for e in entries if e.name not in {x.name for x in (live[-args.keep:] if args.keep else live)}}
+    referenced = [e for e in entries if e.name in unprotected - {d.name for d in doomed}]
+    for e in doomed:
+        if not e.committed:
+            age = now - newest_mtime(e.path)
+            if age < args.grace:
+                busy.append((e, age))
+                continue
+            why = "partial (never committed)"
+        elif e.name in {x.name for x in live} and e.name not in kept_by_keep:
+            why = f"beyond --keep {args.keep}"
+        else:
+            why = f"superseded by {newest_rev.get(e.step, '?')}"
+        plan.append((e, why, dir_size(e.path)))
+    for e in referenced:
+        print(f"kept    {e.name}: a kept version references its data (incremental save)")
+    for e, age in busy:
+        print(f"kept    {e.name}: partial, but modified {age:.0f} s ago (a save may be running; "
+              f"--grace 0 removes it)")
+    if args.dry_run:
+        for e, why, size in plan:
+            print(f"would remove  {e.name}  {human_bytes(size)}  {why}")
+        print(f"dry run: would remove {len(plan)} version{'s' if len(plan) != 1 else ''}, "
+              f"{human_bytes(sum(s for _, _, s in plan))}")
+        return EXIT_OK
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        removed = set(remove_versions([e for e, _, _ in plan]))
+    for e, why, size in plan:
+        if e.name in removed:
+            print(f"removed  {e.name}  {human_bytes(size)}  {why}")
+    for w in caught:
+        print(f"hpcckpt: warning: {str(w.message).removeprefix('hpcckpt: ')}", file=sys.stderr)
+    freed = sum(s for e, _, s in plan if e.name in removed)
+    print(f"removed {len(removed)} version{'s' if len(removed) != 1 else ''}, freed {human_bytes(freed)}")
+    return EXIT_OK if len(removed) == len(plan) else EXIT_FAIL
