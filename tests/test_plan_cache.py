@@ -76,3 +76,31 @@ def test_a_failure_after_a_cached_plan_is_agreed_and_the_next_save_replans(world
             ck.save(bad, 2)
         ck.save(_state(world, k=3), 3)
         assert ck.steps() == [1, 3]
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_a_repeated_incremental_save_plans_from_the_cache(world, mpi_tmp, asynchronous):
+    """Incremental saves share the plan cache: the plan's allgather, the select stage's allgather, the commit's
+    gather + bcast; the base's block index is never shipped again (every rank holds it from the commit)."""
+    comm = CountingComm(world)
+    with Checkpointer(f"{mpi_tmp}/root", comm=comm, strategy="file-per-rank", track_failures=False,
+                      incremental=True, block_bytes=4096, asynchronous=asynchronous) as ck:
+        ck.save(_state(world), 1)
+        ck.wait()
+        counts = []
+        for step in (2, 3):
+            comm.calls.clear()
+            state = _state(world)
+            state["u"].local[7] = step  # one block changes
+            ck.save(state, step)
+            ck.wait()
+            counts.append([c for c in comm.calls if c in COLLECTIVES])
+            assert ck.last_result.kind == "incremental" and ck.last_result.bytes_written <= 4096 * world.size
+        assert all(c == ["allgather", "allgather", "gather", "bcast"] for c in counts), counts
+        target = _state(world, k=-1)
+        ck.restore(target)
+    want = _state(world)["u"].local
+    want[7] = 3
+    assert np.array_equal(target["u"].local, want)
