@@ -60,11 +60,46 @@ def ranks_per_node_setting(option: int | None) -> int | None:
     return k
 
 
+#: Layouts already asked of MPI: ``{COMM_WORLD ranks of the communicator's processes: NodeLayout}``.
+_ASKED: dict = {}
+
+
 def node_layout(comm, ranks_per_node: int | None = None) -> NodeLayout:
-    """The node layout of ``comm`` (collective when MPI must be asked)."""
+    """The node layout of ``comm``: collective the first time MPI must be asked for these processes.
+
+    Processes do not change nodes, so the answer is kept per set of
+    processes (their COMM_WORLD ranks, found without communication): a second
+    save over the same processes, through any communicator, asks nothing.
+    """
     k = ranks_per_node_setting(ranks_per_node)
     if k is not None or comm.Get_size() == 1:
         return simulated_layout(comm.Get_size(), k or 1)
+    members = _world_ranks(comm)
+    if members is not None and members in _ASKED:
+        return _ASKED[members]
+    layout = _ask_mpi(comm)
+    if members is not None:
+        _ASKED[members] = layout
+    return layout
+
+
+def _world_ranks(comm) -> tuple | None:
+    """The COMM_WORLD ranks of ``comm``'s processes, in rank order (local); None when that cannot be told."""
+    try:
+        from mpi4py import MPI
+
+        world, group = MPI.COMM_WORLD.Get_group(), comm.Get_group()
+        try:
+            return tuple(group.Translate_ranks(list(range(comm.Get_size())), world))
+        finally:
+            group.Free()
+            world.Free()
+    except Exception:  # noqa: BLE001 - a wrapper without groups (a test's counting communicator): never cached
+        return None
+
+
+def _ask_mpi(comm) -> NodeLayout:
+    """Collective: the layout from ``Split_type(COMM_TYPE_SHARED)``: each rank's node leader, allgathered."""
     from mpi4py import MPI
 
     node_comm = comm.Split_type(MPI.COMM_TYPE_SHARED)
