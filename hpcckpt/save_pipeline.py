@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from . import chain_cache
 from .codecs.pipeline import EncodedPieces
-from .collective import attempt, bcast_checked, root_phase
+from .collective import attempt, root_phase
 from .commit import commit_version, metadata_from_rows
 from .encoding import dtype_from_json
 from .errors import CheckpointError
@@ -104,11 +104,11 @@ def save_version(state, directory, comm, options: SaveOptions, step: int | None 
             if rank == 0 and root_part:
                 _drop(storage, root_part[0])
             raise
-    path, strategy, base_key = root
+    path, strategy, base_key, history = root
     what = name_of(root)
     try:
         with timer.phase("plan"):
-            ctx, strategy = _transport(comm, what, path, options, cache, io_root, strategy if hit else None, storage)
+            ctx, strategy = _transport(comm, path, options, cache, history, strategy if hit else None, storage)
             index = chain_cache.base_index(comm, what, base_key, held) if incremental else None
         with timer.phase("hash" if incremental else "plan"):
             selection = select(comm, what, local, cache, options, index)
@@ -150,11 +150,14 @@ def save_version(state, directory, comm, options: SaveOptions, step: int | None 
 
 def _start_on_root(directory, nranks: int, options: SaveOptions, cache: PlanCache, local: dict, io_root, chain_base,
                    storage: Storage) -> tuple:
-    """Rank 0's part of the plan stage: ``(version directory, strategy or None, base key or None)``.
+    """Rank 0's part of the plan stage: ``(version directory, strategy or None, base key or None, bandwidth
+    history or None)``.
 
     Creates the directory (choosing it first when ``directory`` is a callable),
     decides the strategy when its own layout is unchanged (a cache hit needs no
-    other collective for it) and, for an incremental save, resolves the base.
+    other collective for it), for an incremental save resolves the base, and
+    for ``strategy="auto"`` hands out the recorded bandwidths (so that a new
+    plan chooses the strategy without a collective of its own).
     """
     path = directory() if callable(directory) else directory
     if not storage.shared_files and options.strategy not in ("auto", "file-per-rank"):
@@ -168,22 +171,23 @@ def _start_on_root(directory, nranks: int, options: SaveOptions, cache: PlanCach
         if chosen is None and chain_base is not None and os.path.isfile(os.path.join(chain_base, METADATA_FILE)):
             chosen = chain_base
         base = chain_cache.resolve_base(path, chosen, io_root)
-    strategy = _auto(nranks, options, cache, io_root, storage) if local["key"] == cache.key else None
+    history = io_history.read(io_root) if options.strategy == "auto" and storage.shared_files else None
+    strategy = _auto(nranks, options, cache, history, storage) if local["key"] == cache.key else None
     create_version_directory(path, storage)  # last: nothing to clean up when the checks above fail
-    return path, strategy, base
+    return path, strategy, base, history
 
 
-def _auto(nranks: int, options: SaveOptions, cache: PlanCache, io_root: str | None, storage: Storage) -> str:
+def _auto(nranks: int, options: SaveOptions, cache: PlanCache, history, storage: Storage) -> str:
     """Rank 0: the strategy of a save whose plan is cached (auto decided from the recorded bandwidths)."""
     if options.strategy != "auto" or not storage.shared_files:
         return options.strategy if storage.shared_files else "file-per-rank"
-    return choose_strategy(nranks, cache.total_bytes / nranks, cache.layout.max_ranks_per_node,
-                           io_history.read(io_root))
+    return choose_strategy(nranks, cache.total_bytes / nranks, cache.layout.max_ranks_per_node, history)
 
 
-def _transport(comm, what: str, directory: str, options: SaveOptions, cache: PlanCache, io_root: str | None,
-               strategy: str | None, storage: Storage):
-    """The transport context and strategy; after a new plan, the node layout and ``auto`` resolved (collective)."""
+def _transport(comm, directory: str, options: SaveOptions, cache: PlanCache, history, strategy: str | None,
+               storage: Storage):
+    """The transport context and strategy; after a new plan, the node layout (collective the first time for
+    these processes) and ``auto`` resolved from rank 0's ``history`` (the same answer on every rank)."""
     if strategy is None and not storage.shared_files:
         strategy = "file-per-rank"  # the only transport that needs no file shared between ranks
         cache.layout = None
@@ -192,7 +196,6 @@ def _transport(comm, what: str, directory: str, options: SaveOptions, cache: Pla
         cache.layout = node_layout(comm, options.ranks_per_node) if needs_layout else None
         strategy = options.strategy
         if strategy == "auto":
-            history = bcast_checked(comm, what, lambda: io_history.read(io_root))
             strategy = choose_strategy(comm.Get_size(), cache.total_bytes / comm.Get_size(),
                                        cache.layout.max_ranks_per_node, history)
     ctx = TransportContext(comm=comm, directory=directory, layout=cache.layout, max_writers=options.max_writers,

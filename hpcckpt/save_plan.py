@@ -73,9 +73,10 @@ class PlanCache:
 def replan(comm, what: str, local: dict | None, failure, options: SaveOptions, cache: PlanCache) -> None:
     """Plan on rank 0 from every rank's summary (a layout changed, or the first save); fills ``cache``.
 
-    Collectives: gather, broadcast of the verdict, scatter of the boxes,
-    broadcast of the variables and codecs.  ``failure``: this rank's failure to
-    describe its state (every rank then raises the same CheckpointError).
+    Collectives: gather of the summaries, broadcast of the verdict with the
+    variables and codecs, scatter of the boxes.  ``failure``: this rank's
+    failure to describe its state (every rank then raises the same
+    CheckpointError).
     """
     if failure is None:
         measured, failure = attempt(lambda: measure_codecs(local, options))
@@ -85,11 +86,11 @@ def replan(comm, what: str, local: dict | None, failure, options: SaveOptions, c
     plan = None
     if comm.Get_rank() == 0:
         plan, failure = attempt(lambda: _plan_on_root(msgs, options))
-    failure = comm.bcast(failure if comm.Get_rank() == 0 else None, root=0)
+    shared = (failure, plan[0], plan[2], plan[3]) if plan else (failure, None, None, 0)
+    failure, cache.variables, cache.codecs, cache.total_bytes = comm.bcast(
+        shared if comm.Get_rank() == 0 else None, root=0)
     raise_if_failed(comm, what, [failure])
     cache.boxes = comm.scatter(plan[1] if plan else None, root=0)
-    cache.variables, cache.codecs, cache.total_bytes = comm.bcast(
-        (plan[0], plan[2], plan[3]) if plan else None, root=0)
     cache.summaries = [m[1] for m in msgs] if plan else None
     cache.all_boxes = plan[1] if plan else None
     cache.key = local["key"]
