@@ -196,14 +196,14 @@ def move_tracers(grid: Grid, tracers: np.ndarray, u: np.ndarray) -> np.ndarray:
 
 # --------------------------------------------------------------------------- stopping cleanly
 
-def step_boundary(ck, state: dict, done: int):
+def step_boundary(ck, done: int):
     """Called by every rank after each step: checkpoint when due or when asked to stop.
 
     ``Checkpointer.maybe_save`` decides collectively (every ``--every`` steps, or at
     once when any rank got SIGUSR1/SIGTERM, or when the job's end time is near);
     ``should_exit`` is then True on every rank.  Returns (SaveResult or None, stop?).
     """
-    result = ck.maybe_save(state, done)
+    result = ck.maybe_save(done)  # the registered state, read now
     return result, ck.should_exit()
 
 
@@ -249,7 +249,8 @@ def main(argv=None) -> int:
     u = with_halo(grid, initial_field(grid))
     unew = u.copy()  # same fixed halo; interiors are overwritten each step
 
-    def make_state(done: int, tracers) -> dict:
+    def make_state() -> dict:
+        # read at every save (registered below): u and unew swap each step, tracers migrate, done advances
         return {"u": hpcckpt.Block(u[1:-1, 1:-1], offset=(grid.y0, grid.x0), global_shape=(args.ny, args.nx)),
                 "tracers": hpcckpt.Ragged(tracers),
                 "step": done, "params": params}
@@ -257,6 +258,7 @@ def main(argv=None) -> int:
     policy = FixedSteps(args.every) if args.every else FixedSteps(10**12)
     # signal handlers now, before the pids are printed: from then on a signal is never lost
     ck = hpcckpt.Checkpointer(args.root, comm=comm, keep=args.keep, policy=policy, handle_signals=True)
+    ck.register(make_state)  # the safe form: the state is built when a save starts, never a stale buffer
     pids = comm.gather(os.getpid(), root=0)
     say(f"{grid.size} ranks on a {grid.dims[0]} x {grid.dims[1]} process grid, {args.ny} x {args.nx} cells, "
         f"{args.steps} steps; pids {' '.join(map(str, pids)) if pids else ''}")
@@ -292,7 +294,7 @@ def main(argv=None) -> int:
         done = step + 1
         if args.sleep:
             time.sleep(args.sleep)
-        result, stopping = step_boundary(ck, make_state(done, tracers), done)
+        result, stopping = step_boundary(ck, done)
         if result is not None:
             saved_at = done
             if not args.quiet or stopping:
@@ -310,11 +312,11 @@ def main(argv=None) -> int:
             os.kill(os.getpid(), signal.SIGKILL)
     elapsed = time.perf_counter() - t_run
     if saved_at != done:  # always finish with a checkpoint of the last step: a rerun then has nothing to do
-        ck.save(make_state(done, tracers), step=done)
+        ck.save(step=done)
     ck.close()
     say(f"finished {done - start} steps in {elapsed:.2f} s (steps {start}..{done})")
     if args.out:
-        hpcckpt.save(make_state(done, tracers), args.out, comm=comm, step=done, overwrite=True)
+        hpcckpt.save(make_state, args.out, comm=comm, step=done, overwrite=True)
         if rank == 0:
             view = hpcckpt.open(args.out)
             field = view.read("u")

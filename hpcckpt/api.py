@@ -18,6 +18,10 @@ def save(state, path, comm=None, *, step: int | None = None, overwrite: bool = F
          **options) -> SaveResult:
     """Collectively write ``state`` as one complete, committed checkpoint directory at ``path``.
 
+    ``state``: a dict, a Stateful object (``state_dict()``) or a callable
+    returning the dict, read now (hpcckpt.stateful; nested dicts of Blocks are
+    stored as ``"group/name"``).
+
     ``overwrite=True`` replaces an existing checkpoint there (it is deleted
     before the new one is written; use a Checkpointer to keep the old one until
     the new one is committed).  ``storage``: where the checkpoint lives
@@ -54,7 +58,8 @@ def load(state, path, comm=None, *, strict: bool = True, storage: Storage = POSI
     """Collectively fill the Blocks of ``state`` in place from the checkpoint at ``path``.
 
     Works whatever decomposition and number of ranks the data was saved with.
-    Returns the state with Ragged rows and replicated values restored.
+    Returns the state with Ragged rows and replicated values restored (nested
+    as the template is; a Stateful template gets ``load_state_dict`` with it).
     ``strict=False`` allows the checkpoint to hold variables the template omits.
     A plain HDF5 file as ``path`` fills the template from its datasets and root
     attributes of the same names (docs/hdf5.md).

@@ -26,6 +26,13 @@ class Checkpointer:
     (see :class:`hpcckpt.options.SaveOptions`).  All methods are collective over
     ``comm``: every rank calls them in the same order.
 
+    The state is read when a save starts: a plain ``Block(u)`` saves the array
+    object it was built with, so a code that rebinds ``u`` (``u, un = un, u``)
+    must build its state at each save: :meth:`register` an object with
+    ``state_dict()``/``load_state_dict(d)`` or a callable returning the dict,
+    or use getter Blocks ``Block(lambda: u, ...)`` (see hpcckpt.stateful).
+    Nested dicts of Blocks are stored as ``"group/name"`` and restored nested.
+
     When to save can be left to :meth:`maybe_save`: ``policy`` (an
     ``hpcckpt.policy`` object; default ``Learned``: Daly's interval with the
     failure rate learned from the history kept under ``root``, ``mtbf`` seconds
@@ -66,6 +73,7 @@ class Checkpointer:
         self._last_result: SaveResult | None = None
         self._plan_cache = PlanCache()  # the plan of the last blocking save, reused while the layout holds
         self._closed = False
+        self._registered = None  # the state of register(): read at every save/restore given none
         self._break_lock = bool(break_lock)
         self._unlock = None  # set once the writer lock is held (every rank alike); releases it
         agree(self.comm, f"creating {self.root!r}", lambda: on_root(self.comm, lambda: os.makedirs(self.root, exist_ok=True)))
@@ -96,11 +104,39 @@ class Checkpointer:
         """Every committed step, oldest first."""
         return [e.step for e in self._live()]
 
-    def save(self, state, step: int, **options) -> SaveResult:
+    def register(self, state) -> "Checkpointer":
+        """Keep ``state`` for every later :meth:`save`, :meth:`maybe_save` and :meth:`restore` called without one.
+
+        ``state``: a Stateful object (``state_dict()`` / ``load_state_dict(d)``),
+        a callable returning the state dict, or a dict (of getter Blocks, for
+        arrays the application rebinds); it is read at every save, so
+        ``ck.register(sim)`` once, then ``ck.maybe_save(step)`` in the loop.
+        Returns the Checkpointer.  Not collective.
+        """
+        if isinstance(state, int) or state is None:
+            raise CheckpointError(f"register needs a state (a dict, Stateful object or callable), got {state!r}")
+        self._registered = state
+        return self
+
+    def _state_and_step(self, state, step, what: str):
+        """``(state, step)`` of a call that may omit the state (a registered one) or pass the step first."""
+        if step is None and isinstance(state, int) and not isinstance(state, bool):
+            state, step = None, state  # ck.save(10) with a registered state
+        if state is None:
+            state = self._registered
+            if state is None:
+                raise CheckpointError(f"{what} without a state: pass one, or call register(state) first")
+        return state, step
+
+    def save(self, state=None, step: int | None = None, **options) -> SaveResult:
         """Write ``state`` as version ``step``, commit it, then apply retention; collective.
 
-        Retention is bookkeeping: a deletion that fails is a warning on rank 0.
+        ``state``: a dict, a Stateful object or a callable returning the dict
+        (read now; see hpcckpt.stateful), or omitted for the registered one
+        (``ck.save(step)``).  Retention is bookkeeping: a deletion that fails
+        is a warning on rank 0.
         """
+        state, step = self._state_and_step(state, step, "save")
         self._check_open()
         what = f"save of step {step!r} under {self.root!r}"
         self._lock(what)
@@ -141,8 +177,12 @@ class Checkpointer:
             self.engine.poll()  # commits a finished asynchronous save without waiting for an unfinished one
         return self.pacer.decide(step) is not None
 
-    def maybe_save(self, state, step: int, **options) -> SaveResult | None:
-        """Save if :meth:`should_save` says so; the SaveResult, or None when no save was due."""
+    def maybe_save(self, state=None, step: int | None = None, **options) -> SaveResult | None:
+        """Save if :meth:`should_save` says so; the SaveResult, or None when no save was due.
+
+        ``ck.maybe_save(step)`` saves the registered state (:meth:`register`).
+        """
+        state, step = self._state_and_step(state, step, "maybe_save")
         return self.save(state, step, **options) if self.should_save(step) else None
 
     def should_exit(self) -> bool:
@@ -155,8 +195,13 @@ class Checkpointer:
         remove_versions([e for e in entries if not e.committed])
         return new_version_name(list_versions(self.root), step)
 
-    def restore(self, state, step: int | None = None, strict: bool = True) -> dict:
+    def restore(self, state=None, step: int | None = None, strict: bool = True) -> dict:
         """Load the newest valid version (or the given step) into ``state``; collective.
+
+        ``state``: the template, as for :meth:`save` (omitted: the registered
+        one); Blocks are filled in place (a getter Block: the array the getter
+        returns now), a Stateful object gets ``load_state_dict`` with the
+        restored dict, which is also returned (nested as the template is).
 
         A version that cannot be read -- data truncated or failing a checksum,
         a file that cannot be opened (EACCES, a directory in its place),
@@ -166,6 +211,8 @@ class Checkpointer:
         does not fit raises at once, and so does any failure of an explicitly
         requested ``step``.
         """
+        if state is None:
+            state, _ = self._state_and_step(state, step, "restore")
         if self.engine is not None and self.engine.node is not None:
             self._check_open()
             return self.engine.restore(state, step, strict)

@@ -26,12 +26,17 @@ from .metadata_file import read_metadata
 from .reader import ChunkReader, allocate
 from .regions import tiling_problem
 from .state import Block, Ragged, block_box, split_state
+from .stateful import deliver, flatten, materialize, unflatten
 from .storage import POSIX, Storage
 
 
 def load_version(state, directory: str, comm, strict: bool = True, timer: PhaseTimer | None = None,
                  expect_step: int | None = None, storage: Storage = POSIX) -> dict:
     """Fill the Blocks of ``state`` in place from ``directory``; return the restored state dict.
+
+    ``state``: a dict, a Stateful object or a callable (hpcckpt.stateful),
+    resolved now; nested dicts come back nested, and Stateful objects get
+    ``load_state_dict`` with their part once the load has succeeded.
 
     ``expect_step``: the step the directory's name claims (a Checkpointer
     version); metadata holding another step is a damaged version.
@@ -43,7 +48,7 @@ def load_version(state, directory: str, comm, strict: bool = True, timer: PhaseT
         meta = bcast_checked(comm, what, lambda: _step_checked(read_metadata(directory, storage), expect_step,
                                                                     directory))
     with timer.phase("plan"):
-        local = agree(comm, what, lambda: check_template(state, meta, strict))
+        local = agree(comm, what, lambda: _template(state, meta, strict))
         requests = allgather_checked(comm, what, lambda: local["requests"])
         try:  # the same inputs on every rank: the same answer, or the same error everywhere
             ranges = plan_reads(requests, meta)
@@ -61,14 +66,25 @@ def load_version(state, directory: str, comm, strict: bool = True, timer: PhaseT
         logger.info("loaded %s on %d ranks: %s", directory, comm.Get_size(),
                     ", ".join(f"{k} {v:.3f} s" for k, v in timer.seconds.items()))
     out = {}
-    for name, value in state.items():
+    for name, value in local["flat"].items():
         if isinstance(value, Block):
             out[name] = value
         elif isinstance(value, Ragged):
             out[name] = Ragged(targets[name][2])
         else:
             out[name] = values[name]
-    return out
+    restored = unflatten(out, local["tree"])
+    deliver(state, restored)  # load_state_dict of Stateful objects, after every collective of the load
+    return restored
+
+
+def _template(state, meta: Metadata, strict: bool) -> dict:
+    """The template read now (hpcckpt.stateful: Stateful objects, callables, getters, nesting), then checked."""
+    tree = materialize(state)
+    flat = flatten(tree)
+    local = check_template(flat, meta, strict)
+    local["tree"], local["flat"] = tree, flat
+    return local
 
 
 def _step_checked(meta: Metadata, expect_step: int | None, directory: str) -> Metadata:

@@ -39,6 +39,7 @@ from .options import SaveOptions, SaveResult
 from .save_plan import PlanCache, agree_plan
 from .save_stages import create_version_directory, describe_state
 from .selection import Selection, select_changed, select_full
+from .stateful import resolve as resolve_state
 from .stats import phase_record, slowest, straggler
 from .storage import POSIX, Storage
 from .transform import encoded_pieces, raw_pieces
@@ -48,8 +49,12 @@ from .transport.topology import node_layout, ranks_per_node_setting
 
 
 def describe(state, comm, options: SaveOptions) -> dict:
-    """The describe stage on this rank (no MPI); a bad HPCCKPT_RANKS_PER_NODE fails here, on every rank alike."""
-    local = describe_state(state, comm.Get_rank(), comm.Get_size(), options)
+    """The describe stage on this rank (no MPI); a bad HPCCKPT_RANKS_PER_NODE fails here, on every rank alike.
+
+    The state is resolved here, once per save, for every kind of save
+    (hpcckpt.stateful: Stateful objects, callables, getters, nested dicts).
+    """
+    local = describe_state(resolve_state(state), comm.Get_rank(), comm.Get_size(), options)
     ranks_per_node_setting(options.ranks_per_node)
     return local
 

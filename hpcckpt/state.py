@@ -1,6 +1,7 @@
 """How an application describes its distributed state: Block, Ragged and plain values.
 
-A state is a flat dict.  ``Block`` and ``Ragged`` values are distributed (each
+A state is a flat dict (hpcckpt.stateful resolves Stateful objects, callables,
+getters and nested dicts into one before any stage sees it).  ``Block`` and ``Ragged`` values are distributed (each
 rank holds a part of one global array); every other value is replicated and
 stored once, from rank 0.  This module turns those objects into small,
 JSON-able summaries that rank 0 plans with (see planning.py); it does no I/O
@@ -33,11 +34,20 @@ class Block:
     block is filled in place.  ``codec`` compresses this variable (a name such
     as "lz4", "zstd", "auto", or ``hpcckpt.codecs.Lossy(...)``; see
     docs/compression.md); None uses the save's ``codec`` option.
+
+    ``local`` may be a getter instead (``Block(lambda: u, offset, shape)``):
+    it is called at every save and restore, so the Block follows an array the
+    application rebinds (``u, un = un, u``); a plain Block keeps the array it
+    was built with (see hpcckpt.stateful).
     """
 
     def __init__(self, local, offset=None, global_shape=None, codec=None):
         self.local = local
         self.codec = codec  # None: the save's default (see hpcckpt.codecs)
+        if callable(local):  # a getter (hpcckpt.stateful): the defaults come from the array it returns
+            self.offset = tuple(offset) if offset is not None else None
+            self.global_shape = tuple(global_shape) if global_shape is not None else None
+            return
         shape = getattr(local, "shape", ())
         self.offset = tuple(offset) if offset is not None else (0,) * len(shape)
         self.global_shape = tuple(global_shape) if global_shape is not None else tuple(shape)
@@ -50,7 +60,8 @@ class Block:
 class Ragged:
     """This rank's rows (first axis) of a global table, concatenated in rank order.
 
-    At save, ``local`` holds the rows (None for none).  At load, ``Ragged()``
+    At save, ``local`` holds the rows (None for none), or is a getter called
+    at every save (``Ragged(lambda: parts)``, see hpcckpt.stateful).  At load, ``Ragged()``
     asks for an even split of the rows and ``Ragged(rows=k)`` for k rows; the
     counts of all ranks must add up to the stored total.  Load returns a new
     ``Ragged`` whose ``local`` holds the loaded rows.

@@ -10,7 +10,8 @@ directory under the test's ``tmp_path``)::
 Each test runs on one process (a SerialComm): exact data after every restore,
 the same meaning of SaveResult for every kind, state changed right after a
 save not leaking into it, retention, a failed save committing nothing, a
-restart continuing the run, layouts that change between saves, and (for
+restart continuing the run, layouts that change between saves, a swapped
+(rebound) buffer saved as it is at the save, nested state, and (for
 incremental configurations) only the changed blocks written.
 """
 
@@ -121,6 +122,66 @@ class CheckpointerTests:
             state["p"].local[:] = -7
             ck.wait()
             self.check(self.restore(ck, 1), 1)
+
+    def test_a_swapped_buffer_is_saved_as_it_is_now(self, tmp_path):
+        """The ping-pong swap ``u, un = un, u``: every save writes the live buffer, in each safe form."""
+
+        class Sim:  # the Stateful protocol
+            def __init__(self, n=6000):
+                self.u, self.un, self.step = np.zeros(n), np.zeros(n), 0
+
+            def advance(self):
+                self.un[:] = self.step + 1.0
+                self.u, self.un = self.un, self.u
+                self.step += 1
+
+            def state_dict(self):
+                return {"u": Block(self.u), "step": self.step}
+
+            def load_state_dict(self, d):
+                self.step = d["step"]
+
+        sim = Sim()
+        forms = {"stateful": sim, "callable": sim.state_dict,
+                 "getter": {"u": Block(lambda: sim.u), "step": 0}}
+        for k, (label, state) in enumerate(forms.items()):
+            root = os.path.join(tmp_path, label)
+            os.makedirs(root)
+            with self.checkpointer(root) as ck:
+                ck.register(state)
+                for _ in range(3):
+                    sim.advance()
+                    ck.save(step=sim.step)
+                ck.wait()
+                live = sim.u.copy()
+                sim.u[:], sim.un[:] = -1.0, -2.0  # both buffers now differ from what was saved
+                fresh = Sim()
+                template = {"stateful": fresh, "callable": fresh.state_dict,
+                            "getter": {"u": Block(lambda: fresh.u), "step": None}}[label]
+                got = ck.restore(template)
+                assert np.array_equal(fresh.u, live), label  # filled through what the template gives now
+                assert np.array_equal(got["u"].local, live), label
+                # a plain value in a registered dict is the object it holds (0 here); Stateful/callable read it now
+                assert got["step"] == (0 if label == "getter" else 3 * (k + 1)), label
+                if label == "stateful":
+                    assert fresh.step == 3 * (k + 1)
+
+    def test_nested_state_round_trips_with_its_nesting(self, tmp_path):
+        state = self.state(1)
+        nested = {"fluid": {"u": state["u"], "nu": 0.1, "opts": {"a": 1}}, "parts": {"p": state["p"]},
+                  "step": 1, "name": "run-1"}
+        with self.checkpointer(tmp_path) as ck:
+            ck.save(nested, 1)
+            ck.wait()
+            assert set(ck.restore({"fluid/u": Block(np.zeros(6000)), "fluid/nu": None, "fluid/opts": None,
+                                   "parts/p": Ragged(), "step": None, "name": None})) >= {"fluid/u"}
+            template = {"fluid": {"u": Block(np.zeros(6000)), "nu": None, "opts": None},
+                        "parts": {"p": Ragged()}, "step": None, "name": None}
+            got = ck.restore(template)
+        assert np.array_equal(template["fluid"]["u"].local, state["u"].local)
+        assert got["fluid"]["nu"] == 0.1 and got["fluid"]["opts"] == {"a": 1}
+        assert np.array_equal(got["parts"]["p"].local, state["p"].local)
+        assert got["step"] == 1 and got["name"] == "run-1"
 
     def test_retention_keeps_the_newest_versions_whole(self, tmp_path):
         with self.checkpointer(tmp_path, keep=2) as ck:
