@@ -134,7 +134,7 @@ def test_ragged_bad_row_sum_fails_on_every_rank(comm, mpi_tmp):
 def test_bad_blocks_at_save_fail_on_every_rank(comm, mpi_tmp, problem):
     n, r = comm.size, comm.rank
     shape = (2 * n, 3)
-    lo, hi = 2 * r, 2 * r + 2
+    lo = 2 * r
     local = np.full((2, 3), float(r))
     state = {"ok": Block(local.copy(), (lo, 0), shape), "bad": Block(local, (lo, 0), shape)}
     victim = n - 1

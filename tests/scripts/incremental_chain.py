@@ -82,7 +82,6 @@ def local_state(seed: int, step: int, comm) -> dict:
 
 
 def template(seed: int, step: int, comm) -> dict:
-    g = global_state(seed, step)
     t = local_state(seed, step, comm)
     for name, value in t.items():
         if isinstance(value, hpcckpt.Block):
