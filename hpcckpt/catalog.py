@@ -164,9 +164,21 @@ def referenced(version_path: str) -> set[str]:
 
 
 def protected(entries, kept: set[str]) -> set[str]:
-    """``kept`` plus every version a kept version references (references are direct: no closure needed)."""
+    """``kept`` plus every version a kept version references, and so on (the closure).
+
+    A kept version's references are direct (it points at the version that
+    holds each block), but a version kept for its data stays a committed
+    version that ``steps()`` lists and a restore or ``compact`` reads whole,
+    so the versions it references are kept too.  The chain is at most
+    ``max_chain`` deep, which bounds what this keeps.
+    """
+    by_name = {e.name: e for e in entries if e.committed}
     out = set(kept)
-    for e in entries:
-        if e.name in kept and e.committed:
-            out |= referenced(e.path)
+    todo = [n for n in kept if n in by_name]
+    while todo:
+        for ref in referenced(by_name[todo.pop()].path):
+            if ref not in out:
+                out.add(ref)
+                if ref in by_name:
+                    todo.append(ref)
     return out

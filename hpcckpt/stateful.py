@@ -139,8 +139,9 @@ def _flatten(tree: dict, prefix: str, flat: dict) -> None:
 
 
 def _is_group(value: dict) -> bool:
-    """A materialized dict is a group when it holds a Block or Ragged at any depth."""
-    return any(is_distributed(v) or (isinstance(v, dict) and _is_group(v)) for v in value.values())
+    """A materialized dict is a group when it holds a Block or Ragged at any depth (up to MAX_DEPTH: a deeper
+    or self-containing dict is a replicated value, refused by the value encoding with its own message)."""
+    return _holds_distributed(value, 0)
 
 
 def resolve(state: Any) -> dict:
