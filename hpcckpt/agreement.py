@@ -20,7 +20,7 @@ import json
 
 import xxhash
 
-from .errors import CheckpointError
+from .errors import CheckpointError, TemplateMismatchError
 
 #: What a kind is called in the error messages.
 _KIND_NAMES = {"block": "a Block", "ragged": "a Ragged", "value": "a replicated value", "per-rank": "a PerRank"}
@@ -55,13 +55,18 @@ def total(details: dict) -> str:
 
 
 def mismatch(details: list) -> CheckpointError | None:
-    """The error for every rank's entries (one dict per rank, None for a rank that sent none), or None if equal."""
+    """The error for every rank's entries (one dict per rank, None for a rank that sent none), or None if equal.
+
+    Names or kinds that differ are a TemplateMismatchError; steps, options and values a CheckpointError.
+    """
     ref = next((r for r, d in enumerate(details) if d is not None), None)
     if ref is None:
         return None
     for r, d in enumerate(details):
         if d is not None and d != details[ref]:
-            return CheckpointError(_difference(details[ref], ref, d, r))
+            text = _difference(details[ref], ref, d, r)
+            cls = TemplateMismatchError if text.startswith(("state names", "variable")) else CheckpointError
+            return cls(text)
     return None
 
 
@@ -101,4 +106,4 @@ def check_digests(comm, what: str, totals: list, details: dict | None) -> None:
     error = mismatch(comm.allgather(details))
     if error is None:  # a hash collision of the totals only: the entries agree
         return
-    raise CheckpointError(f"{what} failed: {error}")
+    raise type(error)(f"{what} failed: {error}")
