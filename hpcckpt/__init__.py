@@ -8,12 +8,12 @@ from .api import load, open, save
 from .checkpointer import Checkpointer
 from .errors import CheckpointError, CorruptCheckpointError, TemplateMismatchError
 from .options import SaveResult
-from .state import Block, Ragged
+from .state import Block, PerRank, Ragged
 from .log import configure_from_env as _configure_logging
 
 __version__ = "0.1.0"
 
 _configure_logging()
 
-__all__ = ["Block", "Ragged", "save", "load", "open", "Checkpointer", "SaveResult", "CheckpointError",
+__all__ = ["Block", "Ragged", "PerRank", "save", "load", "open", "Checkpointer", "SaveResult", "CheckpointError",
            "CorruptCheckpointError", "TemplateMismatchError", "codecs", "policy", "__version__"]

@@ -30,7 +30,9 @@ def save(state, path, comm=None, *, step: int | None = None, overwrite: bool = F
     """
     comm = resolve_comm(comm)
     path = os.fspath(path)
-    opts = SaveOptions.from_kwargs(**options)
+    # agreed before anything is removed: an invalid option on one rank fails every rank alike (one allgather);
+    # options valid but different between ranks are caught by the plan stage's digest (hpcckpt/agreement.py)
+    opts = agree(comm, f"save of {path!r}", lambda: SaveOptions.from_kwargs(**options))
     agree(comm, f"save of {path!r}", lambda: on_root(comm, lambda: _clear_target(path, overwrite, storage)))
     return save_version(state, path, comm, opts, step=step, storage=storage)
 

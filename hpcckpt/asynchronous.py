@@ -36,6 +36,7 @@ unless every rank's writer has already finished).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import time
@@ -56,7 +57,8 @@ from .log import logger
 from .monitor import PhaseTimer
 from .names import METADATA_FILE, parse_version_name, rank_file
 from .options import SaveOptions, SaveResult
-from .save_pipeline import commit_on_root, describe, is_incremental, select
+from .agreement import mismatch
+from .save_pipeline import commit_on_root, describe, is_incremental, select, with_per_rank
 from .save_plan import PlanCache, agree_plan, plan_locally, reconcile
 from .selection import Selection
 from .staging import DEFAULT_STAGING_BYTES, SlotQueue, StagingPool, stage, staged_bytes
@@ -87,6 +89,8 @@ class Pending:
     selection: Selection  # what was selected (its items dropped: the writer holds the staged copies)
     key: str | None  # this rank's layout key, adopted with a reconciled plan
     own: tuple | None = None  # (summaries, box starts, codecs) this rank used when its layout changed
+    details: dict | None = None  # what the ranks must agree on (agreement.py), when not agreed in the plan stage
+    per_rank: dict | None = None  # this rank's PerRank values (JSON form), collected by the commit
     started: float = field(default_factory=time.perf_counter)
 
 
@@ -145,17 +149,18 @@ class Engine:
                 self.skipped += 1
                 return None
             self.complete()
-        opts = SaveOptions.from_kwargs(**{**self.ckpt.options.__dict__, **options})
-        check_step(step)  # the same on every rank: raises everywhere alike
         what = f"save of step {step!r} under {self.ckpt.root!r}"
         timer = PhaseTimer()
         error = own = local = None
+        opts, error = self._options(step, options)
         with timer.phase("plan"):
             try:
-                local = describe(state, self.comm, opts)
+                if error is None:
+                    local = describe(state, self.comm, opts, step)
             except Exception as exc:  # noqa: BLE001 - agreed in the plan stage, or at the commit
                 error = exc
-            if is_incremental(opts) or not self.plan_cache.valid:
+            agreed = is_incremental(opts) or not self.plan_cache.valid
+            if agreed:
                 index = self._agree(local, None if error is None else describe_failure(error), opts, step, what)
                 starts = None
             else:  # checked at the commit: no collective now; a failure here surfaces there
@@ -165,7 +170,8 @@ class Engine:
                         starts, _, own = plan_locally(local, self.plan_cache, opts)
                     except Exception as exc:  # noqa: BLE001 - agreed at the commit
                         error = exc
-            name = new_version_name([_entry(n) for n in self._names], step)
+            name = new_version_name([_entry(n) for n in self._names], step if isinstance(step, int) and not
+                                    isinstance(step, bool) and 0 <= step else 0)
             directory = self._target(name)
         with timer.phase("hash" if is_incremental(opts) else "plan"):
             selection = Selection([]) if error is not None else select(
@@ -176,7 +182,9 @@ class Engine:
         due = self.node.levels.due(self.count) if self.node is not None else {}
         self.pending = Pending(step, name, directory, local["values"] if local else None, writer, due,
                                timer.seconds.get("stage", 0.0), opts, selection.with_items([]),
-                               local["key"] if local else None, own)
+                               local["key"] if local else None, own,
+                               None if agreed or local is None else local["details"],
+                               local["per_rank"] if local else None)
         if not self.asynchronous:
             result = self.complete()
         else:
@@ -184,6 +192,22 @@ class Engine:
                                 levels=(), kind=selection.kind)
         self.ckpt.pacer.record_save(step, time.perf_counter() - t0)
         return result
+
+    def _options(self, step, options: dict) -> tuple:
+        """``(SaveOptions, None)``, or ``(stand-in options, the exception)`` for an invalid option or step.
+
+        The failure is agreed in the plan stage or at the commit, like any
+        other failure of this rank: every rank raises the same CheckpointError.
+        The stand-in (the Checkpointer's options, with the incremental choice
+        this call asked for) keeps this rank's collectives those of the others.
+        """
+        merged = {**self.ckpt.options.__dict__, **options}
+        try:
+            check_step(step)
+            return SaveOptions.from_kwargs(**merged), None
+        except Exception as exc:  # noqa: BLE001 - agreed in the plan stage, or at the commit
+            wanted = bool(merged.get("incremental")) or merged.get("base") is not None
+            return dataclasses.replace(self.ckpt.options, incremental=wanted, base=None), exc
 
     def _agree(self, local, failure, opts: SaveOptions, step: int, what: str):
         """The plan stage agreed before writing (the first save, and every incremental save); the base index.
@@ -299,8 +323,8 @@ class Engine:
         failure = None if w.error is None else describe_failure(w.error)
         stats = {"seconds": {**timer.seconds, "stage": p.stage_seconds}, "timeline": timer.timeline,
                  "bytes": w.written.nbytes}
-        msgs = comm.gather((failure, w.file_bytes, p.selection.commit_part(w.written.rows), stats, p.name, p.own),
-                           root=0)
+        msgs = comm.gather((failure, w.file_bytes, p.selection.commit_part(w.written.rows), stats, p.name, p.own,
+                            p.details, p.per_rank), root=0)
         committed = None
         try:
             settled = self._settle(msgs) if self.rank == 0 else None
@@ -316,7 +340,8 @@ class Engine:
             out = settled
             if self.rank == 0 and not isinstance(out, dict):
                 try:
-                    committed = self._commit_root(p, settled, levels, [m[3] for m in msgs])
+                    committed = self._commit_root(p, settled, levels, [m[3] for m in msgs],
+                                                  with_per_rank(p.values, [m[7] for m in msgs]))
                     out = (committed.small(), slowest(phase_record([m[3] for m in msgs])),
                            committed.raw if self.node is not None else None,
                            (settled.variables, settled.all_boxes, settled.codecs) if settled.changed else None)
@@ -367,6 +392,9 @@ class Engine:
         bad = {r: m[0] for r, m in enumerate(msgs) if m[0] is not None}
         if bad:
             return bad
+        differ = mismatch([m[6] for m in msgs])  # the digest of a save that was not agreed in its plan stage
+        if differ is not None:
+            return {0: describe_failure(differ)}
         names = {m[4] for m in msgs}
         if len(names) != 1:
             return {0: describe_failure(CheckpointError(
@@ -377,12 +405,12 @@ class Engine:
         settled, failure = attempt(lambda: reconcile(self.plan_cache, parts, [m[5] for m in msgs]))
         return {0: failure} if failure is not None else settled
 
-    def _commit_root(self, p: Pending, settled, levels, stats: list):
+    def _commit_root(self, p: Pending, settled, levels, stats: list, values: dict):
         """Rank 0: write the metadata (root version, or rank 0's node-local version) and apply root retention."""
         extra = {"strategy": "file-per-rank", "asynchronous": self.asynchronous, "stats": phase_record(stats)}
         if levels is not None:
             extra["levels"] = levels
-        committed = commit_on_root(p.directory, settled.variables, settled.codecs, settled.tables, p.values,
+        committed = commit_on_root(p.directory, settled.variables, settled.codecs, settled.tables, values,
                                    self.comm.Get_size(), p.step, extra, p.options.fsync, p.selection.info)
         flushing = self.node.flushing if self.node is not None else None  # never a version being flushed
         best_effort(f"retention under {self.ckpt.root!r}", lambda: remove_versions(

@@ -67,7 +67,8 @@ class Checkpointer:
         from .asynchronous import engine_wanted, pop_engine_options  # asynchronous / multi-level saves (issue 7)
 
         engine_options = pop_engine_options(options)
-        self.options = SaveOptions.from_kwargs(**options)
+        # validated inside the first collective: an invalid option on one rank is the same error on every rank
+        self.options = agree(self.comm, f"creating {self.root!r}", lambda: SaveOptions.from_kwargs(**options))
         self.chain_base: str | None = None  # what the next incremental save builds on (hpcckpt/incremental.py)
         self.last_restored: str | None = None
         self._last_result: SaveResult | None = None
@@ -142,7 +143,7 @@ class Checkpointer:
         self._lock(what)
         if self.engine is not None:
             return self.engine.save(state, step, **options)
-        opts = SaveOptions.from_kwargs(**{**self.options.__dict__, **options})
+        opts = {**self.options.__dict__, **options}  # validated inside the plan stage, on every rank alike
         t0 = time.perf_counter()
         # rank 0 clears leftovers and names the version inside the save's first collective
         result = save_version(state, lambda: os.path.join(self.root, self._prepare(check_step(step))), self.comm,

@@ -163,6 +163,20 @@ def _b64(arr: np.ndarray) -> str:
     return base64.b64encode(np.ascontiguousarray(arr).tobytes()).decode("ascii")
 
 
+#: The tag of a value saved once per rank (hpcckpt.PerRank; docs/format.md 3.4).
+PER_RANK = "per-rank"
+_PER_RANK_KEYS = {TAG, "values"}
+
+
+class PerRankEntries(list):
+    """A decoded per-rank value: the saved value of each rank, in rank order."""
+
+
+def encode_per_rank(entries: list) -> dict:
+    """The JSON form of a per-rank value from each rank's encoded value (rank order)."""
+    return {TAG: PER_RANK, "values": list(entries)}
+
+
 def decode_value(obj: Any, where: str = "value") -> Any:
     """Inverse of :func:`encode_value` for untrusted JSON; CorruptCheckpointError on malformed input."""
     return _decode(obj, where, 0)
@@ -185,6 +199,13 @@ def _decode(obj: Any, where: str, depth: int) -> Any:
     if TAG not in obj:
         return {k: _decode(v, where, depth + 1) for k, v in obj.items()}
     kind = obj[TAG]
+    if kind == PER_RANK and set(obj) == _PER_RANK_KEYS and depth == 0:
+        if not isinstance(obj["values"], list):
+            raise CorruptCheckpointError(f"malformed replicated value {where}: a per-rank value holds a list")
+        return PerRankEntries(_decode(v, f"{where} of rank {r}", depth + 1) for r, v in enumerate(obj["values"]))
+    if kind == PER_RANK:
+        raise CorruptCheckpointError(f"malformed replicated value {where}: a per-rank tag is allowed only directly "
+                                     f"in values, with exactly the keys {sorted(_PER_RANK_KEYS)}")
     if not isinstance(kind, str) or kind not in _TAG_KEYS:
         raise CorruptCheckpointError(f"malformed replicated value {where}: unknown tag {str(kind)[:40]!r}")
     if set(obj) != _TAG_KEYS[kind]:

@@ -16,7 +16,7 @@ import numpy as np
 from .collective import agree, allgather_checked, bcast_checked
 from .arrays import byte_view
 from .devices import copy_into, is_device_array
-from .encoding import decode_value
+from .encoding import PerRankEntries, decode_value
 from .log import logger
 from .errors import CorruptCheckpointError, TemplateMismatchError
 from .metadata import Metadata, Variable
@@ -25,7 +25,7 @@ from .planning import common_names, plan_rows, plan_shared_reads
 from .metadata_file import read_metadata
 from .reader import ChunkReader, allocate
 from .regions import tiling_problem
-from .state import Block, Ragged, block_box, split_state
+from .state import Block, PerRank, Ragged, block_box, split_state
 from .stateful import deliver, flatten, materialize, unflatten
 from .storage import POSIX, Storage
 
@@ -71,6 +71,8 @@ def load_version(state, directory: str, comm, strict: bool = True, timer: PhaseT
             out[name] = value
         elif isinstance(value, Ragged):
             out[name] = Ragged(targets[name][2])
+        elif isinstance(value, PerRank) or isinstance(values[name], PerRankEntries):
+            out[name] = per_rank_value(name, value, values[name], comm.Get_rank(), comm.Get_size())
         else:
             out[name] = values[name]
     restored = unflatten(out, local["tree"])
@@ -85,6 +87,27 @@ def _template(state, meta: Metadata, strict: bool) -> dict:
     local = check_template(flat, meta, strict)
     local["tree"], local["flat"] = tree, flat
     return local
+
+
+def per_rank_value(name: str, template, stored, rank: int, nranks: int) -> PerRank:
+    """This rank's ``PerRank`` of a load (the rule of hpcckpt.PerRank; the same decision on every rank).
+
+    Saved on as many ranks: each rank gets its own entry.  On another count a
+    TemplateMismatchError, unless the template is ``PerRank(default,
+    resize=True)``: rank r gets entry r if it was saved, else ``default``.  A
+    value saved replicated is given to every rank; a PerRank in the checkpoint
+    needs a PerRank in the template.
+    """
+    if not isinstance(stored, PerRankEntries):
+        return PerRank(stored)
+    if not isinstance(template, PerRank):
+        raise TemplateMismatchError(f"{name!r} holds one value per rank in the checkpoint: ask for it with "
+                                    "hpcckpt.PerRank() in the template")
+    if len(stored) != nranks and not template.resize:
+        raise TemplateMismatchError(f"{name!r} holds one value per rank for {len(stored)} ranks, and this run has "
+                                    f"{nranks}: pass hpcckpt.PerRank(default, resize=True) to give rank r the saved "
+                                    "value of rank r, or the default beyond the saved ranks")
+    return PerRank(stored[rank] if rank < len(stored) else template.value, template.resize)
 
 
 def _step_checked(meta: Metadata, expect_step: int | None, directory: str) -> Metadata:

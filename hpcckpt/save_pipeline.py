@@ -29,7 +29,7 @@ from . import chain_cache
 from .codecs.pipeline import EncodedPieces
 from .collective import attempt, root_phase
 from .commit import commit_version, metadata_from_rows
-from .encoding import dtype_from_json
+from .encoding import dtype_from_json, encode_per_rank
 from .errors import CheckpointError
 from .incremental import incremental_metadata, referenced_versions
 from .log import logger
@@ -48,13 +48,13 @@ from .transport.auto import choose_strategy
 from .transport.topology import node_layout, ranks_per_node_setting
 
 
-def describe(state, comm, options: SaveOptions) -> dict:
+def describe(state, comm, options: SaveOptions, step=None) -> dict:
     """The describe stage on this rank (no MPI); a bad HPCCKPT_RANKS_PER_NODE fails here, on every rank alike.
 
     The state is resolved here, once per save, for every kind of save
     (hpcckpt.stateful: Stateful objects, callables, getters, nested dicts).
     """
-    local = describe_state(resolve_state(state), comm.Get_rank(), comm.Get_size(), options)
+    local = describe_state(resolve_state(state), comm.Get_rank(), comm.Get_size(), options, step=step)
     ranks_per_node_setting(options.ranks_per_node)
     return local
 
@@ -72,7 +72,7 @@ def select(comm, what: str, local: dict, cache: PlanCache, options: SaveOptions,
     return select_full(local["arrays"], starts if starts is not None else {n: b[0] for n, b in cache.boxes.items()})
 
 
-def save_version(state, directory, comm, options: SaveOptions, step: int | None = None, extra: dict | None = None,
+def save_version(state, directory, comm, options: SaveOptions | dict, step: int | None = None, extra: dict | None = None,
                  io_root: str | None = None, cache: PlanCache | None = None, chain_base: str | None = None,
                  storage: Storage = POSIX) -> SaveResult:
     """Collectively write ``state`` into a new version directory and commit it (a blocking save).
@@ -89,15 +89,23 @@ def save_version(state, directory, comm, options: SaveOptions, step: int | None 
     ``chain_base``: the version an incremental save builds on when it still
     exists (a Checkpointer's last saved or restored one).  ``storage``: where
     the version is written (hpcckpt.storage); one without ``shared_files``
-    takes the file-per-rank transport only.
+    takes the file-per-rank transport only.  ``options``: SaveOptions, or the
+    keyword arguments to make them from, validated inside the plan stage (an
+    invalid option on one rank is the same CheckpointError on every rank).
+    Every rank must pass the same step, options, names, kinds and replicated
+    values (agreement.py; checked in the plan stage's allgather).
     """
     rank, size = comm.Get_rank(), comm.Get_size()
     timer = PhaseTimer()
     cache = cache if cache is not None else PlanCache()
-    incremental = is_incremental(options)
+    options, failure = _options(options)  # a failure is agreed in the plan stage's allgather, below
+    incremental = failure is None and is_incremental(options)
     name_of = lambda root: f"save of {root[0]!r}" if root else "save of a new version"  # noqa: E731
     with timer.phase("plan"):
-        local, failure = attempt(lambda: describe(state, comm, options))
+        if failure is None:
+            local, failure = attempt(lambda: describe(state, comm, options, step))
+        else:
+            local = None
         root_part = None
         if rank == 0 and failure is None:
             root_part, failure = attempt(lambda: _start_on_root(directory, size, options, cache, local, io_root,
@@ -128,12 +136,13 @@ def save_version(state, directory, comm, options: SaveOptions, step: int | None 
         with timer.phase("commit"):
             def on_root(msgs):
                 record = phase_record([m[0] for m in msgs])
-                done = commit_on_root(path, cache.variables, cache.codecs, [m[1] for m in msgs], local["values"],
+                values = with_per_rank(local["values"], [m[2] for m in msgs])
+                done = commit_on_root(path, cache.variables, cache.codecs, [m[1] for m in msgs], values,
                                       size, step, {**(extra or {}), "strategy": strategy, "stats": record},
                                       options.fsync, selection.info, storage)
                 return done.small() + (slowest(record), str(straggler(record)))  # small: broadcast to every rank
 
-            mine = (stats, selection.commit_part(written.rows) if written is not None else None)
+            mine = (stats, selection.commit_part(written.rows) if written is not None else None, local["per_rank"])
             nbytes, nchunks, summary, chain, phases, straggler_text = root_phase(comm, what, failure, mine, on_root)
     except CheckpointError:
         cache.invalidate()
@@ -151,6 +160,13 @@ def save_version(state, directory, comm, options: SaveOptions, step: int | None 
     return SaveResult(path=path, step=step, bytes_written=nbytes, nchunks=nchunks,
                       timings={**phases, "commit": timer.seconds["commit"]}, strategy=strategy, kind=selection.kind,
                       incremental=None if selection.info is None else {**selection.info, **summary})
+
+
+def _options(options) -> tuple:
+    """``(SaveOptions, None)``, or ``(None, failure)`` when the keyword arguments are not valid options."""
+    if isinstance(options, SaveOptions):
+        return options, None
+    return attempt(lambda: SaveOptions.from_kwargs(**options))
 
 
 def _start_on_root(directory, nranks: int, options: SaveOptions, cache: PlanCache, local: dict, io_root, chain_base,
@@ -215,6 +231,14 @@ def _drop(storage: Storage, path: str) -> None:
         storage.remove(path)
     except OSError:
         pass
+
+
+def with_per_rank(values: dict, per_rank: list) -> dict:
+    """Rank 0: the version's values, with each PerRank value as one entry per rank (``per_rank``: by rank)."""
+    out = dict(values)
+    for name in per_rank[0]:
+        out[name] = encode_per_rank([p[name] for p in per_rank])
+    return out
 
 
 @dataclass

@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from .agreement import check_digests
 from .codecs.core import AUTO
 from .codecs.pipeline import decide, default_threads
 from .collective import attempt, collective_error, raise_if_failed
@@ -110,17 +111,22 @@ def agree_plan(comm, what, local: dict | None, failure, options: SaveOptions, ca
                root_part=None, report=None) -> tuple:
     """Collective: the plan every rank writes with; ``(rank 0's part, every rank's report, cache hit)``.
 
-    One allgather of ``(failure, layout unchanged, root_part, report)``; when
-    some rank's layout changed (or on the first save) :func:`replan` follows.
+    One allgather of ``(failure, layout unchanged, root_part, report, digest)``;
+    when the digests differ (the ranks passed different steps, options, names,
+    kinds or replicated values: agreement.py) every rank raises the same error
+    naming what differs; when some rank's layout changed (or on the first
+    save) :func:`replan` follows.
     ``what``: the operation's name for errors, or a function of rank 0's part
     that gives it.  A failure on any rank raises the same CheckpointError
     everywhere, with the cache invalidated.
     """
-    everyone = comm.allgather((failure, local is not None and local["key"] == cache.key, root_part, report))
+    everyone = comm.allgather((failure, local is not None and local["key"] == cache.key, root_part, report,
+                               local["digest"] if local is not None else None))
     root = everyone[0][2]
     name = what(root) if callable(what) else what
     try:
         raise_if_failed(comm, name, [e[0] for e in everyone])
+        check_digests(comm, name, [e[4] for e in everyone], local["details"] if local is not None else None)
         hit = all(e[1] for e in everyone)
         if not hit:
             cache.invalidate()

@@ -7,35 +7,45 @@ over and how the global layout is decided are written once.
 
 from __future__ import annotations
 
+from . import agreement
 from .codecs.core import spec_to_json
 from .devices import as_local_array
 from .codecs.pipeline import codec_summary, decide_codecs
 from .encoding import encode_value
 from .options import SaveOptions
 from .planning import plan_save
-from .state import split_state, summarize_for_save
+from .state import PerRank, split_state, summarize_for_save
 from .storage import POSIX, Storage
 
 
-def describe_state(state, rank: int, nranks: int, options: SaveOptions, measure: bool = False) -> dict:
+def describe_state(state, rank: int, nranks: int, options: SaveOptions, measure: bool = False, step=None) -> dict:
     """This rank's part of a save, read from ``state`` now; no MPI.
 
     ``summaries``: what it holds, for the planner (with ``measure``, each
     variable's codec summary too, which for ``codec="auto"`` samples the data:
     see :func:`measure_codecs`); ``specs``: each variable's codec spec (JSON);
     ``arrays``: its buffers (host or device arrays, or None); ``values`` (rank
-    0): the replicated values in their JSON form; ``distributed``: the
-    Block/Ragged objects; ``key``: the layout the plan cache compares
-    (save_plan.layout_key).
+    0): the replicated values in their JSON form; ``per_rank``: this rank's
+    PerRank values in their JSON form (collected at the commit);
+    ``distributed``: the Block/Ragged objects; ``key``: the layout the plan
+    cache compares (save_plan.layout_key); ``details`` and ``digest``: what
+    every rank must agree on (agreement.py: the step, the options, names and
+    kinds, the replicated values; computed on every rank).
     """
     distributed, replicated = split_state(state)
+    per_rank = {name: encode_value(v.value, repr(name)) for name, v in replicated.items() if isinstance(v, PerRank)}
+    values = {name: encode_value(v, repr(name)) for name, v in replicated.items() if not isinstance(v, PerRank)}
     summaries = {name: summarize_for_save(name, value) for name, value in distributed.items()}
     specs = {name: spec_to_json(getattr(value, "codec", None)) for name, value in distributed.items()}
     local = {"summaries": summaries, "distributed": distributed, "specs": specs,
              "arrays": {name: None if value.local is None else as_local_array(value.local)
                         for name, value in distributed.items()},
-             "values": {name: encode_value(v, repr(name)) for name, v in replicated.items()} if rank == 0 else None,
+             "values": values if rank == 0 else None, "per_rank": per_rank,
              "key": layout_key(nranks, options, summaries, specs)}
+    kinds = {name: s["kind"] for name, s in summaries.items()}
+    kinds.update({name: "per-rank" if name in per_rank else "value" for name in replicated})
+    local["details"] = agreement.entry_digests(step, options, kinds, values)
+    local["digest"] = agreement.total(local["details"])
     if measure:
         measure_codecs(local, options)
     return local

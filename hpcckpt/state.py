@@ -77,6 +77,33 @@ class Ragged:
         return f"Ragged(local shape {shape}, rows={self.rows})"
 
 
+class PerRank:
+    """A value that legitimately differs between ranks (a per-rank RNG state, a rank's own counter).
+
+    ``PerRank(value)`` in a state saves one entry per rank (each rank's
+    ``value``, in the JSON forms of replicated values); every other
+    non-distributed value must be equal on every rank, which each save checks.
+    On load, a ``PerRank`` in the template (its ``value`` is not used) gives
+    back ``PerRank(saved value of this rank)``.  On another rank count the load
+    is a TemplateMismatchError on every rank, unless the template says
+    ``PerRank(default, resize=True)``: then rank r gets the value saved by rank
+    r if there was one, else ``default`` (entries of ranks beyond this run's
+    count are not used).
+    """
+
+    def __init__(self, value=None, resize: bool = False):
+        self.value = value
+        self.resize = bool(resize)
+
+    def __repr__(self) -> str:
+        return f"PerRank({self.value!r})"
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, PerRank) and other.value == self.value
+
+    __hash__ = None
+
+
 def is_distributed(value: Any) -> bool:
     return isinstance(value, (Block, Ragged))
 
