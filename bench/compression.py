@@ -6,8 +6,10 @@
 Fields (float64): ``smooth`` (a smooth 2-D field plus noise at 1e-3 of its
 amplitude), ``constant`` (large constant regions plus a smooth part),
 ``random`` (normal noise).  For each codec: compression ratio, compress and
-decompress MB/s (of raw bytes) with 1 and 2 threads (chunks of 4 MiB in a
-thread pool, as a save does).  Then the end-to-end time of hpcckpt.save to a
+decompress MB/s (of raw bytes) with 1 thread and with the rank's codec
+threads (``--threads``, default min(4, cores) as a save; chunks of 4 MiB in a
+thread pool, as a save does; blosc2's own threads share that count), the
+median of ``--repeat`` runs.  ``--codecs`` picks rows by name (comma-separated).  Then the end-to-end time of hpcckpt.save to a
 writer throttled to ``--bandwidth`` MB/s (every write sleeps for its bytes /
 bandwidth, like a slow shared file system), with and without compression.
 """
@@ -26,7 +28,8 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import hpcckpt  # noqa: E402
-from hpcckpt.codecs import Lossy, resolve  # noqa: E402
+from hpcckpt.codecs import Blosc2, Lossy, blosc2_codec, resolve  # noqa: E402
+from hpcckpt.codecs.pipeline import default_threads  # noqa: E402
 from hpcckpt.transport import file_per_rank  # noqa: E402
 
 CHUNK = 4 << 20
@@ -46,6 +49,11 @@ def make_fields(mib: int) -> dict:
 
 CODECS = {"lz4": "lz4", "zstd": "zstd", "shuffle+zstd": "shuffle+zstd", "shuffle+lz4": "shuffle+lz4",
           "lossy rel 1e-4": Lossy(rel=1e-4), "lossy rel 1e-6": Lossy(rel=1e-6)}
+if blosc2_codec.available():  # C-Blosc2 next to numcodecs' Blosc (lz4, zstd above) on the same fields
+    CODECS.update({"blosc2-lz4": "blosc2-lz4", "blosc2-zstd": "blosc2-zstd",
+                   "blosc2 zstd1 shuffle+bytedelta": Blosc2(codec="zstd", clevel=1, filters=["shuffle", "bytedelta"]),
+                   "blosc2 lz4 shuffle+bytedelta": Blosc2(codec="lz4", filters=["shuffle", "bytedelta"]),
+                   "blosc2 zstd5 bitshuffle": Blosc2(codec="zstd", filters=["bitshuffle"])})
 
 
 def chunks(flat: np.ndarray):
@@ -53,9 +61,16 @@ def chunks(flat: np.ndarray):
     return [flat[i:i + per] for i in range(0, flat.size, per)]
 
 
-def throughput(field: np.ndarray, spec, threads: int) -> tuple[float, float, float]:
+def throughput(field: np.ndarray, spec, threads: int, repeat: int = 1) -> tuple[float, float, float]:
+    """Ratio, compress and decompress MB/s: the median of ``repeat`` runs."""
+    runs = [throughput_once(field, spec, threads) for _ in range(repeat)]
+    return runs[0][0], float(np.median([r[1] for r in runs])), float(np.median([r[2] for r in runs]))
+
+
+def throughput_once(field: np.ndarray, spec, threads: int) -> tuple[float, float, float]:
     codec = resolve(spec, field.dtype)
     parts = chunks(field.reshape(-1))
+    blosc2_codec.set_threads(threads)  # as EncodedPieces does: blosc2's threads share the pool's count
     with ThreadPoolExecutor(threads) as pool:
         t = time.perf_counter()
         stored = list(pool.map(codec.encode, parts))
@@ -98,6 +113,9 @@ def main() -> None:
     ap.add_argument("--bandwidth", type=float, default=300.0, help="throttled write bandwidth, MB/s")
     ap.add_argument("--save-chunk-mib", type=int, default=CHUNK >> 20,
                     help="chunk_bytes of the end-to-end saves, MiB (small chunks let compression overlap writing)")
+    ap.add_argument("--threads", type=int, default=default_threads(), help="the rank's codec threads")
+    ap.add_argument("--repeat", type=int, default=3, help="throughput runs per cell (the median is shown)")
+    ap.add_argument("--codecs", default="", help="comma-separated row names of the throughput table (default all)")
     ap.add_argument("--part", choices=("all", "throughput", "save"), default="all",
                     help="run only the codec throughput table or only the end-to-end saves")
     args = ap.parse_args()
@@ -109,14 +127,26 @@ def main() -> None:
 
 
 def throughput_table(args, fields) -> None:
-    print(f"# {args.mib} MiB float64 fields, chunks of {CHUNK >> 20} MiB, {os.cpu_count()} cores\n")
-    print("| field | codec | ratio | compress MB/s 1 thr | 2 thr | decompress MB/s 1 thr | 2 thr |")
+    t = args.threads
+    print(f"# {args.mib} MiB float64 fields, chunks of {CHUNK >> 20} MiB, {os.cpu_count()} cores, {cpu_name()}, "
+          f"median of {args.repeat}\n")
+    print(f"| field | codec | ratio | compress MB/s 1 thr | {t} thr | decompress MB/s 1 thr | {t} thr |")
     print("|---|---|---:|---:|---:|---:|---:|")
+    names = [n for n in args.codecs.split(",") if n] or list(CODECS)
     for fname, field in fields.items():
-        for cname, spec in CODECS.items():
-            r1, c1, d1 = throughput(field, spec, 1)
-            _, c2, d2 = throughput(field, spec, 2)
+        for cname in names:
+            spec = CODECS[cname]
+            r1, c1, d1 = throughput(field, spec, 1, args.repeat)
+            _, c2, d2 = throughput(field, spec, t, args.repeat)
             print(f"| {fname} | {cname} | {r1:.2f} | {c1:.0f} | {c2:.0f} | {d1:.0f} | {d2:.0f} |", flush=True)
+
+
+def cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return "unknown CPU"
 
 
 def save_table(args, fields) -> None:

@@ -8,6 +8,7 @@ checks every element (exact for lossless codecs, within the bound for lossy).
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 
@@ -16,6 +17,8 @@ import numpy as np
 SHAPE = (37, 23)
 SPECS = {"none": "none", "lz4": "lz4", "zstd": "zstd", "shz": "shuffle+zstd", "auto": "auto",
          "abs": ("abs", 1e-3), "rel": ("rel", 1e-4)}
+if importlib.util.find_spec("blosc2") is not None:  # the blosc2 family (hpcckpt/codecs/blosc2_codec.py)
+    SPECS.update({"b2": "blosc2", "b2lz4": "blosc2-lz4"})
 
 
 def field(seed):

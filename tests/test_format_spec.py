@@ -18,6 +18,7 @@ Three checks:
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
@@ -499,6 +500,9 @@ SPELLINGS = ["none", "lz4", "zstd", "lz4hc", "shuffle+lz4", "shuffle+zstd", "aut
                                                 "elementsize": 2}, {"id": "zstd", "level": 2}]},
              {"id": "hpcckpt.chain", "codecs": [{"id": "lz4"}]},
              {"id": "hpcckpt.quantize", "rel": 1e-2}]
+if importlib.util.find_spec("blosc2") is not None:  # the blosc2 family (hpcckpt/codecs/blosc2_codec.py)
+    SPELLINGS += ["blosc2", "blosc2-lz4", {"id": "blosc2", "codec": "lz4hc", "clevel": 9, "filters":
+                  ["delta", "bitshuffle", "bytedelta"], "typesize": 4, "blocksize": 8192}]
 
 
 def test_every_emitted_codec_id_and_parameter_is_documented(tmp_path):

@@ -2,12 +2,15 @@
 
 Spellings accepted wherever a ``codec=`` keyword is (``Block``, ``Ragged``,
 ``save``, ``Checkpointer``): a name (``"none"``, ``"auto"``, ``"lz4"``,
-``"zstd"``, ``"lz4hc"``, ``"shuffle+lz4"``, ``"shuffle+zstd"``), a
-:class:`Lossy` (``Lossy(abs=...)`` or ``Lossy(rel=...)``), a numcodecs codec
+``"zstd"``, ``"lz4hc"``, ``"shuffle+lz4"``, ``"shuffle+zstd"``, ``"blosc2"``,
+``"blosc2-zstd"``, ``"blosc2-lz4"``, ``"blosc2-lz4hc"``, ``"blosc2-blosclz"``), a
+:class:`Lossy` (``Lossy(abs=...)`` or ``Lossy(rel=...)``), a :class:`Blosc2`
+(C-Blosc2, needs the ``blosc2`` package), a numcodecs codec
 object of a whitelisted kind, or its config dict.  See docs/compression.md.
 """
 
 from .core import AUTO, NAMES, Codec, from_config, resolve, spec_to_json
+from .blosc2_codec import Blosc2
 from .lossy import Lossy
 
-__all__ = ["Lossy", "Codec", "NAMES", "AUTO", "resolve", "from_config", "spec_to_json"]
+__all__ = ["Lossy", "Blosc2", "Codec", "NAMES", "AUTO", "resolve", "from_config", "spec_to_json"]

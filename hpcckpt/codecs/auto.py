@@ -1,7 +1,8 @@
 """``codec="auto"``: compress a variable only where it pays, judged from a small sample.
 
 Every rank compresses a sample of its local part (at most ``SAMPLE_BYTES``,
-taken from three places) with each candidate (blosc lz4 and zstd), timing it,
+taken from three places) with each candidate (blosc lz4 and zstd, and blosc2 lz4 and zstd where the blosc2
+package is installed: ``candidates()``), timing it,
 and sends (local bytes, sample bytes, seconds and compressed bytes per
 candidate, its write bandwidth) with its save summary.  Rank 0 then estimates
 for the whole variable
@@ -23,6 +24,7 @@ import time
 import numpy as np
 
 from ..devices import array_module, to_host
+from . import blosc2_codec
 from .core import resolve
 
 SAMPLE_BYTES = 96 << 10
@@ -33,6 +35,12 @@ DEFAULT_WRITE_BANDWIDTH = 1e9
 #: A candidate must be estimated at least this much faster than none.
 MARGIN = 0.85
 CANDIDATES = ("lz4", "zstd")
+#: Considered too where the blosc2 package is installed.
+BLOSC2_CANDIDATES = ("blosc2-lz4", "blosc2-zstd")
+
+
+def candidates() -> tuple[str, ...]:
+    return CANDIDATES + (BLOSC2_CANDIDATES if blosc2_codec.available() else ())
 
 _bandwidth: list[float] = []  # the last few measured write bandwidths of this process
 
@@ -77,7 +85,7 @@ def measure(arr, dtype) -> dict:
         return out
     sample = _sample(arr)
     out["sample"] = int(sample.nbytes)
-    for name in CANDIDATES:
+    for name in candidates():
         codec = resolve(name, dtype)
         codec.encode(sample[:64])  # warm up (first-call costs are not the throughput)
         t = time.perf_counter()
@@ -96,7 +104,8 @@ def decide(measurements: list[dict], threads: int) -> str:
     bw = float(np.mean([m["bw"] for m in measurements]))
     weight = sum(m["bytes"] for m in sampled)
     best, best_time = "none", total / bw
-    for name in CANDIDATES:
+    measured = set.intersection(*(set(m["seconds"]) & set(m["stored"]) for m in sampled))
+    for name in [n for n in CANDIDATES + BLOSC2_CANDIDATES if n in measured]:  # what every rank measured
         sec_per_byte = sum(m["seconds"][name] / m["sample"] * m["bytes"] for m in sampled) / weight
         inv_ratio = sum(m["stored"][name] / m["sample"] * m["bytes"] for m in sampled) / weight
         est = total * sec_per_byte / max(1, threads) + total * inv_ratio / bw

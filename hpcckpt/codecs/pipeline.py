@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 
 from ..devices import as_local_array, is_device_array
-from . import auto
+from . import auto, blosc2_codec
 from .core import AUTO, NAMES, NoneCodec, from_config, resolve, spec_to_json
 from .gpu import device_encode
 
@@ -37,6 +37,7 @@ class EncodedPieces:
     def __init__(self, codecs: dict, threads: int | None = None):
         self.codecs = codecs
         self.threads = threads or default_threads()
+        blosc2_codec.set_threads(self.threads)  # blosc2's own threads share the pool's count: no oversubscription
         self.wait_seconds = 0.0  # time the writer spent waiting for compression
         self.write_seconds = 0.0  # time the consumer spent between pieces (checksum + write)
         self.raw_bytes = self.stored_bytes = 0
