@@ -3,11 +3,14 @@
 Spellings accepted wherever a ``codec=`` keyword is (``Block``, ``Ragged``,
 ``save``, ``Checkpointer``): a name (``"none"``, ``"auto"``, ``"lz4"``,
 ``"zstd"``, ``"lz4hc"``, ``"shuffle+lz4"``, ``"shuffle+zstd"``), a
-:class:`Lossy` (``Lossy(abs=...)`` or ``Lossy(rel=...)``), a numcodecs codec
+:class:`Lossy` (``Lossy(abs=...)`` or ``Lossy(rel=...)``), :class:`SZ3`
+(``SZ3(abs=|rel=|pw_rel=...)``), :class:`ZFP` (``ZFP(accuracy=|precision=|rate=|reversible=...)``), a numcodecs codec
 object of a whitelisted kind, or its config dict.  See docs/compression.md.
 """
 
 from .core import AUTO, NAMES, Codec, from_config, resolve, spec_to_json
 from .lossy import Lossy
+from .sz3 import SZ3  # SZ3 and ZFP families (issue 19): pysz / zfpy are imported when used
+from .zfp import ZFP
 
-__all__ = ["Lossy", "Codec", "NAMES", "AUTO", "resolve", "from_config", "spec_to_json"]
+__all__ = ["Lossy", "SZ3", "ZFP", "Codec", "NAMES", "AUTO", "resolve", "from_config", "spec_to_json"]
