@@ -2,6 +2,7 @@
 """Compression benchmark: ratio and throughput per codec, and end-to-end saves against slow storage.
 
     python bench/compression.py [--mib 32] [--bandwidth 300] [--markdown]
+    python bench/compression.py --part lossy [--mib 32] [--repeat 3]
 
 Fields (float64): ``smooth`` (a smooth 2-D field plus noise at 1e-3 of its
 amplitude), ``constant`` (large constant regions plus a smooth part),
@@ -12,6 +13,10 @@ thread pool, as a save does; blosc2's own threads share that count), the
 median of ``--repeat`` runs.  ``--codecs`` picks rows by name (comma-separated).  Then the end-to-end time of hpcckpt.save to a
 writer throttled to ``--bandwidth`` MB/s (every write sleeps for its bytes /
 bandwidth, like a slow shared file system), with and without compression.
+``--part lossy``: the lossy codecs side by side (own quantizer, SZ3, ZFP) at
+abs 1e-3, rel 1e-4 and rel 1e-6 on the same fields, in 2-D chunks of 4 MiB
+(row blocks, as a save chunks a 2-D Block): ratio, compress and decompress
+MB/s with one thread (medians of ``--repeat`` runs) and the maximum error seen.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import hpcckpt  # noqa: E402
-from hpcckpt.codecs import Blosc2, Lossy, blosc2_codec, resolve  # noqa: E402
+from hpcckpt.codecs import SZ3, ZFP, Blosc2, Lossy, blosc2_codec, resolve  # noqa: E402
 from hpcckpt.codecs.pipeline import default_threads  # noqa: E402
 from hpcckpt.transport import file_per_rank  # noqa: E402
 
@@ -114,12 +119,15 @@ def main() -> None:
     ap.add_argument("--save-chunk-mib", type=int, default=CHUNK >> 20,
                     help="chunk_bytes of the end-to-end saves, MiB (small chunks let compression overlap writing)")
     ap.add_argument("--threads", type=int, default=default_threads(), help="the rank's codec threads")
-    ap.add_argument("--repeat", type=int, default=3, help="throughput runs per cell (the median is shown)")
+    ap.add_argument("--repeat", type=int, default=3, help="runs per throughput cell and per lossy row (medians)")
     ap.add_argument("--codecs", default="", help="comma-separated row names of the throughput table (default all)")
-    ap.add_argument("--part", choices=("all", "throughput", "save"), default="all",
+    ap.add_argument("--part", choices=("all", "throughput", "save", "lossy"), default="all",
                     help="run only the codec throughput table or only the end-to-end saves")
     args = ap.parse_args()
     fields = make_fields(args.mib)
+    if args.part == "lossy":
+        lossy_table(args, fields)
+        return
     if args.part != "save":
         throughput_table(args, fields)
     if args.part != "throughput":
@@ -147,6 +155,51 @@ def cpu_name() -> str:
             return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
     except (OSError, StopIteration):
         return "unknown CPU"
+
+
+def lossy_specs(field: np.ndarray) -> list:
+    """(bound label, codec label, spec, bound on |x - x'|) at abs 1e-3, rel 1e-4, rel 1e-6.
+
+    SZ3 and the own quantizer take rel as given (range of each chunk); ZFP has no relative mode, so it gets
+    the absolute tolerance rel * (range of the whole field), a bound at least as loose as the chunk's.
+    """
+    span = float(field.max() - field.min())
+    rows = []
+    for label, mode, b in (("abs 1e-3", "abs", 1e-3), ("rel 1e-4", "rel", 1e-4), ("rel 1e-6", "rel", 1e-6)):
+        bound = b if mode == "abs" else b * span
+        rows += [(label, "quantize", Lossy(**{mode: b}), bound), (label, "SZ3", SZ3(**{mode: b}), bound),
+                 (label, "ZFP accuracy", ZFP(accuracy=bound), bound)]
+    return rows
+
+
+def row_chunks(field: np.ndarray) -> list:
+    rows = max(1, CHUNK // (field.shape[1] * field.itemsize))
+    return [np.ascontiguousarray(field[i:i + rows]) for i in range(0, field.shape[0], rows)]
+
+
+def lossy_table(args, fields) -> None:
+    print(f"# {args.mib} MiB float64 fields, 2-D chunks of {CHUNK >> 20} MiB, 1 thread, "
+          f"medians of {args.repeat} runs\n")
+    print("| field | bound | codec | ratio | compress MB/s | decompress MB/s | max error / bound |")
+    print("|---|---|---|---:|---:|---:|---:|")
+    for fname, field in fields.items():
+        parts = row_chunks(field)
+        for label, cname, spec, bound in lossy_specs(field):
+            codec = resolve(spec, field.dtype)
+            tc, td = [], []
+            for _ in range(args.repeat):
+                t = time.perf_counter()
+                stored = [codec.encode(p) for p in parts]
+                tc.append(time.perf_counter() - t)
+                outs = [np.empty(p.nbytes, np.uint8) for p in parts]
+                t = time.perf_counter()
+                for s, o in zip(stored, outs):
+                    codec.decode(s, o)
+                td.append(time.perf_counter() - t)
+            err = max(float(np.abs(o.view(field.dtype).reshape(p.shape) - p).max()) for p, o in zip(parts, outs))
+            ratio = field.nbytes / sum(s.nbytes for s in stored)
+            print(f"| {fname} | {label} | {cname} | {ratio:.2f} | {field.nbytes / np.median(tc) / 1e6:.0f} | "
+                  f"{field.nbytes / np.median(td) / 1e6:.0f} | {err / bound:.2f} |", flush=True)
 
 
 def save_table(args, fields) -> None:

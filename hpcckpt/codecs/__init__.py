@@ -5,12 +5,15 @@ Spellings accepted wherever a ``codec=`` keyword is (``Block``, ``Ragged``,
 ``"zstd"``, ``"lz4hc"``, ``"shuffle+lz4"``, ``"shuffle+zstd"``, ``"blosc2"``,
 ``"blosc2-zstd"``, ``"blosc2-lz4"``, ``"blosc2-lz4hc"``, ``"blosc2-blosclz"``), a
 :class:`Lossy` (``Lossy(abs=...)`` or ``Lossy(rel=...)``), a :class:`Blosc2`
-(C-Blosc2, needs the ``blosc2`` package), a numcodecs codec
+(C-Blosc2, needs the ``blosc2`` package), :class:`SZ3`
+(``SZ3(abs=|rel=|pw_rel=...)``), :class:`ZFP` (``ZFP(accuracy=|precision=|rate=|reversible=...)``), a numcodecs codec
 object of a whitelisted kind, or its config dict.  See docs/compression.md.
 """
 
 from .core import AUTO, NAMES, Codec, from_config, resolve, spec_to_json
 from .blosc2_codec import Blosc2
 from .lossy import Lossy
+from .sz3 import SZ3  # SZ3 and ZFP families (issue 19): pysz / zfpy are imported when used
+from .zfp import ZFP
 
-__all__ = ["Lossy", "Blosc2", "Codec", "NAMES", "AUTO", "resolve", "from_config", "spec_to_json"]
+__all__ = ["Lossy", "Blosc2", "SZ3", "ZFP", "Codec", "NAMES", "AUTO", "resolve", "from_config", "spec_to_json"]
