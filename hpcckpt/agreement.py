@@ -88,8 +88,8 @@ def _difference(a: dict, ra: int, b: dict, rb: int) -> str:
                     "(nothing was committed)")
         ka, kb = a[key].partition(":")[0], b[key].partition(":")[0]
         if ka != kb:
-            return (f"variable {name!r} is {_KIND_NAMES.get(ka, ka)} on rank {ra} but {_KIND_NAMES.get(kb, kb)} on "
-                    f"rank {rb} (nothing was committed)")
+            return (f"the kinds of variable {name!r} differ between ranks: {_KIND_NAMES.get(ka, ka)} on rank {ra}, "
+                    f"{_KIND_NAMES.get(kb, kb)} on rank {rb} (nothing was committed)")
         return (f"the replicated value {name!r} differs between rank {ra} and rank {rb}: a replicated value must "
                 "be equal on every rank (wrap values that differ per rank in hpcckpt.PerRank); nothing was committed")
     return f"ranks {ra} and {rb} passed different states (nothing was committed)"

@@ -62,7 +62,7 @@ def test_mismatch_names_the_first_difference():
     text = str(mismatch([a, entry_digests(3, None, {"u": "block", "v": "value"}, {"v": 1})]))
     assert "state names differ" in text and ("'t'" in text or "'v'" in text)
     text = str(mismatch([a, entry_digests(3, None, {"u": "ragged", "t": "value"}, {"t": 1})]))
-    assert "'u' is a Block on rank 0 but a Ragged on rank 1" in text
+    assert "kinds of variable 'u' differ between ranks: a Block on rank 0, a Ragged on rank 1" in text
     # equal dicts in another key order are equal values
     b = entry_digests(3, None, {"d": "value"}, {"d": {"x": 1, "y": 2}})
     assert mismatch([b, entry_digests(3, None, {"d": "value"}, {"d": {"y": 2, "x": 1}})]) is None
