@@ -56,9 +56,11 @@ class PlanCache:
     total_bytes: int = 0
     summaries: list | None = None
     all_boxes: list | None = None
+    expect_hit: bool = False  # agreed: whether the next save checks the cache first (see agree_plan)
 
     def invalidate(self) -> None:
         self.key = None
+        self.expect_hit = False
 
     @property
     def valid(self) -> bool:
@@ -111,15 +113,25 @@ def agree_plan(comm, what, local: dict | None, failure, options: SaveOptions, ca
                root_part=None, report=None) -> tuple:
     """Collective: the plan every rank writes with; ``(rank 0's part, every rank's report, cache hit)``.
 
-    One allgather of ``(failure, layout unchanged, root_part, report, digest)``;
-    when the digests differ (the ranks passed different steps, options, names,
-    kinds or replicated values: agreement.py) every rank raises the same error
-    naming what differs; when some rank's layout changed (or on the first
-    save) :func:`replan` follows.
-    ``what``: the operation's name for errors, or a function of rank 0's part
-    that gives it.  A failure on any rank raises the same CheckpointError
-    everywhere, with the cache invalidated.
+    Two ways, chosen alike on every rank from the outcome of the last save
+    (``cache.expect_hit``):
+
+    * the cache is expected to hold (the last save reused it, or planned
+      afresh): one allgather of ``(failure, layout unchanged, root_part,
+      report, digest)``, then :func:`replan` only when some rank's layout
+      changed; a repeated save of the same layout makes no other collective;
+    * layouts are changing (the last save missed), or there is no plan yet:
+      :func:`plan_at_once`, a gather, one broadcast and a scatter, instead of
+      the allgather plus a new plan.
+
+    When the digests differ (the ranks passed different steps, options,
+    names, kinds or replicated values: agreement.py) every rank raises the
+    same error naming what differs.  ``what``: the operation's name for
+    errors, or a function of rank 0's part that gives it.  A failure on any
+    rank raises the same CheckpointError everywhere, with the cache invalidated.
     """
+    if not cache.expect_hit:
+        return plan_at_once(comm, what, local, failure, options, cache, root_part, report)
     everyone = comm.allgather((failure, local is not None and local["key"] == cache.key, root_part, report,
                                local["digest"] if local is not None else None))
     root = everyone[0][2]
@@ -131,10 +143,50 @@ def agree_plan(comm, what, local: dict | None, failure, options: SaveOptions, ca
         if not hit:
             cache.invalidate()
             replan(comm, name, local, None, options, cache)
+            cache.expect_hit = False  # the layout changes: the next save plans at once
     except CheckpointError:
         cache.invalidate()
         raise
     return root, [e[3] for e in everyone], hit
+
+
+def plan_at_once(comm, what, local: dict | None, failure, options: SaveOptions, cache: PlanCache,
+                 root_part=None, report=None) -> tuple:
+    """Collective: a new plan without asking first whether the cached one holds; as :func:`agree_plan` returns.
+
+    Gather of ``(failure, codec-measured summary, layout unchanged, report,
+    digest)``; rank 0 plans and broadcasts its verdict, its part, every
+    rank's report and digest, and the plan; the boxes are scattered.  When
+    every rank's layout turns out unchanged, the next save checks the cache
+    again (``expect_hit``).
+    """
+    fresh = cache.key is None
+    if failure is None:
+        measured, failure = attempt(lambda: measure_codecs(local, options))
+    else:
+        measured = None
+    unchanged = local is not None and local["key"] == cache.key
+    msgs = comm.gather((failure, measured, unchanged, report, local["digest"] if local is not None else None), root=0)
+    shared = plan = None
+    if comm.Get_rank() == 0:
+        plan, bad = attempt(lambda: _plan_on_root([(m[0], m[1]) for m in msgs], options))
+        shared = (bad, root_part, [m[3] for m in msgs], [m[4] for m in msgs], all(m[2] for m in msgs),
+                  *((plan[0], plan[2], plan[3]) if plan else (None, None, 0)))
+    bad, root, reports, digests, all_unchanged, variables, codecs, total = comm.bcast(shared, root=0)
+    name = what(root) if callable(what) else what
+    try:
+        raise_if_failed(comm, name, [bad])
+        check_digests(comm, name, digests, local["details"] if local is not None else None)
+    except CheckpointError:
+        cache.invalidate()
+        raise
+    cache.variables, cache.codecs, cache.total_bytes = variables, codecs, total
+    cache.boxes = comm.scatter(plan[1] if plan else None, root=0)
+    cache.summaries = [m[1] for m in msgs] if plan else None
+    cache.all_boxes = plan[1] if plan else None
+    cache.key = local["key"]
+    cache.expect_hit = fresh or all_unchanged
+    return root, reports, False
 
 
 def plan_locally(local: dict, cache: PlanCache, options: SaveOptions) -> tuple[dict, dict, tuple | None]:

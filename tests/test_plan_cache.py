@@ -104,3 +104,25 @@ def test_a_repeated_incremental_save_plans_from_the_cache(world, mpi_tmp, asynch
     want = _state(world)["u"].local
     want[7] = 3
     assert np.array_equal(target["u"].local, want)
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.timeout(120)
+def test_a_layout_that_keeps_changing_is_planned_at_once(world, mpi_tmp):
+    """After one miss, saves plan without asking the cache first (gather, bcast, scatter); when the layout
+    settles, the cache is checked again and a repeated save is back to three collectives."""
+    comm = CountingComm(world)
+    with Checkpointer(f"{mpi_tmp}/root", comm=comm, strategy="file-per-rank", track_failures=False) as ck:
+        counts = []
+        for step, rows in enumerate((3, 4, 5, 6, 6, 6)):
+            comm.calls.clear()
+            ck.save(_state(world, k=step, rows=rows), step)
+            counts.append([c for c in comm.calls if c in COLLECTIVES])
+        commit = ["gather", "bcast"]
+        assert counts[1] == ["allgather", "gather", "bcast", "scatter"] + commit, counts  # expected a hit: missed
+        assert counts[2] == counts[3] == ["gather", "bcast", "scatter"] + commit, counts  # planned at once
+        assert counts[4] == ["gather", "bcast", "scatter"] + commit, counts  # unchanged: check the cache next
+        assert counts[5] == ["allgather"] + commit, counts
+        target = _state(world, k=-1, rows=6)
+        out = ck.restore(target)
+    assert out["t"] == 5 and np.array_equal(target["u"].local, _state(world, k=5, rows=6)["u"].local)
