@@ -18,6 +18,7 @@ import warnings
 from typing import Any, Callable, TypeVar
 
 from .errors import CheckpointError, CorruptCheckpointError, TemplateMismatchError
+from .watchdog import watch
 
 T = TypeVar("T")
 
@@ -64,16 +65,17 @@ class SerialComm:
 
 
 def resolve_comm(comm=None):
-    """The communicator to use: the given one, else COMM_WORLD, else a serial stand-in."""
+    """The communicator to use: the given one, else COMM_WORLD, else a serial stand-in (watched in debug mode:
+    watchdog.py)."""
     if comm is not None:
-        return comm
+        return watch(comm)
     if os.environ.get("HPCCKPT_NO_MPI"):
         return SerialComm()
     try:
         from mpi4py import MPI
     except ImportError:
         return SerialComm()
-    return MPI.COMM_WORLD
+    return watch(MPI.COMM_WORLD)
 
 
 def agree(comm, what: str, fn: Callable[[], T]) -> T:
