@@ -371,7 +371,8 @@ class Engine:
                                                   else {}), "commit": time.perf_counter() - t0},
                             kind=p.selection.kind,
                             levels=self.node.reached(p.due) if self.node is not None else ("root",),
-                            incremental=None if info is None else {**info, **summary})
+                            incremental=None if info is None else {**info, **summary},
+                            this_rank={"bytes": w.written.nbytes, "timings": {**timer.seconds, "stage": p.stage_seconds}})
         self.last_result = result
         self.count += 1
         if self.rank == 0:

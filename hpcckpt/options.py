@@ -89,6 +89,9 @@ class SaveResult:
     partner copy, ``"L3"`` parity; the L4 flush commits later); ``incremental``:
     the figures of an incremental save (docs/incremental.md), else None.
 
+    ``this_rank``: this rank's own figures, apart from the global ones:
+    ``bytes`` (what this rank wrote itself) and ``timings`` (its phases).
+
     ``pending``: an asynchronous save whose data is still being written: then
     nothing is committed yet (``bytes_written`` and ``nchunks`` are 0, and
     ``timings`` are this rank's foreground phases); the committed result comes
@@ -105,6 +108,26 @@ class SaveResult:
     levels: tuple[str, ...] = ("root",)
     pending: bool = False
     incremental: dict | None = None
+    this_rank: dict = field(default_factory=dict)
+
+    def __repr__(self) -> str:
+        """One line: the version, its step, kind, size and where it is (the fields have the details)."""
+        name = os.path.basename(os.path.normpath(self.path)) if self.path else "?"
+        if self.pending:
+            return f"SaveResult({name}, step {self.step}, pending)"
+        size = _human(self.bytes_written)
+        slow = max((v for k, v in self.timings.items() if k != "commit"), default=0.0)
+        return (f"SaveResult({name}, step {self.step}, {self.kind}, {size} in {self.nchunks} chunks, "
+                f"{'+'.join(self.levels)}, {self.strategy}, slowest phase {slow:.3f} s)")
+
+
+def _human(n: int) -> str:
+    """Bytes as B / KiB / MiB / GiB with one decimal."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n} B" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"  # pragma: no cover
 
 
 def _check_incremental(opts) -> None:

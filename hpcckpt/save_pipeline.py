@@ -159,7 +159,8 @@ def save_version(state, directory, comm, options: SaveOptions | dict, step: int 
                     nbytes / max(write_seconds, 1e-9) / 1e9, straggler_text)
     return SaveResult(path=path, step=step, bytes_written=nbytes, nchunks=nchunks,
                       timings={**phases, "commit": timer.seconds["commit"]}, strategy=strategy, kind=selection.kind,
-                      incremental=None if selection.info is None else {**selection.info, **summary})
+                      incremental=None if selection.info is None else {**selection.info, **summary},
+                      this_rank={"bytes": stats["bytes"], "timings": dict(timer.seconds)})
 
 
 def _options(options) -> tuple:

@@ -78,3 +78,32 @@ def test_every_rank_gets_the_same_result_with_the_slowest_phases(mpi_tmp):
         assert res.bytes_written == comm.size * n * 8
         phases = _stored_phases(res.path)
         assert {p: max(v) for p, v in phases.items()} == everyone[0][3]
+
+
+def test_a_short_repr_and_this_ranks_own_figures(tmp_path):
+    with Checkpointer(tmp_path / "root", track_failures=False, asynchronous=True) as ck:
+        pending = ck.save(_state(), 1)
+        assert repr(pending) == "SaveResult(step-000000000001, step 1, pending)"
+        done = ck.wait()
+    text = repr(done)
+    assert text.startswith("SaveResult(step-000000000001, step 1, full, 32.0 KiB in ") and "root" in text, text
+    assert len(text) < 140 and done.this_rank["bytes"] == done.bytes_written
+    assert "write" in done.this_rank["timings"] and "stage" in done.this_rank["timings"]
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_this_ranks_bytes_add_up_to_the_global_bytes(mpi_tmp, asynchronous):
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    n = 1000 + 100 * comm.rank
+    start = sum(1000 + 100 * r for r in range(comm.rank))
+    total = sum(1000 + 100 * r for r in range(comm.size))
+    state = {"a": Block(np.ones(n), offset=(start,), global_shape=(total,))}
+    with Checkpointer(f"{mpi_tmp}/root", comm=comm, track_failures=False, asynchronous=asynchronous,
+                      strategy="file-per-rank") as ck:
+        ck.save(state, 1)
+        res = ck.wait() or ck.last_result
+    assert res.this_rank["bytes"] == n * 8
+    assert comm.allreduce(res.this_rank["bytes"]) == res.bytes_written == total * 8
