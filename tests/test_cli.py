@@ -648,3 +648,20 @@ def test_python_m_hpcckpt_errors_are_one_line(root):
     assert_one_line_error(proc.returncode, proc.stderr, "no such checkpoint")
     proc = run_module("--help")
     assert proc.returncode == 0 and "interval" in proc.stdout and "verify" in proc.stdout
+
+
+def test_gc_compact_dry_run_reports_what_the_real_run_removes(capsys, tmp_path):
+    u = np.arange(1 << 16, dtype=np.float64)
+    root = tmp_path / "ckpt"
+    with hpcckpt.Checkpointer(root, incremental=True, track_failures=False, block_bytes=1 << 12) as ck:
+        for step in (100, 200, 300):
+            u[step] = -1.0
+            ck.save({"u": hpcckpt.Block(u), "step": step}, step)
+    rc, dry, _ = run_cli(capsys, "gc", root, "--keep", "1", "--compact", "-n")
+    assert rc == 0 and "would compact  step-000000000300" in dry, dry
+    would = sorted(line.split()[2] for line in dry.splitlines() if line.startswith("would remove"))
+    rc, real, _ = run_cli(capsys, "gc", root, "--keep", "1", "--compact")
+    removed = sorted(line.split()[1] for line in real.splitlines() if line.startswith("removed  "))
+    assert rc == 0 and would == removed == ["step-000000000100", "step-000000000200"], (dry, real)
+    with hpcckpt.open(root / "step-000000000300") as view:
+        assert view.verify() == [] and np.array_equal(view.read("u"), u)

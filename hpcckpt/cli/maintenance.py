@@ -41,7 +41,10 @@ def cmd_gc(args) -> int:
     newest_rev = {e.step: e.name for e in live}
     now = time.time()
     plan, busy = [], []
-    doomed = removable(entries, args.keep)
+    if args.compact and args.dry_run:  # after the compaction no kept version would reference another: say so
+        doomed = [e for e in entries if e.name not in kept_by_keep]
+    else:
+        doomed = removable(entries, args.keep)
     # removable() keeps what a kept incremental version references: say why such a version stays
     unprotected = {e.name for e in entries if e.name not in {x.name for x in (live[-args.keep:] if args.keep else live)}}
     referenced = [e for e in entries if e.name in unprotected - {d.name for d in doomed}]
