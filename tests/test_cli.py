@@ -665,3 +665,20 @@ def test_gc_compact_dry_run_reports_what_the_real_run_removes(capsys, tmp_path):
     assert rc == 0 and would == removed == ["step-000000000100", "step-000000000200"], (dry, real)
     with hpcckpt.open(root / "step-000000000300") as view:
         assert view.verify() == [] and np.array_equal(view.read("u"), u)
+
+
+def test_ls_of_an_incremental_root_shows_kind_base_and_depth(capsys, tmp_path):
+    u = np.arange(1 << 14, dtype=np.float64)
+    root = tmp_path / "ckpt"
+    with hpcckpt.Checkpointer(root, incremental=True, track_failures=False, block_bytes=1 << 12) as ck:
+        for step in (1, 2):
+            u[step] = -1.0
+            ck.save({"u": hpcckpt.Block(u)}, step)
+    rc, out, _ = run_cli(capsys, "ls", root)
+    lines = out.splitlines()
+    assert rc == 0 and lines[0].split()[-1] == "KIND", out
+    assert lines[1].endswith("full") and lines[2].endswith("incremental, depth 1 on step-000000000001"), out
+    rc, out, _ = run_cli(capsys, "ls", root, "--json")
+    doc = json.loads(out)
+    assert [v["incremental"] for v in doc["versions"]] == [
+        {"kind": "full", "base": None, "depth": 0}, {"kind": "incremental", "base": "step-000000000001", "depth": 1}]

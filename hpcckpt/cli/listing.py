@@ -25,12 +25,13 @@ def cmd_ls(args) -> int:
     if not rows:
         print(f"{root}: no versions")
     else:
-        table = [("STEP", "VERSION", "STATE", "SIZE", "CREATED", "VARS", "VALUES")]
+        chains = any(_chain(r) for r in rows)  # an incremental root: say what each version builds on
+        table = [("STEP", "VERSION", "STATE", "SIZE", "CREATED", "VARS", "VALUES") + (("KIND",) if chains else ())]
         for r in rows:
             m = r.meta
             table.append((str(r.entry.step), r.entry.name, r.state, human_bytes(r.size),
                           m.created if m else "-", str(len(m.variables)) if m else "-",
-                          str(len(m.values)) if m else "-"))
+                          str(len(m.values)) if m else "-") + ((_kind_text(r),) if chains else ()))
         print_table(table, right={0, 3, 5, 6})
         for r in rows:
             if r.problem:
@@ -50,9 +51,26 @@ def cmd_ls(args) -> int:
     return EXIT_OK
 
 
+def _chain(r: VersionRow) -> dict | None:
+    """The incremental record of a version's metadata (``extra.incremental``), or None."""
+    info = r.meta.extra.get("incremental") if r.meta is not None and isinstance(r.meta.extra, dict) else None
+    return info if isinstance(info, dict) else None
+
+
+def _kind_text(r: VersionRow) -> str:
+    """``full``, or ``incremental, depth 3 on step-...`` (what an incremental version builds on)."""
+    info = _chain(r)
+    if info is None:
+        return "full" if r.meta is not None else "-"
+    if info.get("kind") != "incremental":
+        return "full"
+    return f"incremental, depth {info.get('depth', '?')} on {info.get('base', '?')}"
+
+
 def _row_json(r: VersionRow) -> dict:
     m = r.meta
     return {"name": r.entry.name, "step": r.entry.step, "revision": r.entry.revision, "state": r.state,
             "size": r.size, "created": m.created if m else None,
             "variables": len(m.variables) if m else None, "values": len(m.values) if m else None,
-            "problem": r.problem}
+            "problem": r.problem,
+            "incremental": {k: _chain(r).get(k) for k in ("kind", "base", "depth")} if _chain(r) else None}
