@@ -682,3 +682,27 @@ def test_ls_of_an_incremental_root_shows_kind_base_and_depth(capsys, tmp_path):
     doc = json.loads(out)
     assert [v["incremental"] for v in doc["versions"]] == [
         {"kind": "full", "base": None, "depth": 0}, {"kind": "incremental", "base": "step-000000000001", "depth": 1}]
+
+
+def test_ls_of_a_partial_version_says_it_is_partial(capsys, root):
+    partial = os.path.join(root, "step-000000000099")
+    os.makedirs(os.path.join(partial, "data"))
+    rc, out, err = run_cli(capsys, "ls", partial)
+    assert_one_line_error(rc, err, "partial version", "interrupted save", "hpcckpt gc")
+
+
+def test_export_creates_missing_parent_directories(capsys, root, tmp_path):
+    pytest.importorskip("h5py")
+    out_path = tmp_path / "new" / "sub" / "out.h5"
+    rc, out, err = run_cli(capsys, "export", root, out_path)
+    assert rc == 0 and out_path.is_file() and out.startswith("OK: "), err
+
+
+def test_output_into_a_closed_pipe_exits_0_without_a_traceback(tmp_path):
+    path = tmp_path / "ck"
+    hpcckpt.save({"u": hpcckpt.Block(np.arange(40_000.0))}, path, chunk_bytes=64)  # 5000 chunks: > a pipe's buffer
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    pipe = subprocess.run(f"set -o pipefail; {sys.executable} -m hpcckpt inspect --chunks {path} | head -c 1 >/dev/null",
+                          shell=True, capture_output=True, text=True, executable="/bin/bash",
+                          env=dict(os.environ, PYTHONPATH=here))
+    assert pipe.returncode == 0 and "Traceback" not in pipe.stderr, (pipe.returncode, pipe.stderr)

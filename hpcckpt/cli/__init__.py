@@ -138,12 +138,12 @@ def main(argv=None) -> int:
     except CheckpointError as exc:
         return _fail(str(exc))
     except OSError as exc:
-        if isinstance(exc, BrokenPipeError):  # `hpcckpt ls ROOT | head`: stop quietly
+        if isinstance(exc, BrokenPipeError):  # `hpcckpt ls ROOT | head`: the reader had enough; stop quietly
             try:
                 sys.stdout = open(os.devnull, "w")
             except OSError:
                 pass
-            return EXIT_FAIL
+            return EXIT_OK
         where = f"{exc.filename}: " if exc.filename else ""
         return _fail(f"{where}{exc.strerror or exc}")
     except KeyboardInterrupt:

@@ -14,7 +14,7 @@ import numpy as np
 from ..catalog import VersionEntry, current, list_versions
 from ..errors import CheckpointError
 from ..metadata import Metadata
-from ..names import METADATA_FILE
+from ..names import DATA_DIR, METADATA_FILE
 from ..metadata_file import read_metadata
 
 
@@ -99,6 +99,11 @@ def require_root(root: str) -> str:
     if os.path.isfile(os.path.join(root, METADATA_FILE)):
         raise CheckpointError(f"{root} is a single checkpoint version, not a root of versions "
                               f"(try: hpcckpt inspect {root})")
+    if os.path.isdir(os.path.join(root, DATA_DIR)):
+        parent = os.path.dirname(os.path.abspath(root))
+        raise CheckpointError(f"{root} is a partial version (an interrupted save: it has {DATA_DIR}/ but no "
+                              f"{METADATA_FILE}), not a root of versions; it never counts, and "
+                              f"`hpcckpt gc {parent}` removes it")
     return root
 
 

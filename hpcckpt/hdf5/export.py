@@ -58,6 +58,11 @@ def export(checkpoint_path, out_h5, progress=None, *, overwrite: bool = False) -
     if os.path.lexists(out) and not overwrite:
         raise CheckpointError(f"{out!r} already exists; pass overwrite=True (hpcckpt export --overwrite) to replace it")
     tmp = out + ".tmp"
+    parent = os.path.dirname(os.path.abspath(out))
+    try:
+        os.makedirs(parent, exist_ok=True)  # `hpcckpt export run/ckpt out/step300.h5` into a new directory
+    except OSError as exc:
+        raise CheckpointError(f"cannot create the directory {parent!r} for {out!r}: {exc.strerror or exc}") from None
     with CheckpointView(os.fspath(checkpoint_path)) as view:
         attributes = _value_attributes(view.values, h5py)
         for name in view.variables:
