@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+from .catalog import list_versions, resolve_version
 from .collective import agree, on_root, resolve_comm
 from .errors import CheckpointError
 from .loading import load_version
@@ -11,7 +12,7 @@ from .names import DATA_DIR, METADATA_FILE
 from .view import CheckpointView
 from .options import SaveOptions, SaveResult
 from .save_pipeline import save_version
-from .storage import POSIX, Storage
+from .storage import POSIX, PosixStorage, Storage
 
 
 def save(state, path, comm=None, *, step: int | None = None, overwrite: bool = False, storage: Storage = POSIX,
@@ -75,5 +76,17 @@ def load(state, path, comm=None, *, strict: bool = True, storage: Storage = POSI
 
 
 def open(path, storage: Storage = POSIX) -> CheckpointView:  # noqa: A001 - the public name the issue asks for
-    """A read-only view of the checkpoint at ``path`` for one plain Python process (no MPI needed)."""
+    """A read-only view of the checkpoint at ``path`` for one plain Python process (no MPI needed).
+
+    ``path``: a version directory, its ``metadata.json``, or a Checkpointer
+    root (its newest committed version is opened, as the CLI does).
+    ``view["u"]`` is a lazy array (hpcckpt.view.VariableView).
+    """
+    path = os.fspath(path)
+    if isinstance(storage, PosixStorage):
+        if os.path.basename(path) == METADATA_FILE and os.path.isfile(path):
+            path = os.path.dirname(path) or "."
+        path, entry = resolve_version(path)
+        if entry is None and not os.path.isfile(os.path.join(path, METADATA_FILE)) and list_versions(path):
+            raise CheckpointError(f"{path} is a checkpoint root with no committed version yet")
     return CheckpointView(path, storage)

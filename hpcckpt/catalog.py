@@ -77,6 +77,17 @@ def current(entries: list[VersionEntry]) -> list[VersionEntry]:
     return [by_step[s] for s in sorted(by_step)]
 
 
+def resolve_version(path: str) -> tuple[str, VersionEntry | None]:
+    """The version directory ``path`` names: ``(path, None)`` when it holds a ``metadata.json`` (or is not a
+    root with a committed version), else ``(newest committed version, its entry)`` when it is a root."""
+    if os.path.isfile(os.path.join(path, METADATA_FILE)):
+        return path, None
+    live = current(list_versions(path))
+    if live:
+        return live[-1].path, live[-1]
+    return path, None  # read_metadata names the missing metadata.json
+
+
 def new_version_name(entries: list[VersionEntry], step: int) -> str:
     """A fresh directory name for ``step`` that sorts after every existing revision of it."""
     revisions = [e.revision for e in entries if e.step == step]

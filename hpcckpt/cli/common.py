@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..catalog import VersionEntry, current, list_versions
+from ..catalog import resolve_version as catalog_resolve
 from ..errors import CheckpointError
 from ..metadata import Metadata
 from ..names import DATA_DIR, METADATA_FILE
@@ -202,9 +203,7 @@ def print_table(rows: list[tuple], right: set[int] = frozenset(), indent: str = 
 def resolve_version(path: str) -> tuple[str, str | None]:
     """A version directory for ``path``: itself, or the newest committed version when it is a root."""
     require_dir(path, "checkpoint")
-    if os.path.isfile(os.path.join(path, METADATA_FILE)):
-        return path, None
-    live = current(list_versions(path))
-    if live:
-        return live[-1].path, f"{path} is a root; showing its newest committed version {live[-1].name}"
-    return path, None  # read_metadata names the missing metadata.json
+    version, entry = catalog_resolve(path)
+    if entry is None:
+        return version, None
+    return version, f"{path} is a root; showing its newest committed version {entry.name}"
