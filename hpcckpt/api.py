@@ -57,13 +57,16 @@ def _clear_target(path: str, overwrite: bool, storage: Storage) -> None:
     storage.remove(path)
 
 
-def load(state, path, comm=None, *, strict: bool = True, storage: Storage = POSIX) -> dict:
+def load(state, path, comm=None, *, strict: bool = True, storage: Storage = POSIX, cast: bool = False) -> dict:
     """Collectively fill the Blocks of ``state`` in place from the checkpoint at ``path``.
 
     Works whatever decomposition and number of ranks the data was saved with.
     Returns the state with Ragged rows and replicated values restored (nested
     as the template is; a Stateful template gets ``load_state_dict`` with it).
     ``strict=False`` allows the checkpoint to hold variables the template omits.
+    ``cast=True`` fills a Block or Ragged whose dtype differs from the stored
+    one by numpy same_kind casting (hpcckpt.loading.cast_allowed: e.g. float64
+    into float32, int64 into int32; never float to int or complex to real).
     A plain HDF5 file as ``path`` fills the template from its datasets and root
     attributes of the same names (docs/hdf5.md).
     """
@@ -71,8 +74,8 @@ def load(state, path, comm=None, *, strict: bool = True, storage: Storage = POSI
     if storage is POSIX and os.path.isfile(path):  # checkpoints are directories: a file is HDF5 from elsewhere
         from .hdf5 import load_hdf5
 
-        return load_hdf5(state, path, resolve_comm(comm), strict=strict)
-    return load_version(state, path, resolve_comm(comm), strict=strict, storage=storage)
+        return load_hdf5(state, path, resolve_comm(comm), strict=strict, cast=cast)
+    return load_version(state, path, resolve_comm(comm), strict=strict, storage=storage, cast=cast)
 
 
 def open(path, storage: Storage = POSIX) -> CheckpointView:  # noqa: A001 - the public name the issue asks for

@@ -478,11 +478,11 @@ class Engine:
             e.name for e in list_versions(self.ckpt.root) if e.committed])
         return current([_entry(n, True, self._path(n)) for n in sorted(names | set(root))])
 
-    def restore(self, state, step=None, strict=True):
+    def restore(self, state, step=None, strict=True, cast=False):
         from .levels.restore import restore_levels
 
         self.sync()
-        return restore_levels(self, state, step, strict)
+        return restore_levels(self, state, step, strict, cast)
 
 
 def _entry(name: str, committed: bool = True, path: str = "") -> VersionEntry:

@@ -196,7 +196,7 @@ class Checkpointer:
         remove_versions([e for e in entries if not e.committed])
         return new_version_name(list_versions(self.root), step)
 
-    def restore(self, state=None, step: int | None = None, strict: bool = True) -> dict:
+    def restore(self, state=None, step: int | None = None, strict: bool = True, cast: bool = False) -> dict:
         """Load the newest valid version (or the given step) into ``state``; collective.
 
         ``state``: the template, as for :meth:`save` (omitted: the registered
@@ -210,13 +210,14 @@ class Checkpointer:
         name -- is skipped with a warning naming the cause, and the next older
         one is tried; every rank restores the same version.  A template that
         does not fit raises at once, and so does any failure of an explicitly
-        requested ``step``.
+        requested ``step``.  ``cast=True``: a template dtype that differs from
+        the stored one is filled by casting, as :func:`hpcckpt.load` does.
         """
         if state is None:
             state, _ = self._state_and_step(state, step, "restore")
         if self.engine is not None and self.engine.node is not None:
             self._check_open()
-            return self.engine.restore(state, step, strict)
+            return self.engine.restore(state, step, strict, cast)
         live = self._live()
         if step is not None:
             live = [e for e in live if e.step == step]
@@ -227,7 +228,7 @@ class Checkpointer:
         skipped = []
         for entry in reversed(live):
             try:
-                out = load_version(state, entry.path, self.comm, strict=strict, expect_step=entry.step)
+                out = load_version(state, entry.path, self.comm, strict=strict, expect_step=entry.step, cast=cast)
             except TemplateMismatchError:
                 raise
             except CheckpointError as exc:  # agreed: the same on every rank, so every rank skips alike

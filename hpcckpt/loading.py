@@ -31,7 +31,7 @@ from .storage import POSIX, Storage
 
 
 def load_version(state, directory: str, comm, strict: bool = True, timer: PhaseTimer | None = None,
-                 expect_step: int | None = None, storage: Storage = POSIX) -> dict:
+                 expect_step: int | None = None, storage: Storage = POSIX, cast: bool = False) -> dict:
     """Fill the Blocks of ``state`` in place from ``directory``; return the restored state dict.
 
     ``state``: a dict, a Stateful object or a callable (hpcckpt.stateful),
@@ -41,6 +41,9 @@ def load_version(state, directory: str, comm, strict: bool = True, timer: PhaseT
     ``expect_step``: the step the directory's name claims (a Checkpointer
     version); metadata holding another step is a damaged version.
     ``storage``: where the version lives (hpcckpt.storage; POSIX by default).
+    ``cast``: a Block or Ragged whose template dtype differs from the stored
+    one is filled by casting (:func:`cast_allowed`); otherwise that is a
+    TemplateMismatchError.
     """
     timer = timer or PhaseTimer()
     what = f"load of {directory!r}"
@@ -48,7 +51,7 @@ def load_version(state, directory: str, comm, strict: bool = True, timer: PhaseT
         meta = bcast_checked(comm, what, lambda: _step_checked(read_metadata(directory, storage), expect_step,
                                                                     directory))
     with timer.phase("plan"):
-        local = agree(comm, what, lambda: _template(state, meta, strict))
+        local = agree(comm, what, lambda: _template(state, meta, strict, cast))
         requests = allgather_checked(comm, what, lambda: local["requests"])
         try:  # the same inputs on every rank: the same answer, or the same error everywhere
             ranges = plan_reads(requests, meta)
@@ -80,11 +83,11 @@ def load_version(state, directory: str, comm, strict: bool = True, timer: PhaseT
     return restored
 
 
-def _template(state, meta: Metadata, strict: bool) -> dict:
+def _template(state, meta: Metadata, strict: bool, cast: bool = False) -> dict:
     """The template read now (hpcckpt.stateful: Stateful objects, callables, getters, nesting), then checked."""
     tree = materialize(state)
     flat = flatten(tree)
-    local = check_template(flat, meta, strict)
+    local = check_template(flat, meta, strict, cast)
     local["tree"], local["flat"] = tree, flat
     return local
 
@@ -117,8 +120,41 @@ def _step_checked(meta: Metadata, expect_step: int | None, directory: str) -> Me
     return meta
 
 
-def check_template(state, meta: Metadata, strict: bool) -> dict:
-    """Rank-local checks of the template against the metadata; the requests rank 0 plans with."""
+def cast_allowed(stored: np.dtype, target: np.dtype) -> bool:
+    """Whether ``load(..., cast=True)`` fills a ``target`` dtype from a ``stored`` one.
+
+    Both must be numeric (numpy kinds b, i, u, f, c; any byte order) and
+    ``np.can_cast(stored, target, "same_kind")``: floats to floats and complex
+    of any size, ints to ints of any size (signed to unsigned refused), ints
+    and bools to floats; never float to int, complex to real, or to bool.
+    """
+    stored, target = np.dtype(stored), np.dtype(target)
+    return (stored.kind in _NUMERIC and target.kind in _NUMERIC
+            and bool(np.can_cast(stored, target, "same_kind")))
+
+
+_NUMERIC = "biufc"
+
+
+def _dtype_problem(name: str, what: str, target: np.dtype, stored: np.dtype, cast: bool) -> str | None:
+    """Why a template dtype cannot be loaded from the stored one (None: it can, as is or by casting)."""
+    if target == stored:
+        return None
+    if not cast:
+        return (f"variable {name!r}: the template's {what} {target} differs from the stored {stored} "
+                "(pass cast=True to cast it on load)")
+    if not cast_allowed(stored, target):
+        return (f"variable {name!r}: cannot cast the stored {stored} to the template's {what} {target}: "
+                "cast=True allows only numpy same_kind casts between numeric dtypes (no float to int, "
+                "complex to real, or signed to unsigned)")
+    return None
+
+
+def check_template(state, meta: Metadata, strict: bool, cast: bool = False) -> dict:
+    """Rank-local checks of the template against the metadata; the requests rank 0 plans with.
+
+    ``local["dtypes"]``: the target dtype of each variable that is cast (cast=True only).
+    """
     distributed, replicated = split_state(state)
     stored = set(meta.variables) | set(meta.values)
     missing = sorted((set(distributed) | set(replicated)) - stored)
@@ -129,36 +165,47 @@ def check_template(state, meta: Metadata, strict: bool) -> dict:
         raise TemplateMismatchError(
             f"the checkpoint holds {unknown[0]!r}, which the template does not name (pass strict=False to skip it)")
     requests = {}
+    dtypes = {}
     for name, value in distributed.items():
         if name not in meta.variables:
             raise TemplateMismatchError(f"variable {name!r} is a replicated value in the checkpoint, "
                                         f"not a {type(value).__name__}")
         var = meta.variables[name]
-        requests[name] = _check_block(name, value, var) if isinstance(value, Block) else _check_ragged(name, value, var)
+        if isinstance(value, Block):
+            requests[name] = _check_block(name, value, var, cast)
+            target = value.local.dtype
+        else:
+            requests[name] = _check_ragged(name, value, var, cast)
+            target = var.dtype if value.local is None else np.asarray(value.local).dtype
+        if target != var.dtype:
+            dtypes[name] = np.dtype(target)
     for name in replicated:
         if name in meta.variables:
             raise TemplateMismatchError(f"variable {name!r} is a distributed array in the checkpoint; "
                                         "the template must give a Block or Ragged for it")
-    return {"distributed": distributed, "replicated": sorted(replicated), "requests": requests}
+    return {"distributed": distributed, "replicated": sorted(replicated), "requests": requests, "dtypes": dtypes}
 
 
-def _check_block(name: str, block: Block, var: Variable):
+def _check_block(name: str, block: Block, var: Variable, cast: bool = False):
     start, stop = block_box(name, block)
     if tuple(block.global_shape) != var.shape:
         raise TemplateMismatchError(f"variable {name!r}: the template's global shape {tuple(block.global_shape)} "
                                     f"differs from the stored {var.shape}")
-    if block.local.dtype != var.dtype:
-        raise TemplateMismatchError(f"variable {name!r}: the template's dtype {block.local.dtype} differs from the "
-                                    f"stored {var.dtype}")
+    problem = _dtype_problem(name, "dtype", block.local.dtype, var.dtype, cast)
+    if problem is not None:
+        raise TemplateMismatchError(problem)
     if not getattr(block.local.flags, "writeable", True):  # CuPy arrays have no read-only flag
         raise TemplateMismatchError(f"variable {name!r}: the template's local array is read-only")
     return ("block", start, stop)
 
 
-def _check_ragged(name: str, ragged: Ragged, var: Variable):
+def _check_ragged(name: str, ragged: Ragged, var: Variable, cast: bool = False):
     if ragged.local is not None:
         arr = np.asarray(ragged.local)
-        if arr.dtype != var.dtype or tuple(arr.shape[1:]) != var.shape[1:]:
+        problem = _dtype_problem(name, "rows' dtype", arr.dtype, var.dtype, cast)
+        if problem is not None and tuple(arr.shape[1:]) == var.shape[1:]:
+            raise TemplateMismatchError(problem)
+        if problem is not None or tuple(arr.shape[1:]) != var.shape[1:]:
             raise TemplateMismatchError(
                 f"variable {name!r}: the template's rows ({arr.dtype}, trailing shape {arr.shape[1:]}) differ from "
                 f"the stored ({var.dtype}, trailing shape {var.shape[1:]})")
@@ -208,8 +255,8 @@ def _read(directory: str, meta: Metadata, local: dict, boxes: dict, shared: dict
     targets = {}
     for name, value in sorted(local["distributed"].items()):
         start, stop = boxes[name]
-        out = value.local if isinstance(value, Block) else allocate(
-            tuple(b - a for a, b in zip(start, stop)), meta.variables[name].dtype, name)
+        out = value.local if isinstance(value, Block) else allocate(  # Ragged rows: the template's dtype
+            tuple(b - a for a, b in zip(start, stop)), local["dtypes"].get(name, meta.variables[name].dtype), name)
         targets[name] = (start, stop, out)
     return targets, _read_local(directory, meta, targets, shared, rank, storage), values
 
@@ -251,7 +298,8 @@ def _exchange(comm, meta: Metadata, targets: dict, shared: dict, outgoing: list)
                 if dest == rank and reader_rank != rank:
                     sel = tuple(slice(a - s, b - s) for a, b, s in zip(lo, hi, start))
                     dest_view = out[sel]
-                    if dest_view.flags.c_contiguous and not is_device_array(dest_view):  # straight in (row splits)
+                    if (dest_view.flags.c_contiguous and not is_device_array(dest_view)  # straight in (row splits)
+                            and dest_view.dtype == meta.variables[name].dtype):  # a cast goes through buf
                         buf = dest_view
                     else:
                         buf = np.empty(dest_view.shape, dtype=meta.variables[name].dtype)

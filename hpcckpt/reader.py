@@ -189,7 +189,12 @@ class ChunkReader:
         return out
 
     def read_into(self, var: Variable, start, stop, out: np.ndarray, skip=()) -> None:
-        """Fill ``out`` (shape ``stop - start``, dtype ``var.dtype``) with the global box ``[start, stop)``.
+        """Fill ``out`` (shape ``stop - start``) with the global box ``[start, stop)``.
+
+        ``out`` of another dtype than ``var.dtype`` (a load with cast=True):
+        each chunk is read into the scratch buffer in the stored dtype and cast
+        into its part of ``out`` (memory: one chunk); a matching dtype takes the
+        direct paths below unchanged.
 
         Chunks whose index is in ``skip`` are left out (a collective load gets
         those parts from the rank that reads them).
@@ -205,7 +210,8 @@ class ChunkReader:
             idx = np.asarray([k for k in idx.tolist() if k not in skip], np.int64)
         rest = idx
         # host memory only: any other kind of target (device arrays) goes through fill_from_chunk
-        if var.codec.get("id") == "none" and isinstance(out, np.ndarray) and out.flags.c_contiguous and out.ndim:
+        if (var.codec.get("id") == "none" and isinstance(out, np.ndarray) and out.flags.c_contiguous and out.ndim
+                and out.dtype == var.dtype):
             direct, target = direct_targets(starts[idx], var.chunks.count[idx], start, out.shape, out.itemsize)
             rest = idx[~direct]
             self._read_direct(var, idx[direct], target[direct], byte_view(out))
@@ -256,9 +262,10 @@ class ChunkReader:
         if is_device_array(dest):
             self._fill_device(var, k, dest, tuple(slice(a - c, b - c) for a, b, c in zip(lo, hi, c_start)))
             return
-        if lo == c_start and hi == c_stop and dest.flags.c_contiguous:
+        if lo == c_start and hi == c_stop and dest.flags.c_contiguous and dest.dtype == var.dtype:
             self._fetch(var, k, into=dest)
             return
+        # a dest of another dtype (a load with cast=True) gets the chunk cast from the stored dtype
         dest[...] = self.chunk_array(var, k)[tuple(slice(a - c, b - c) for a, b, c in zip(lo, hi, c_start))]
 
     def _fill_device(self, var: Variable, k: int, dest, part: tuple) -> None:
@@ -268,7 +275,7 @@ class ChunkReader:
 
         stored, path = self._read_verified(var, k, None, pinned=True)
         extent = tuple(int(n) for n in var.chunks.count[k])
-        whole = tuple(dest.shape) == extent and dest.flags.c_contiguous
+        whole = tuple(dest.shape) == extent and dest.flags.c_contiguous and dest.dtype == var.dtype
         with dest.device:
             target = dest if whole else array_module(dest).empty(extent, var.dtype)
             try:

@@ -44,7 +44,8 @@ class _Index:
     unusable: dict = field(default_factory=dict)  # dataset name -> why it cannot be loaded
 
 
-def load_hdf5(state, path, comm=None, *, strict: bool = True, allow_external: bool = False) -> dict:
+def load_hdf5(state, path, comm=None, *, strict: bool = True, allow_external: bool = False,
+              cast: bool = False) -> dict:
     """Collectively fill the Blocks of ``state`` in place from the plain HDF5 file ``path``.
 
     Blocks and Ragged tables come from the datasets of the same name (a name may
@@ -52,7 +53,9 @@ def load_hdf5(state, path, comm=None, *, strict: bool = True, allow_external: bo
     (``NAME`` or ``NAME.json``).  Returns the state with Ragged rows and
     replicated values filled in, as :func:`hpcckpt.load` does.  ``strict=False``
     allows the file to hold datasets and attributes the template does not name
-    (usual for files written elsewhere).
+    (usual for files written elsewhere).  ``cast=True``: a template dtype that
+    differs from the dataset's is filled by casting, under the rule of
+    :func:`hpcckpt.load`.
 
     Only data inside ``path`` is read: a dataset reached through an external
     link, or whose data lies in external files (external storage, a virtual
@@ -65,7 +68,7 @@ def load_hdf5(state, path, comm=None, *, strict: bool = True, allow_external: bo
     what = f"load of {path!r}"
     index = agree(comm, what, lambda: on_root(comm, lambda: _read_index(path, state, allow_external)))
     index = comm.bcast(index, root=0)
-    local = agree(comm, what, lambda: _check(state, index, strict))
+    local = agree(comm, what, lambda: _check(state, index, strict, cast))
     requests = comm.gather(local["requests"], root=0)
     ranges = agree(comm, what, lambda: on_root(comm, lambda: plan_reads(requests, index)))
     rows = comm.scatter(ranges, root=0)
@@ -220,7 +223,7 @@ def _byte_order_only(a: np.dtype, b: np.dtype) -> bool:
     return simple and a != b and a.newbyteorder("<") == b.newbyteorder("<")
 
 
-def _check(state, index: _Index, strict: bool) -> dict:
+def _check(state, index: _Index, strict: bool, cast: bool = False) -> dict:
     """loading.py's template checks, except that a template may ask for the other byte order."""
     distributed, replicated = split_state(state)
     for name in sorted(set(distributed) | set(replicated)):
@@ -233,7 +236,7 @@ def _check(state, index: _Index, strict: bool) -> dict:
         if name in variables and want is not None and _byte_order_only(want, variables[name].dtype):
             variables[name] = replace(variables[name], dtype=want)
     mine = _Index(variables, index.values, index.unusable)
-    local = check_template(state, mine, strict)
+    local = check_template(state, mine, strict, cast)
     local["index"] = mine
     return local
 
@@ -251,7 +254,7 @@ def _read(path: str, index: _Index, local: dict, rows: dict) -> tuple[dict, dict
                     _read_box(ds, start, stop, value.local)
                 else:
                     lo, hi = rows[name]
-                    out = allocate((hi - lo,) + var.shape[1:], var.dtype, name)
+                    out = allocate((hi - lo,) + var.shape[1:], local["dtypes"].get(name, var.dtype), name)
                     _read_box(ds, (lo,) + (0,) * (len(var.shape) - 1), (hi,) + var.shape[1:], out)
                     loaded[name] = Ragged(out)
         for name in local["replicated"]:

@@ -138,7 +138,7 @@ def _order(name: str):
     return parse_version_name(name)
 
 
-def restore_levels(engine, state, step, strict):
+def restore_levels(engine, state, step, strict, cast=False):
     comm, rank = engine.comm, engine.rank
     ckpt, node = engine.ckpt, engine.node
     local_sets = [set(ns) for ns in allgather_checked(comm, f"listing {node.node_dir!r}", lambda: [
@@ -156,7 +156,7 @@ def restore_levels(engine, state, step, strict):
     reasons = []
     for name in names:
         if name in local_any:
-            out, level, why = _try_local(engine, state, name, local_sets, strict)
+            out, level, why = _try_local(engine, state, name, local_sets, strict, cast)
             if why is None:
                 _report(rank, name, level, reasons)
                 ckpt.last_restored = ckpt.chain_base = node.path(name)
@@ -166,7 +166,7 @@ def restore_levels(engine, state, step, strict):
         if name in root_names:
             path = os.path.join(ckpt.root, name)
             try:
-                out = load_version(state, path, comm, strict=strict, expect_step=_order(name)[0])
+                out = load_version(state, path, comm, strict=strict, expect_step=_order(name)[0], cast=cast)
             except TemplateMismatchError:
                 raise
             except CheckpointError as exc:  # agreed: every rank goes on to the next version alike
@@ -185,7 +185,7 @@ def _report(rank: int, name: str, level: str, reasons: list[str]) -> None:
         warnings.warn(f"hpcckpt: restoring {name} from {where}; " + "; ".join(reasons), stacklevel=4)
 
 
-def _try_local(engine, state, name: str, local_sets, strict):
+def _try_local(engine, state, name: str, local_sets, strict, cast=False):
     """(restored state, level, None) or (None, None, why); collective."""
     from mpi4py import MPI
 
@@ -227,7 +227,7 @@ def _try_local(engine, state, name: str, local_sets, strict):
                     gcomm.Free()
         agree(comm, what, lambda: engine.node.leader and name not in local_sets[rank] and (
             os.makedirs(vdir, exist_ok=True), commit_version(vdir, raw)))
-        out = load_version(state, vdir, comm, strict=strict, expect_step=_order(name)[0])
+        out = load_version(state, vdir, comm, strict=strict, expect_step=_order(name)[0], cast=cast)
     except TemplateMismatchError:
         raise
     except CheckpointError as exc:
