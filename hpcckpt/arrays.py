@@ -30,14 +30,3 @@ def local_pieces(local: np.ndarray, max_bytes: int) -> Iterator[tuple[tuple[int,
         sel = tuple(slice(a, b) for a, b in zip(start, stop)) + (Ellipsis,)
         extent = tuple(b - a for a, b in zip(start, stop))
         yield start, extent, xp.ascontiguousarray(local[sel])
-
-
-def global_pieces(items: dict[str, tuple[np.ndarray, tuple]], max_bytes: int):
-    """(variable, global start, count, array) for every piece of every local array, in a stable order.
-
-    ``items[name] = (local array, global start of its box)``.
-    """
-    for variable in sorted(items):
-        local, box_start = items[variable]
-        for start, extent, arr in local_pieces(local, max_bytes):
-            yield variable, tuple(b + s for b, s in zip(box_start, start)), extent, arr

@@ -81,22 +81,34 @@ def replan(comm, what: str, local: dict | None, failure, options: SaveOptions, c
     failure to describe its state (every rank then raises the same
     CheckpointError).
     """
+    _plan(comm, what, local, failure, options, cache)
+
+
+def _plan(comm, what, local: dict | None, failure, options: SaveOptions, cache: PlanCache, payload=None,
+          root_part=None) -> tuple:
+    """The new plan of :func:`replan` and :func:`plan_at_once`: ``(rank 0's part, every rank's payload)``.
+
+    Gather of ``(failure, codec-measured summary, payload)``; rank 0 plans and
+    broadcasts its verdict, ``root_part``, every rank's payload and the plan;
+    the boxes are scattered; ``cache`` holds the plan afterwards.
+    """
     if failure is None:
         measured, failure = attempt(lambda: measure_codecs(local, options))
     else:
         measured = None
-    msgs = comm.gather((failure, measured), root=0)
-    plan = None
+    msgs = comm.gather((failure, measured, payload), root=0)
+    shared = plan = None
     if comm.Get_rank() == 0:
-        plan, failure = attempt(lambda: _plan_on_root(msgs, options))
-    shared = (failure, plan[0], plan[2], plan[3]) if plan else (failure, None, None, 0)
-    failure, cache.variables, cache.codecs, cache.total_bytes = comm.bcast(
-        shared if comm.Get_rank() == 0 else None, root=0)
-    raise_if_failed(comm, what, [failure])
+        plan, bad = attempt(lambda: _plan_on_root([(m[0], m[1]) for m in msgs], options))
+        shared = (bad, root_part, [m[2] for m in msgs], *((plan[0], plan[2], plan[3]) if plan else (None, None, 0)))
+    bad, root, payloads, variables, codecs, total = comm.bcast(shared, root=0)
+    raise_if_failed(comm, what(root) if callable(what) else what, [bad])
+    cache.variables, cache.codecs, cache.total_bytes = variables, codecs, total
     cache.boxes = comm.scatter(plan[1] if plan else None, root=0)
     cache.summaries = [m[1] for m in msgs] if plan else None
     cache.all_boxes = plan[1] if plan else None
     cache.key = local["key"]
+    return root, payloads
 
 
 def _plan_on_root(msgs: list, options: SaveOptions) -> tuple:
@@ -161,32 +173,16 @@ def plan_at_once(comm, what, local: dict | None, failure, options: SaveOptions, 
     again (``expect_hit``).
     """
     fresh = cache.key is None
-    if failure is None:
-        measured, failure = attempt(lambda: measure_codecs(local, options))
-    else:
-        measured = None
-    unchanged = local is not None and local["key"] == cache.key
-    msgs = comm.gather((failure, measured, unchanged, report, local["digest"] if local is not None else None), root=0)
-    shared = plan = None
-    if comm.Get_rank() == 0:
-        plan, bad = attempt(lambda: _plan_on_root([(m[0], m[1]) for m in msgs], options))
-        shared = (bad, root_part, [m[3] for m in msgs], [m[4] for m in msgs], all(m[2] for m in msgs),
-                  *((plan[0], plan[2], plan[3]) if plan else (None, None, 0)))
-    bad, root, reports, digests, all_unchanged, variables, codecs, total = comm.bcast(shared, root=0)
-    name = what(root) if callable(what) else what
+    payload = (local is not None and local["key"] == cache.key, report, local["digest"] if local is not None else None)
     try:
-        raise_if_failed(comm, name, [bad])
-        check_digests(comm, name, digests, local["details"] if local is not None else None)
+        root, payloads = _plan(comm, what, local, failure, options, cache, payload, root_part)
+        check_digests(comm, what(root) if callable(what) else what, [p[2] for p in payloads],
+                      local["details"] if local is not None else None)
     except CheckpointError:
         cache.invalidate()
         raise
-    cache.variables, cache.codecs, cache.total_bytes = variables, codecs, total
-    cache.boxes = comm.scatter(plan[1] if plan else None, root=0)
-    cache.summaries = [m[1] for m in msgs] if plan else None
-    cache.all_boxes = plan[1] if plan else None
-    cache.key = local["key"]
-    cache.expect_hit = fresh or all_unchanged
-    return root, reports, False
+    cache.expect_hit = fresh or all(p[0] for p in payloads)
+    return root, [p[1] for p in payloads], False
 
 
 def plan_locally(local: dict, cache: PlanCache, options: SaveOptions) -> tuple[dict, dict, tuple | None]:

@@ -1,8 +1,9 @@
-"""The first stages of every save: describe this rank's state, then plan the version on rank 0.
+"""The describe stage of every save, and the planner call of its plan stage (save_plan.py).
 
-Shared by the blocking and the incremental save (the asynchronous engine keeps
-its own cached plan, built from the same planner), so that what a rank hands
-over and how the global layout is decided are written once.
+Every kind of save (blocking, incremental, asynchronous, multi-level) hands
+over its state through :func:`describe_state`, so what a rank describes, the
+layout key its plan cache compares and the digest the ranks agree on are
+written once.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ def describe_state(state, rank: int, nranks: int, options: SaveOptions, measure:
     0): the replicated values in their JSON form; ``per_rank``: this rank's
     PerRank values in their JSON form (collected at the commit);
     ``distributed``: the Block/Ragged objects; ``key``: the layout the plan
-    cache compares (save_plan.layout_key); ``details`` and ``digest``: what
+    cache compares (:func:`layout_key`); ``details`` and ``digest``: what
     every rank must agree on (agreement.py: the step, the options, names and
     kinds, the replicated values; computed on every rank).
     """
