@@ -55,7 +55,7 @@ from .levels import DEFAULT_LOCAL_FAILURE_FRACTION, ENGINE_OPTIONS, LevelOptions
 from .levels.node import NodeLevels
 from .log import logger
 from .monitor import PhaseTimer
-from .names import METADATA_FILE, parse_version_name, rank_file
+from .names import parse_version_name, rank_file
 from .options import SaveOptions, SaveResult
 from .agreement import mismatch
 from .save_pipeline import commit_on_root, describe, is_incremental, select, with_per_rank
@@ -246,10 +246,7 @@ class Engine:
         if not is_incremental(opts):
             return names, None
         target = self.node.node_dir if self.node is not None else self.ckpt.root
-        chosen = opts.base
-        chain = self.ckpt.chain_base
-        if chosen is None and chain is not None and os.path.dirname(os.path.abspath(chain)) == os.path.abspath(target):
-            chosen = chain if os.path.isfile(os.path.join(chain, METADATA_FILE)) else None
+        chosen = chain_cache.chosen_base(opts.base, self.ckpt.chain_base, target)
         look_in = target
         if self.node is not None and self.node.levels.due(self.count).get("flush"):
             # a version flushed to the root must find its base there: else it is a full version

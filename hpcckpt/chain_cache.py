@@ -53,6 +53,19 @@ def stamp(directory: str) -> tuple:
     return st.st_ino, st.st_mtime_ns, st.st_size
 
 
+def chosen_base(explicit, chain_base: str | None, parent: str | None = None):
+    """The base an incremental save names: ``explicit`` (the ``base`` option), else ``chain_base`` (the version a
+    Checkpointer saved or restored last) while it is still committed and, given ``parent``, lies in that
+    directory; else None (:func:`resolve_base` then takes the newest committed one)."""
+    if explicit is not None:
+        return explicit
+    if chain_base is None or not os.path.isfile(os.path.join(chain_base, METADATA_FILE)):
+        return None
+    if parent is not None and os.path.dirname(os.path.abspath(chain_base)) != os.path.abspath(parent):
+        return None
+    return chain_base
+
+
 def resolve_base(directory: str, base, io_root: str | None) -> tuple | None:
     """Rank 0: the key of the base version (``base`` if given, else the newest committed under ``io_root``), or None.
 

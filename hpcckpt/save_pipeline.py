@@ -189,10 +189,7 @@ def _start_on_root(directory, nranks: int, options: SaveOptions, cache: PlanCach
     if is_incremental(options):
         if storage is not POSIX:
             raise CheckpointError("incremental saves build on versions in POSIX storage only")
-        chosen = options.base
-        if chosen is None and chain_base is not None and os.path.isfile(os.path.join(chain_base, METADATA_FILE)):
-            chosen = chain_base
-        base = chain_cache.resolve_base(path, chosen, io_root)
+        base = chain_cache.resolve_base(path, chain_cache.chosen_base(options.base, chain_base), io_root)
     history = io_history.read(io_root) if options.strategy == "auto" and storage.shared_files else None
     strategy = _auto(nranks, options, cache, history, storage) if local["key"] == cache.key else None
     create_version_directory(path, storage)  # last: nothing to clean up when the checks above fail
