@@ -136,3 +136,30 @@ def test_no_halt_file_no_stop(tmp_path):
     with hpcckpt.Checkpointer(tmp_path, policy=FixedSteps(1000), track_failures=False, handle_signals=False) as ck:
         assert ck.maybe_save(_state(np.zeros(2), 1), 1) is None
         assert not ck.should_exit() and ck.stop_reason is None
+
+
+def test_cli_halt_writes_removes_and_refuses_a_missing_root(tmp_path, capsys):
+    from hpcckpt.cli import main
+
+    root = tmp_path / "ck"
+    root.mkdir()
+    assert main(["halt", str(root), "--reason", "quota\ncheck"]) == 0
+    assert halt.requested(root) == "quota check"  # one line, as the job prints it
+    assert main(["halt", str(root), "--remove"]) == 0 and halt.requested(root) is None
+    assert main(["halt", str(root), "--remove"]) == 0
+    assert "has no halt file" in capsys.readouterr().out
+    assert main(["halt", str(tmp_path / "nope")]) == 1
+    assert "no such checkpoint root" in capsys.readouterr().err
+    (root / ".hpcckpt-halt").touch()  # any file at the path counts, with no reason
+    assert halt.requested(root) == ""
+
+
+def test_flags_closed_out_of_order_leave_sigint_as_it_was():
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    first, second = SignalFlag().install(), SignalFlag().install()  # second chains to first
+    first.uninstall()  # second's handler stays in place: first's is still in its chain
+    os.kill(os.getpid(), signal.SIGINT)
+    assert second.signum == signal.SIGINT and not first.is_set and second.pending is None  # nor raises
+    second.uninstall()  # puts back first's handler, now transparent
+    with pytest.raises(KeyboardInterrupt):
+        os.kill(os.getpid(), signal.SIGINT)

@@ -14,7 +14,9 @@ rank has agreed on it (hpcckpt.pacing).
   application's function.  It never chains to ``SIG_DFL``, ``SIG_IGN`` or
   Python's ``default_int_handler`` (dying on SIGTERM, or a KeyboardInterrupt
   raised at an arbitrary instant on one rank, is what hangs an MPI job: the
-  flag wins).  ``uninstall()`` puts back what its handlers replaced.
+  flag wins).  ``uninstall()`` puts back what its handlers replaced; one of
+  ours that another handler still chains to (closed out of order) becomes
+  transparent: it does what the handler it replaced would have done.
 * An application handler installed later replaces ours (Veros' ``run()``
   does).  ``adopt_replacements()`` -- called by the Checkpointer at each of
   its collective calls -- notices it, warns once per signal naming the
@@ -36,6 +38,7 @@ elsewhere ``install()`` warns and does nothing (the flag then never sets).
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import threading
 import warnings
@@ -57,8 +60,16 @@ def handler_name(handler) -> str:
     return f"{module}.{name}" if module and name else repr(handler)
 
 
+def effective(handler):
+    """``handler``, or for one of ours left transparent (its flag uninstalled) what it stands for."""
+    while isinstance(handler, _ChainedHandler) and not handler.flag.installed:
+        handler = handler.previous
+    return handler
+
+
 def chains_to(handler) -> bool:
     """Whether our handler calls ``handler`` after setting the flag: only an application's Python callable."""
+    handler = effective(handler)
     return callable(handler) and handler is not signal.default_int_handler
 
 
@@ -69,9 +80,17 @@ class _ChainedHandler:
         self.flag, self.previous = flag, previous
 
     def __call__(self, signum, frame):  # runs in the main thread, between bytecodes
+        if not self.flag.installed:  # left in place by a handler installed over ours: be transparent
+            target = effective(self.previous)
+            if callable(target):
+                target(signum, frame)
+            elif target == signal.SIG_DFL:
+                signal.signal(signum, signal.SIG_DFL)
+                os.kill(os.getpid(), signum)
+            return
         self.flag._caught(signum)
         if chains_to(self.previous):
-            self.flag._chain(self.previous, signum, frame)
+            self.flag._chain(effective(self.previous), signum, frame)
 
     def __repr__(self) -> str:
         return f"<hpcckpt signal handler, then {handler_name(self.previous)}>"
