@@ -74,10 +74,10 @@ class Pacer:
                                      deadline=end, start_time=time.time())
 
     def arm(self) -> None:
-        """Before a decision or a save: install the handlers (``handle_signals=None``), adopt replaced ones."""
+        """Before a decision or a save: install the handlers now if ``handle_signals=None`` (the Checkpointer
+        adopts replaced ones at each of its collective calls)."""
         if self.handle_signals is None and not self.signals.installed:
             self.signals.install()
-        self.signals.adopt_replacements()
 
     def decide(self, step: int) -> str | None:
         """Collective: why to save now ('signal', 'halt', 'deadline', 'interval') or None, the same on every rank."""
