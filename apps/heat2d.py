@@ -40,9 +40,11 @@ Checkpointing
     checkpoint directory (``hpcckpt.open(DIR).read("u")`` reads it back).
 
 Stopping
-    SIGUSR1 or SIGTERM (a SLURM pre-emption or ``sbatch --signal``) sets a flag;
-    at the next step boundary all ranks agree (one small allreduce), save a
-    checkpoint and exit with status 0.  ``--kill-rank R --kill-step S`` makes
+    SIGUSR1, SIGTERM (a SLURM pre-emption or ``sbatch --signal``) or SIGINT
+    (Ctrl-C of mpiexec) sets a flag, and ``hpcckpt halt ROOT`` writes a halt
+    file; at the next step boundary all ranks agree (one small allreduce), save
+    a checkpoint and exit with status 0, printing what stopped them (the
+    signal's name, the halt file and its reason, or the deadline).  ``--kill-rank R --kill-step S`` makes
     rank R kill itself with a real SIGKILL after step S (after that step's
     checkpoint, if it has one): a crash, for the demo and the tests.
 """
@@ -301,8 +303,7 @@ def main(argv=None) -> int:
                 say(f"step {done}/{args.steps}: checkpoint saved to {result.path} "
                     f"({result.bytes_written / 1024:.0f} KiB, {sum(result.timings.values()) * 1000:.0f} ms)")
         if stopping:
-            why = "SIGUSR1/SIGTERM received" if ck.pacer.final_reason == "signal" else "the job's end time is near"
-            say(f"{why}: stopped cleanly after step {done} with a checkpoint; "
+            say(f"stopping ({ck.stop_reason}): stopped cleanly after step {done} with a checkpoint; "
                 "run the same command again to continue")
             ck.close()
             return 0

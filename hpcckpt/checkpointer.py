@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 import warnings
@@ -16,6 +17,17 @@ from .pacing import Pacer
 from .options import SaveOptions, SaveResult
 from .save_pipeline import save_version
 from .save_plan import PlanCache
+
+
+def _shielded(method):
+    """A collective method: signals arriving inside it only set the flag; chained application handlers wait
+    until it returns (hpcckpt.policy.signals), so no rank leaves a collective the others are in."""
+    @functools.wraps(method)
+    def shielded(self, *args, **kwargs):
+        self.pacer.signals.adopt_replacements()  # an application handler that replaced ours: chain to it, warn once
+        with self.pacer.signals.deferred():
+            return method(self, *args, **kwargs)
+    return shielded
 
 
 class Checkpointer:
@@ -37,10 +49,15 @@ class Checkpointer:
     ``hpcckpt.policy`` object; default ``Learned``: Daly's interval with the
     failure rate learned from the history kept under ``root``, ``mtbf`` seconds
     as its prior), ``deadline`` (epoch seconds; default SLURM_JOB_END_TIME),
-    ``handle_signals`` (SIGUSR1/SIGTERM request a final checkpoint; handlers
-    installed now if True, at the first ``should_save``/``maybe_save`` if None,
-    never if False) and ``track_failures`` (record job starts and clean ends
-    under ``root``; call :meth:`close` at the end, or the run counts as failed).
+    ``handle_signals`` (SIGUSR1/SIGTERM/SIGINT request a final checkpoint;
+    handlers installed now if True, at the first ``should_save``/``maybe_save``/
+    ``save`` if None, never if False; they chain to the application's own
+    handlers, and one that replaces ours is noticed at the next collective
+    call, warned about once and chained to: hpcckpt.policy.signals) and
+    ``track_failures`` (record job starts and clean ends under ``root``; call
+    :meth:`close` at the end, or the run counts as failed).  A halt file
+    ``ROOT/.hpcckpt-halt`` (``hpcckpt halt ROOT``) asks for a final checkpoint
+    too (hpcckpt.halt); :attr:`stop_reason` says what asked.
 
     One job writes a root at a time: the first save takes the lock
     ``ROOT/.hpcckpt-lock`` (rank 0; see :mod:`hpcckpt.rootlock`), :meth:`close`
@@ -96,11 +113,13 @@ class Checkpointer:
         live = agree(self.comm, f"listing {self.root!r}", lambda: on_root(self.comm, lambda: current(list_versions(self.root))))
         return self.comm.bcast(live, root=0)
 
+    @_shielded
     def latest(self) -> int | None:
         """The newest committed step, or None (the same answer on every rank)."""
         live = self._live()
         return live[-1].step if live else None
 
+    @_shielded
     def steps(self) -> list[int]:
         """Every committed step, oldest first."""
         return [e.step for e in self._live()]
@@ -129,6 +148,7 @@ class Checkpointer:
                 raise CheckpointError(f"{what} without a state: pass one, or call register(state) first")
         return state, step
 
+    @_shielded
     def save(self, state=None, step: int | None = None, **options) -> SaveResult:
         """Write ``state`` as version ``step``, commit it, then apply retention; collective.
 
@@ -139,6 +159,7 @@ class Checkpointer:
         """
         state, step = self._state_and_step(state, step, "save")
         self._check_open()
+        self.pacer.arm()
         what = f"save of step {step!r} under {self.root!r}"
         self._lock(what)
         if self.engine is not None:
@@ -153,6 +174,8 @@ class Checkpointer:
         self.pacer.record_save(step, time.perf_counter() - t0)
         on_root(self.comm, lambda: best_effort(f"retention under {self.root!r}", lambda: remove_versions(
             removable(list_versions(self.root), self.keep))))
+        if self.should_exit():  # the final checkpoint is committed: now an application handler may stop us
+            self.pacer.signals.raise_pending()
         return result
 
     def _lock(self, what: str) -> None:
@@ -168,6 +191,7 @@ class Checkpointer:
                                                                                          self._break_lock)))
         self._unlock = weakref.finalize(self, rootlock.release, lock)
 
+    @_shielded
     def should_save(self, step: int) -> bool:
         """Collective: whether to checkpoint at this step (interval due, deadline near, or a signal).
 
@@ -187,8 +211,14 @@ class Checkpointer:
         return self.save(state, step, **options) if self.should_save(step) else None
 
     def should_exit(self) -> bool:
-        """True on every rank once a decision was taken for a signal or the deadline: stop cleanly now."""
+        """True on every rank once a decision was taken for a signal, the halt file or the deadline: stop now."""
         return self.pacer.final_reason is not None
+
+    @property
+    def stop_reason(self) -> str | None:
+        """What made :meth:`should_exit` True, the same on every rank: the signal's name ('SIGTERM'), the halt
+        file (with its reason) or the deadline; None before."""
+        return self.pacer.stop_reason
 
     def _prepare(self, step: int) -> str:
         """Clear leftovers of interrupted saves (rank 0) and pick the new version's directory name."""
@@ -196,6 +226,7 @@ class Checkpointer:
         remove_versions([e for e in entries if not e.committed])
         return new_version_name(list_versions(self.root), step)
 
+    @_shielded
     def restore(self, state=None, step: int | None = None, strict: bool = True, cast: bool = False) -> dict:
         """Load the newest valid version (or the given step) into ``state``; collective.
 
@@ -243,19 +274,23 @@ class Checkpointer:
         raise CheckpointError(f"no valid checkpoint under {self.root!r}: every version is damaged or unreadable ({skipped})")
 
     def close(self) -> None:
-        """Collective: record a clean end in the failure history, restore signal handlers, release the root's
-        writer lock; later calls raise."""
+        """Collective: record a clean end in the failure history, restore signal handlers, remove a halt file
+        this run honoured, release the root's writer lock; later calls raise.  Then raises what a chained
+        application signal handler raised and nothing raised yet (hpcckpt.policy.signals)."""
         if self._closed:
             return
         self._closed = True
-        try:
-            if self.engine is not None:
-                self.engine.close()  # commits a pending save and waits for a flush in progress
-        finally:
-            self.pacer.close()
-            if self._unlock is not None:
-                self._unlock()
+        with self.pacer.signals.deferred():
+            try:
+                if self.engine is not None:
+                    self.engine.close()  # commits a pending save and waits for a flush in progress
+            finally:
+                self.pacer.close()
+                if self._unlock is not None:
+                    self._unlock()
+        self.pacer.signals.raise_pending()
 
+    @_shielded
     def wait(self):
         """Collective: commit the asynchronous save in flight and wait for a flush; its SaveResult (or None)."""
         self._check_open()

@@ -2,8 +2,15 @@
 
 The decision logic itself is pure (policy.Schedule); this module adds what needs
 a communicator, a clock and the process: rank 0's clock decides, a signal
-caught on any rank counts for all, the failure history under the checkpoint
-root is updated by rank 0 only, and the answer costs one small allreduce.
+caught on any rank counts for all, a halt file under the root (hpcckpt.halt)
+is looked for by rank 0 only, the failure history under the checkpoint root is
+updated by rank 0 only, and the answer costs one small allreduce.
+
+Why a signal gives the same decision on every rank: each rank reads its flag
+just before the allreduce, and the allreduce (MAX) hands every rank the same
+result.  A signal that arrives after the read, on one rank or on all, is
+counted at the next decision, again by all ranks; the handler never raises
+(hpcckpt.policy.signals), so it cannot take one rank out of a collective.
 
 The failure history is bookkeeping: a write that fails (read-only root, disk
 full, EIO) is one warning on rank 0, after which this run keeps its history in
@@ -12,16 +19,20 @@ memory only (no further writes, no further warnings); no rank ever raises for it
 
 from __future__ import annotations
 
+import signal
 import time
 import warnings
 
+from . import halt
 from .collective import best_effort
 from .policy import FailureHistory, Learned, Schedule, SignalFlag, end_time_from_env
 from .policy.policies import Policy
 
-#: Codes of the decision allreduce (MAX wins): a signal beats a deadline beats the interval.
-_NONE, _INTERVAL, _DEADLINE, _SIGNAL = 0, 1, 2, 3
-_REASONS = {_NONE: None, _INTERVAL: "interval", _DEADLINE: "deadline", _SIGNAL: "signal"}
+#: Codes of the decision allreduce (MAX wins): a signal beats a halt file beats a deadline beats the interval.
+_NONE, _INTERVAL, _DEADLINE, _HALT, _SIGNAL = 0, 1, 2, 3, 4
+_REASONS = {_NONE: None, _INTERVAL: "interval", _DEADLINE: "deadline", _HALT: "halt", _SIGNAL: "signal"}
+#: The reasons after which the job should stop (``should_exit``).
+FINAL = ("signal", "halt", "deadline")
 
 
 class Pacer:
@@ -29,8 +40,10 @@ class Pacer:
 
     ``policy``: a policy object (default ``Learned`` with ``mtbf`` as prior),
     ``deadline``: epoch seconds (default SLURM_JOB_END_TIME), ``handle_signals``:
-    install SIGUSR1/SIGTERM handlers now (True), at the first decision (None) or
-    never (False); ``track_failures``: keep the failure history under ``root``.
+    install SIGUSR1/SIGTERM/SIGINT handlers now (True), at the first decision or
+    save (None) or never (False); ``track_failures``: keep the failure history
+    under ``root``.  After a final decision, ``final_reason`` is 'signal', 'halt'
+    or 'deadline' and ``stop_reason`` says it for people, the same on every rank.
     """
 
     def __init__(self, comm, root: str, policy: Policy | None = None, mtbf: float | None = None,
@@ -41,6 +54,7 @@ class Pacer:
         self.signals = SignalFlag()
         self.handle_signals = handle_signals
         self.final_reason: str | None = None
+        self.stop_reason: str | None = None
         self.history = None
         self.schedule = None
         if handle_signals:
@@ -59,21 +73,30 @@ class Pacer:
             self.schedule = Schedule(policy, mtbf=mtbf if not isinstance(policy, Learned) else None,
                                      deadline=end, start_time=time.time())
 
-    def decide(self, step: int) -> str | None:
-        """Collective: why to save now ('signal', 'deadline', 'interval') or None, the same on every rank."""
+    def arm(self) -> None:
+        """Before a decision or a save: install the handlers now if ``handle_signals=None`` (the Checkpointer
+        adopts replaced ones at each of its collective calls)."""
         if self.handle_signals is None and not self.signals.installed:
             self.signals.install()
-        mine = _SIGNAL if self.signals.is_set else _NONE
+
+    def decide(self, step: int) -> str | None:
+        """Collective: why to save now ('signal', 'halt', 'deadline', 'interval') or None, the same on every rank."""
+        self.arm()
+        mine = (_SIGNAL, self.signals.signum or 0, "") if self.signals.is_set else (_NONE, 0, "")
         if self.schedule is not None:  # rank 0
             try:
+                reason = halt.requested(self.root)
+                if reason is not None:
+                    mine = max(mine, (_HALT, 0, reason))
                 d = self.schedule.decide(time.time(), step, signalled=False)
-                mine = max(mine, {"deadline": _DEADLINE, "interval": _INTERVAL}.get(d.reason, _NONE))
+                mine = max(mine, ({"deadline": _DEADLINE, "interval": _INTERVAL}.get(d.reason, _NONE), 0, ""))
             except Exception as exc:  # noqa: BLE001 - a policy bug must not leave the other ranks waiting
                 warnings.warn(f"hpcckpt: the checkpoint policy failed ({exc}); not saving at step {step}")
-        code = mine if self.comm.Get_size() == 1 else self.comm.allreduce(mine, op=_mpi_max())
+        code, signum, detail = mine if self.comm.Get_size() == 1 else self.comm.allreduce(mine, op=_mpi_max())
         reason = _REASONS[code]
-        if reason in ("signal", "deadline"):
+        if reason in FINAL and self.final_reason is None:
             self.final_reason = reason
+            self.stop_reason = describe_stop(reason, signum, detail, self.root)
         return reason
 
     def record_save(self, step: int, blocking_seconds: float) -> None:
@@ -86,8 +109,11 @@ class Pacer:
                 self._persist("recording a checkpoint")
 
     def close(self) -> None:
-        """Record a clean end of this run (the job stopped on purpose) and restore the signal handlers."""
+        """Record a clean end of this run (the job stopped on purpose), restore the signal handlers, and
+        remove the halt file this run honoured (rank 0: the next run of the same command continues)."""
         self.signals.uninstall()
+        if self.final_reason == "halt" and self.comm.Get_rank() == 0:
+            best_effort(f"removing the halt file {halt.halt_path(self.root)!r}", lambda: halt.withdraw(self.root))
         if self.history is not None:  # rank 0
             self.history.clean_end(time.time(), self.final_reason or "completed", persist=False)
             self._persist("recording the clean end")
@@ -97,6 +123,18 @@ class Pacer:
         if self.history.directory is not None and not best_effort(
                 f"writing the failure history under {self.root!r} ({event})", self.history.save):
             self.history.directory = None
+
+
+def describe_stop(reason: str, signum: int, detail: str, root: str) -> str:
+    """What asked the job to stop, for people: 'SIGTERM', 'halt file ROOT/.hpcckpt-halt (TEXT)', 'deadline'."""
+    if reason == "signal":
+        try:
+            return signal.Signals(signum).name
+        except ValueError:
+            return f"signal {signum}"
+    if reason == "halt":
+        return f"halt file {halt.halt_path(root)}" + (f" ({detail})" if detail else "")
+    return "the job's end time (deadline) is near"
 
 
 def _mpi_max():

@@ -115,7 +115,7 @@ def test_sigusr1_checkpoints_exits_cleanly_and_resumes_bitwise(tmp_path):
         watchdog.cancel()
     output = "".join(lines) + rest
     assert rc == 0, output
-    m = re.search(r"SIGUSR1/SIGTERM received: stopped cleanly after step (\d+)", output)
+    m = re.search(r"stopping \(SIGUSR1\): stopped cleanly after step (\d+)", output)
     assert m, output
     stopped = int(m.group(1))
     assert 0 < stopped < steps, output

@@ -86,3 +86,43 @@ def test_failure_history_counts_an_unclosed_run(mpi_tmp):
     history = FailureHistory.load(mpi_tmp)
     assert history.n_failures == 1
     assert [r.failed for r in history.runs] == [True, False]
+
+
+class _SignalBeforeDecision:
+    """A communicator that sends SIGUSR1 to this process when the ``n``-th decision allreduce starts:
+    after this rank has read its flag for that decision, before the allreduce (the racy instant)."""
+
+    def __init__(self, comm, n):
+        self._comm, self._n = comm, n
+
+    def __getattr__(self, name):
+        return getattr(self._comm, name)
+
+    def allreduce(self, obj, op=None):
+        from mpi4py import MPI
+
+        if op == MPI.MAX:  # should_save's only collective: the decision
+            self._n -= 1
+            if self._n == 0:
+                os.kill(os.getpid(), signal.SIGUSR1)
+        return self._comm.allreduce(obj, op=op)
+
+
+def test_signal_between_flag_read_and_allreduce_on_one_rank_counts_at_the_next_decision(mpi_tmp):
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    last = comm.size - 1
+    mine = _SignalBeforeDecision(comm, 4) if comm.rank == last else comm
+    ck = hpcckpt.Checkpointer(mpi_tmp, comm=mine, policy=FixedSteps(1000), handle_signals=True, track_failures=False)
+    try:
+        decisions = []
+        for step in range(1, 10):
+            decisions.append(ck.should_save(step))
+            if ck.should_exit():
+                break
+    finally:
+        ck.close()
+    # the signal came during the 4th decision on one rank: every rank says no then, and yes at the 5th
+    assert decisions == [False] * 4 + [True]
+    assert comm.allgather((decisions, ck.stop_reason)) == [(decisions, "SIGUSR1")] * comm.size

@@ -6,6 +6,8 @@ Subcommands (``hpcckpt SUBCOMMAND --help`` for each)::
     hpcckpt inspect PATH            variables, values, files of one version [--chunks] [--json]
     hpcckpt verify PATH             read every chunk and check its checksum (a version or a root)
     hpcckpt gc ROOT                 remove partial leftovers, superseded revisions [--keep N]
+    hpcckpt unlock ROOT             remove the writer lock of a job known to be gone
+    hpcckpt halt ROOT               ask the job writing ROOT to checkpoint and exit [--reason TEXT] [--remove]
     hpcckpt stats PATH              per-rank phase timings of the save, bandwidth, straggler [--plot PNG]
     hpcckpt export PATH OUT.h5      one plain HDF5 file of a version (docs/hdf5.md)
     hpcckpt interval / simulate     Young/Daly intervals and the failure simulator (hpcckpt.policy)
@@ -30,7 +32,7 @@ from .common import DEFAULT_GRACE, EXIT_FAIL, EXIT_OK, EXIT_USAGE, add_progress_
 from .export import add_export_command
 from .inspect import cmd_inspect
 from .listing import cmd_ls
-from .maintenance import cmd_gc, cmd_unlock
+from .maintenance import cmd_gc, cmd_halt, cmd_unlock
 from .stats import cmd_stats
 from .verify import cmd_verify
 
@@ -100,6 +102,17 @@ def build_parser() -> argparse.ArgumentParser:
                                    "you know has ended. Never while the holder still writes.")
     p.add_argument("root", metavar="ROOT", help="the Checkpointer root directory")
     p.set_defaults(func=cmd_unlock)
+
+    p = sub.add_parser("halt", help="ask the job writing a root to checkpoint and exit (the halt file)",
+                       description="Write ROOT/.hpcckpt-halt. The job writing ROOT sees it at its next "
+                                   "maybe_save/should_save decision (rank 0 looks), saves a final checkpoint on "
+                                   "every rank, and should_exit() becomes True; the job removes the file when it "
+                                   "closes, so the next run of the same command continues. No signal is needed: "
+                                   "only the shared file system.")
+    p.add_argument("root", metavar="ROOT", help="the Checkpointer root directory")
+    p.add_argument("--reason", default=None, metavar="TEXT", help="why (the job prints it when it stops)")
+    p.add_argument("--remove", action="store_true", help="withdraw a halt request the job has not honoured yet")
+    p.set_defaults(func=cmd_halt)
 
     p = sub.add_parser("stats", help="where the time of a save went: per-rank phases, bandwidth, straggler",
                        description="Print the per-phase timings that every save stores with its version (min, "

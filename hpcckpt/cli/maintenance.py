@@ -1,4 +1,5 @@
-"""``hpcckpt gc`` and ``hpcckpt unlock``: removing leftovers, old versions and stale writer locks."""
+"""``hpcckpt gc``, ``hpcckpt unlock`` and ``hpcckpt halt``: removing leftovers, old versions and stale writer
+locks; asking the job that writes a root to checkpoint and exit."""
 
 from __future__ import annotations
 
@@ -23,6 +24,21 @@ def cmd_unlock(args) -> int:
     print(f"removed the writer lock of {root} (held by {describe(holder)})" if holder is not None
           else f"{root} has no writer lock")
     return 0
+
+
+# --------------------------------------------------------------------------- halt
+
+def cmd_halt(args) -> int:
+    from ..halt import halt_path, request, withdraw
+
+    root = require_root(args.root)
+    if args.remove:
+        print(f"removed {halt_path(root)}" if withdraw(root) else f"{root} has no halt file")
+        return EXIT_OK
+    path = request(root, args.reason or "")
+    print(f"wrote {path}: the job writing {root} checkpoints and exits at its next maybe_save/should_save "
+          f"decision, and removes the file when it closes")
+    return EXIT_OK
 
 
 # --------------------------------------------------------------------------- gc
