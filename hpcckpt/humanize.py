@@ -1,10 +1,11 @@
 """How hpcckpt writes durations, times and sizes for people: one style for the CLI and the library's messages.
 
 * durations: three significant digits and one unit glued on: ``850us``,
-  ``1.4ms``, ``45s``, ``113m``, ``3.05h``, ``2.37d``; seconds up to 2
-  minutes, minutes up to 2 hours, hours up to 2 days, then days (the number
-  never reads "1.x" of a larger unit). From one second up the text is a valid
-  DURATION argument of the ``hpcckpt`` command (``--cost 30.5m``).
+  ``1.4ms``, ``45s``, ``113m``, ``3.05h``, ``2.37d``; below a second us or
+  ms, then seconds up to 2 minutes, minutes up to 2 hours, hours up to 2
+  days, then days (``113m`` rather than ``1.88h``). From one second up the
+  text is a valid DURATION argument of the ``hpcckpt`` command
+  (``--cost 30.5m``).
 * times: UTC, ``2026-12-01 14:03:05Z``: the commit time a version records is
   UTC (docs/format.md), and the nodes of a job and its users may sit in
   different time zones.

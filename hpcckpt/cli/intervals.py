@@ -19,7 +19,8 @@ import sys
 import numpy as np
 
 from ..errors import CheckpointError
-from .common import EXIT_USAGE, add_progress_flags, duration_text, parse_duration, print_table, progress_bar, show_progress
+from .common import (EXIT_USAGE, add_progress_flags, duration_text, parse_duration, print_table, progress_bar,
+                     show_progress)
 
 __all__ = ["add_subcommands", "run_interval", "run_simulate"]
 
