@@ -1,4 +1,4 @@
-"""How hpcckpt writes durations, times and sizes for people: one style for the CLI and the library's messages.
+"""How hpcckpt writes durations, times, sizes and tables for people: one style for the CLI and the library's text.
 
 * durations: three significant digits and one unit glued on: ``850us``,
   ``1.4ms``, ``45s``, ``113m``, ``3.05h``, ``2.37d``; below a second us or
@@ -10,6 +10,8 @@
   UTC (docs/format.md), and the nodes of a job and its users may sit in
   different time zones.
 * sizes: ``132 B``, ``1.5 KiB``, ``16.1 MiB`` (binary units, one decimal).
+* tables: aligned columns under an upper-case header row, two spaces apart,
+  numbers right-aligned (:func:`table_lines`).
 
 Pure functions, no I/O.
 """
@@ -19,7 +21,7 @@ from __future__ import annotations
 import datetime as _dt
 import math
 
-__all__ = ["format_duration", "format_time", "human_bytes"]
+__all__ = ["format_duration", "format_time", "human_bytes", "table_lines"]
 
 _DURATION_UNITS = ((1e-3, 1e-6, "us"), (1.0, 1e-3, "ms"), (120.0, 1.0, "s"), (2 * 3600.0, 60.0, "m"),
                    (2 * 86400.0, 3600.0, "h"))
@@ -77,3 +79,11 @@ def human_bytes(n) -> str:
         if abs(value) < 1024 or unit == "PiB":
             return f"{value:.1f} {unit}"
     return f"{n} B"  # pragma: no cover
+
+
+def table_lines(rows, right=frozenset(), indent: str = "") -> list[str]:
+    """``rows`` (the first one the upper-case header, every cell a string) as aligned lines; the columns whose
+    index is in ``right`` (numbers) right-aligned, each line prefixed by ``indent``, no trailing blanks."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return [(indent + "  ".join(cell.rjust(w) if i in right else cell.ljust(w)
+                                for i, (cell, w) in enumerate(zip(row, widths)))).rstrip() for row in rows]

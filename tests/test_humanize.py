@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from hpcckpt.cli.common import parse_duration
-from hpcckpt.humanize import format_duration, format_time, human_bytes
+from hpcckpt.humanize import format_duration, format_time, human_bytes, table_lines
 
 UNIT_SECONDS = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
@@ -51,3 +51,11 @@ def test_times_are_utc_with_a_z():
                                     (16_883_712, "16.1 MiB"), (3 << 40, "3.0 TiB")])
 def test_sizes(n, text):
     assert human_bytes(n) == text
+
+
+def test_tables_align_under_the_header_and_right_align_numbers():
+    rows = [("NAME", "SIZE", "NOTE"), ("u", "16.1 MiB", ""), ("particles", "132 B", "ragged")]
+    assert table_lines(rows, right={1}, indent="  ") == [
+        "  NAME           SIZE  NOTE",
+        "  u          16.1 MiB",
+        "  particles     132 B  ragged"]

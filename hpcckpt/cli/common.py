@@ -3,8 +3,8 @@
 The output style of every command (ls, inspect, verify, gc, stats, export,
 unlock, interval, simulate) is set here: tables are aligned columns under an
 upper-case header row, two spaces apart, numbers right-aligned
-(:func:`print_table`); durations, times and sizes are written as
-hpcckpt.humanize writes them for the library's messages too (``1.4ms``,
+(:func:`print_table`); tables, durations, times and sizes are written as
+hpcckpt.humanize writes them for the library's text too (``1.4ms``,
 ``113m``; ``2026-12-01 14:03:05Z``, UTC; ``16.1 MiB``), re-exported here as
 :func:`duration_text`, :func:`time_text` and :func:`human_bytes`.
 ``--json`` outputs keep the stored forms (ISO 8601 strings, seconds, bytes).
@@ -33,6 +33,7 @@ from ..metadata_file import read_metadata
 from ..humanize import format_duration as duration_text  # noqa: F401 - re-exported: the commands' one style
 from ..humanize import format_time as time_text  # noqa: F401
 from ..humanize import human_bytes  # noqa: F401
+from ..humanize import table_lines
 
 
 #: ``gc`` leaves alone a partial version touched more recently than this (a save may be running).
@@ -43,12 +44,9 @@ EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 # --------------------------------------------------------------------------- the output style
 
 def print_table(rows: list[tuple], right: set[int] = frozenset(), indent: str = "") -> None:
-    """Print ``rows`` (the first one the upper-case header) as aligned columns two spaces apart; the columns
-    in ``right`` (numbers) right-aligned."""
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    for row in rows:
-        cells = [cell.rjust(w) if i in right else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths))]
-        print((indent + "  ".join(cells)).rstrip())
+    """Print ``rows`` (the first one the upper-case header) in the one table style (humanize.table_lines)."""
+    for line in table_lines(rows, right, indent):
+        print(line)
 
 
 def progress_bar(show: bool, total, desc: str, unit: str = "B"):
