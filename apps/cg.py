@@ -203,17 +203,24 @@ def first_run(args, g, b, cks, params, say) -> int:
         at = total // 2
     xb = x_bound(g, b, args.tol)
     x_codec = Lossy(rel=args.x_rel) if args.x_rel else Lossy(abs=xb)
-    saved = {}
+    saved, now = {}, {}  # now: the iterate as cg() last handed it over
+
+    def lossless_state() -> dict:  # read at the save (registered below): the exact iterate
+        return {"x": g.block(now["x"]), "r": g.block(now["r"]), "p": g.block(now["p"]), "rr": now["rr"],
+                "k": now["k"], "params": params}
+
+    def lossy_state() -> dict:  # x within the bound that costs no iterations, p nearly exact, r recomputed
+        return {"x": g.block(now["x"], x_codec), "p": g.block(now["p"], Lossy(rel=args.p_rel)), "x_bound": xb,
+                "k": now["k"], "params": params}
+
+    cks["lossless"].register(lossless_state)
+    cks["lossy"].register(lossy_state)
 
     def on_iteration(k, x, r, p, rr):
-        if k != at:
-            return
-        common = {"k": k, "params": params}
-        res = cks["lossless"].save({"x": g.block(x), "r": g.block(r), "p": g.block(p), "rr": rr, **common}, step=k)
-        saved["lossless"] = res.bytes_written
-        res = cks["lossy"].save({"x": g.block(x, x_codec), "p": g.block(p, Lossy(rel=args.p_rel)),
-                                 "x_bound": xb, **common}, step=k)
-        saved["lossy"] = res.bytes_written
+        now.update(k=k, x=x, r=r, p=p, rr=rr)
+        if k == at:
+            for kind, ck in cks.items():
+                saved[kind] = ck.save(step=k).bytes_written
 
     x, k = cg(g, b, np.zeros_like(b), b.copy(), b.copy(), g.dot(b, b), 0, args.tol, args.maxit,
               on_iteration=on_iteration)

@@ -193,10 +193,16 @@ def main(argv=None) -> int:
         return 2
     params = {"ny": args.ny, "nx": args.nx, "particles": args.particles, "inject": args.inject}
     f = initial_field(s)
+    start = done = 0
+    p = new_particles(s, 0, args.particles)
+
+    def make_state() -> dict:
+        # read at every save (registered below): step() rebinds p every step, done advances
+        return {"field": s.block(f), "particles": hpcckpt.Ragged(p), "step": done, "params": params}
+
     ck = hpcckpt.Checkpointer(args.root, comm=comm, keep=args.keep, incremental=True,
                               block_bytes=args.block_bytes, max_chain=args.max_chain, track_failures=False)
-    start = 0
-    p = new_particles(s, 0, args.particles)
+    ck.register(make_state)  # the safe form: the state is built when a save starts, never a stale buffer
     if ck.latest() is not None:
         restored = ck.restore({"field": s.block(f), "particles": hpcckpt.Ragged(), "step": 0, "params": None})
         if restored["params"] != params:
@@ -209,25 +215,20 @@ def main(argv=None) -> int:
     else:
         say(f"no checkpoint under {args.root}: starting from step 0 on {s.size} ranks")
 
-    def save(done: int):
-        r = ck.save({"field": s.block(f), "particles": hpcckpt.Ragged(p), "step": done, "params": params},
-                    step=done)
-        inc = r.incremental
-        say(f"SAVED {done} {inc['kind']} {r.bytes_written} {inc['total_bytes']}")
-
     end = args.steps if args.stop_at is None else min(args.steps, args.stop_at)
     t0 = time.perf_counter()
     done = start
     for done in range(start + 1, end + 1):
         p = step(s, f, p, done, args.inject, args.particles)
         if done % args.every == 0 or done == end:
-            save(done)
+            r = ck.save(step=done)  # saves what make_state() returns now
+            inc = r.incremental
+            say(f"SAVED {done} {inc['kind']} {r.bytes_written} {inc['total_bytes']}")
     ck.close()
     total = comm.allreduce(len(p))
     say(f"finished steps {start}..{done} in {time.perf_counter() - t0:.2f} s: {total} particles")
     if args.out:
-        hpcckpt.save({"field": s.block(f), "particles": hpcckpt.Ragged(p), "step": done, "params": params},
-                     args.out, comm=comm, step=done, overwrite=True)
+        hpcckpt.save(make_state, args.out, comm=comm, step=done, overwrite=True)
     return 0
 
 

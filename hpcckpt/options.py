@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from .codecs.pipeline import check_codec_option
 from .errors import CheckpointError
+from .humanize import format_duration, human_bytes
 from .transport import TRANSPORTS
 
 #: Default largest chunk: small enough that the scratch buffer and the parts a
@@ -115,19 +116,10 @@ class SaveResult:
         name = os.path.basename(os.path.normpath(self.path)) if self.path else "?"
         if self.pending:
             return f"SaveResult({name}, step {self.step}, pending)"
-        size = _human(self.bytes_written)
+        size = human_bytes(self.bytes_written)
         slow = max((v for k, v in self.timings.items() if k != "commit"), default=0.0)
         return (f"SaveResult({name}, step {self.step}, {self.kind}, {size} in {self.nchunks} chunks, "
-                f"{'+'.join(self.levels)}, {self.strategy}, slowest phase {slow:.3f} s)")
-
-
-def _human(n: int) -> str:
-    """Bytes as B / KiB / MiB / GiB with one decimal."""
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{n} B" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n} B"  # pragma: no cover
+                f"{'+'.join(self.levels)}, {self.strategy}, slowest phase {format_duration(slow)})")
 
 
 def _check_incremental(opts) -> None:

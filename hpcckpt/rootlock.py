@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from .errors import CheckpointError
+from .humanize import format_time
 from .storage.posix import read_bounded
 
 LOCK_FILE = ".hpcckpt-lock"
@@ -95,7 +96,7 @@ def describe(holder: dict) -> str:
         return "an unknown process (the lock file is empty or unreadable)"
     job = f", SLURM job {holder['slurm_job_id']}" if holder.get("slurm_job_id") else ""
     start = holder.get("start")
-    since = time.strftime(" since %Y-%m-%d %H:%M:%S", time.localtime(start)) if isinstance(start, (int, float)) else ""
+    since = f" since {format_time(start)}" if isinstance(start, (int, float)) else ""
     return f"pid {holder.get('pid')} on host {holder.get('hostname')}{job}{since}"
 
 

@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass
 
 from .errors import CheckpointError
+from .humanize import format_duration
 
 #: Phases that contain others; the straggler is sought among these top-level ones.
 TOP_LEVEL = ("plan", "write", "commit")
@@ -28,7 +29,7 @@ class Straggler:
 
     def __str__(self) -> str:
         ratio = self.seconds / self.median if self.median > 0 else float("inf")
-        return f"slowest: rank {self.rank} in '{self.phase}' ({self.seconds:.3f} s, {ratio:.1f}x the median rank)"
+        return f"slowest: rank {self.rank} in '{self.phase}' ({format_duration(self.seconds)}, {ratio:.1f}x the median rank)"
 
 
 def _median(values: list[float]) -> float:
@@ -81,15 +82,15 @@ def _seconds(value) -> bool:
         return False
 
 
-def table(stats: dict) -> list[list[str]]:
-    """Rows of [phase, min, median, max, slowest rank] in seconds, top-level phases first."""
+def table(stats: dict) -> list[tuple[str, float, float, float, int]]:
+    """Rows of (phase, min, median, max seconds over the ranks, slowest rank), top-level phases first."""
     phases = stats["phases"]
     order = [p for p in TOP_LEVEL if p in phases] + sorted(p for p in phases if p not in TOP_LEVEL)
     rows = []
     for name in order:
         values = phases[name]
         slowest = max(range(len(values)), key=values.__getitem__)
-        rows.append([name, f"{min(values):.4f}", f"{_median(values):.4f}", f"{max(values):.4f}", str(slowest)])
+        rows.append((name, float(min(values)), float(_median(values)), float(max(values)), slowest))
     return rows
 
 

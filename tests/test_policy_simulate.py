@@ -6,7 +6,10 @@ import numpy as np
 import pytest
 
 from hpcckpt.errors import CheckpointError
-from hpcckpt.policy import cli, formulas
+from hpcckpt import cli
+from hpcckpt.cli import intervals
+from hpcckpt.cli.common import parse_duration
+from hpcckpt.policy import formulas
 from hpcckpt.policy import simulate as S
 from hpcckpt.policy import simulate_report as R
 
@@ -152,22 +155,23 @@ def test_table_and_plot(tmp_path):
                                           ("1.5h", 5400), ("1h30m", 5400), (" 10 m ", 600), ("0", 0),
                                           (".5m", 30), (7, 7.0)])
 def test_parse_duration(text, seconds):
-    assert cli.parse_duration(text) == pytest.approx(seconds)
+    assert parse_duration(text) == pytest.approx(seconds)
 
 
 @pytest.mark.parametrize("text", ["", "abc", "4x0", "-5", "12hh", "nan", "inf", "1h30", "h", "5 y"])
 def test_parse_duration_rejects(text):
     with pytest.raises(CheckpointError, match="bad duration"):
-        cli.parse_duration(text)
+        parse_duration(text)
 
 
 def test_cli_interval_output(capsys):
     assert cli.main(["interval", "--cost", "40s", "--mtbf", "12h"]) == 0
     out = capsys.readouterr().out
-    # Young sqrt(2*40*43200) = 1859 s = 30m 59s; Daly 1832 s = 30m 32s
-    assert "Young" in out and "30m 59s (1859 s)" in out
-    assert "Daly" in out and "30m 32s (1832 s)" in out
-    assert "%" in out
+    # Young sqrt(2*40*43200) = 1859 s = 31m; Daly 1832 s = 30.5m
+    rows = {line.split()[0]: line.split()[1:] for line in out.splitlines()[2:5]}
+    assert out.splitlines()[1].split() == ["POLICY", "INTERVAL", "SECONDS", "EXPECTED", "WASTE"]
+    assert rows["Young"][:2] == ["31m", "1859"] and rows["Daly"][:2] == ["30.5m", "1832"]
+    assert all(r[-1].endswith("%") for r in rows.values())
 
 
 def test_cli_bad_duration_one_line(capsys):
@@ -193,8 +197,15 @@ def test_add_subcommands_dispatch():
 
     p = argparse.ArgumentParser()
     sub = p.add_subparsers(dest="command")
-    cli.add_subcommands(sub)
+    intervals.add_subcommands(sub)
     args = p.parse_args(["interval", "--cost", "1m", "--mtbf", "1d"])
-    assert args.func is cli.run_interval and args.policy_command == "interval"
-    with pytest.raises(CheckpointError):
-        cli.run(argparse.Namespace(policy_command="ls"))
+    assert args.func is intervals.run_interval
+    assert p.parse_args(["simulate"]).func is intervals.run_simulate
+
+
+def test_run_simulation_reports_progress_once_per_history():
+    ticks = []
+    s = S.Scenario(work=86400.0, cost=600.0, restart=300.0, mtbf=43200.0)
+    with_progress = S.run_simulation(s, seeds=5, progress=ticks.append)
+    assert ticks == [1] * 5
+    assert with_progress.policies["young"].mean == S.run_simulation(s, seeds=5).policies["young"].mean

@@ -17,7 +17,8 @@ Errors are one line on stderr (``hpcckpt: error: ...``), never a traceback;
 set ``HPCCKPT_DEBUG=1`` to get the traceback of an unexpected internal error.
 The format read here is specified in docs/format.md; the commands in docs/cli.md.
 One module per subcommand (listing, inspect, verify, maintenance, export,
-stats), their shared helpers in common.py; this module builds the parser.
+stats, intervals), their shared helpers and the one output style in
+common.py; this module builds the parser.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from ..errors import CheckpointError
 from .common import DEFAULT_GRACE, EXIT_FAIL, EXIT_OK, EXIT_USAGE, add_progress_flags, duration, positive_int
 from .export import add_export_command
 from .inspect import cmd_inspect
+from .intervals import add_subcommands
 from .listing import cmd_ls
 from .maintenance import cmd_gc, cmd_halt, cmd_unlock
 from .stats import cmd_stats
@@ -62,9 +64,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("inspect", help="describe one checkpoint version",
                        description="Describe one checkpoint version: step, rank count that wrote it, data "
                                    "files, variables (kind, global shape, dtype, codec, chunks, bytes) and "
-                                   "replicated values. PATH is a version directory, or a root (its newest "
-                                   "committed version is shown). Reads metadata only.")
-    p.add_argument("path", metavar="PATH", help="a checkpoint version directory or a Checkpointer root")
+                                   "replicated values. PATH is a version directory, its metadata.json, or a "
+                                   "root (its newest committed version is shown). Reads metadata only.")
+    p.add_argument("path", metavar="PATH",
+                   help="a checkpoint version directory, its metadata.json, or a Checkpointer root")
     p.add_argument("--chunks", action="store_true",
                    help="also list every chunk: global box, file, byte offset, length, checksum")
     p.add_argument("--json", action="store_true", help="machine-readable output (with --chunks: chunk lists)")
@@ -122,17 +125,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plot", metavar="PNG", default=None, help="also draw a per-rank timeline (needs matplotlib)")
     p.set_defaults(func=cmd_stats)
 
-    from ..policy.cli import add_subcommands
-
     add_export_command(sub)
     add_subcommands(sub)
     return parser
-
-
-def _run_policy(args) -> int:
-    from ..policy.cli import run
-
-    return run(args)
 
 
 def main(argv=None) -> int:
@@ -145,9 +140,8 @@ def main(argv=None) -> int:
     if args.command is None:
         parser.print_help(sys.stderr)
         return EXIT_USAGE
-    func = _run_policy if getattr(args, "policy_command", None) else args.func
     try:
-        return int(func(args) or 0)
+        return int(args.func(args) or 0)
     except CheckpointError as exc:
         return _fail(str(exc))
     except OSError as exc:

@@ -1,10 +1,23 @@
-"""What every ``hpcckpt`` subcommand shares: exit codes, argument types, sizes and tables, version lookup."""
+"""What every ``hpcckpt`` subcommand shares: exit codes, argument types, version lookup, and the one output style.
+
+The output style of every command (ls, inspect, verify, gc, stats, export,
+unlock, interval, simulate) is set here: tables are aligned columns under an
+upper-case header row, two spaces apart, numbers right-aligned
+(:func:`print_table`); tables, durations, times and sizes are written as
+hpcckpt.humanize writes them for the library's text too (``1.4ms``,
+``113m``; ``2026-12-01 14:03:05Z``, UTC; ``16.1 MiB``), re-exported here as
+:func:`duration_text`, :func:`time_text` and :func:`human_bytes`.
+``--json`` outputs keep the stored forms (ISO 8601 strings, seconds, bytes).
+"""
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
+import re
 import shutil
+import sys
 import tempfile
 import warnings
 from dataclasses import dataclass
@@ -17,6 +30,10 @@ from ..errors import CheckpointError
 from ..metadata import Metadata
 from ..names import DATA_DIR, METADATA_FILE
 from ..metadata_file import read_metadata
+from ..humanize import format_duration as duration_text  # noqa: F401 - re-exported: the commands' one style
+from ..humanize import format_time as time_text  # noqa: F401
+from ..humanize import human_bytes  # noqa: F401
+from ..humanize import table_lines
 
 
 #: ``gc`` leaves alone a partial version touched more recently than this (a save may be running).
@@ -24,19 +41,27 @@ DEFAULT_GRACE = "5m"
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 
-# --------------------------------------------------------------------------- helpers
+# --------------------------------------------------------------------------- the output style
 
-def human_bytes(n: int) -> str:
-    """``132`` -> ``"132 B"``, ``1536`` -> ``"1.5 KiB"``."""
-    n = int(n)
-    if n < 1024:
-        return f"{n} B"
-    value = float(n)
-    for unit in ("KiB", "MiB", "GiB", "TiB", "PiB"):
-        value /= 1024.0
-        if value < 1024 or unit == "PiB":
-            return f"{value:.1f} {unit}"
-    return f"{n} B"  # pragma: no cover
+def print_table(rows: list[tuple], right: set[int] = frozenset(), indent: str = "") -> None:
+    """Print ``rows`` (the first one the upper-case header) in the one table style (humanize.table_lines)."""
+    for line in table_lines(rows, right, indent):
+        print(line)
+
+
+def progress_bar(show: bool, total, desc: str, unit: str = "B"):
+    """A tqdm bar on stderr (a disabled one when ``show`` is false); bytes are counted in KiB/MiB/..."""
+    from tqdm import tqdm
+
+    scale = {"unit_scale": True, "unit_divisor": 1024} if unit == "B" else {}
+    return tqdm(total=total, unit=unit, file=sys.stderr, desc=desc, leave=False, dynamic_ncols=True,
+                disable=not show, **scale)
+
+
+def show_progress(args, default: bool) -> bool:
+    """Whether a command shows its progress bar: ``--progress`` / ``--no-progress``, else ``default`` when
+    stderr is a terminal (never in a pipe or a script's capture, so stdout and stderr stay parseable)."""
+    return args.progress if args.progress is not None else (default and sys.stderr.isatty())
 
 
 def shape_str(shape) -> str:
@@ -108,9 +133,40 @@ def require_root(root: str) -> str:
     return root
 
 
-def duration(text: str) -> float:
-    from ..policy.cli import parse_duration
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_TERM = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?\s*([smhd]?)", re.ASCII)
+_FULL = re.compile(r"^\s*(?:(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?\s*[smhd]?\s*)+$", re.ASCII)
 
+
+def parse_duration(text) -> float:
+    """``"40"`` -> 40.0, ``"40s"``, ``"5m"``, ``"12h"``, ``"1.5d"``, ``"1h30m"``; seconds.
+
+    Raises CheckpointError with a one-line message for anything else
+    (negative, empty, NaN, unknown suffix).
+    """
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        v = float(text)
+        if math.isfinite(v) and v >= 0:
+            return v
+        raise CheckpointError(f"bad duration {text!r}: must be finite and >= 0")
+    s = str(text).strip().lower()
+    if not s or not _FULL.match(s):
+        raise CheckpointError(
+            f"bad duration {text!r}: use seconds or a number with s/m/h/d, e.g. 40, 40s, 5m, 12h, 2d, 1h30m")
+    total = 0.0
+    terms = list(_TERM.finditer(s))
+    if len(terms) > 1 and any(m.group(2) == "" for m in terms):
+        raise CheckpointError(f"bad duration {text!r}: every term of a compound duration needs a unit (1h30m)")
+    for m in terms:
+        num = float(m.group(0)[: len(m.group(0)) - len(m.group(2))].strip())
+        total += num * _UNITS.get(m.group(2) or "s")
+    if not math.isfinite(total):
+        raise CheckpointError(f"bad duration {text!r}: too large")
+    return total
+
+
+def duration(text: str) -> float:
+    """argparse type of a DURATION option (:func:`parse_duration`)."""
     try:
         return parse_duration(text)
     except CheckpointError as exc:
@@ -193,15 +249,17 @@ def add_progress_flags(p: argparse.ArgumentParser, default: str) -> None:
     g.add_argument("--no-progress", dest="progress", action="store_false", help="never show a progress bar")
 
 
-def print_table(rows: list[tuple], right: set[int] = frozenset(), indent: str = "") -> None:
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    for row in rows:
-        cells = [cell.rjust(w) if i in right else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths))]
-        print((indent + "  ".join(cells)).rstrip())
+def metadata_dir(path: str) -> str:
+    """``path``, or the version directory it names when it is that version's ``metadata.json`` file."""
+    if os.path.basename(os.path.normpath(path)) == METADATA_FILE and os.path.isfile(path):
+        return os.path.dirname(os.path.normpath(path)) or "."
+    return path
 
 
 def resolve_version(path: str) -> tuple[str, str | None]:
-    """A version directory for ``path``: itself, or the newest committed version when it is a root."""
+    """A version directory for ``path``: itself (or the directory of a ``metadata.json`` path), or the newest
+    committed version when it is a root."""
+    path = metadata_dir(path)
     require_dir(path, "checkpoint")
     version, entry = catalog_resolve(path)
     if entry is None:

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import sys
-
-
-from .common import EXIT_OK, add_progress_flags, human_bytes, resolve_version
+from .common import EXIT_OK, add_progress_flags, human_bytes, progress_bar, resolve_version, show_progress
 
 
 # --------------------------------------------------------------------------- the `hpcckpt export` command
@@ -26,14 +23,10 @@ def add_export_command(sub) -> None:
 
 def cmd_export(args) -> int:
     """``hpcckpt export``: one OK line on stdout; a tqdm bar on stderr while it runs."""
-    from tqdm import tqdm
-
     from ..hdf5 import export, export_nbytes
 
     path, note = resolve_version(args.path)
-    show = args.progress if args.progress is not None else sys.stderr.isatty()
-    with tqdm(total=export_nbytes(path), unit="B", unit_scale=True, unit_divisor=1024, file=sys.stderr,
-              desc="export", leave=False, dynamic_ncols=True, disable=not show) as bar:
+    with progress_bar(show_progress(args, True), export_nbytes(path), "export") as bar:
         result = export(path, args.out, progress=bar.update, overwrite=args.overwrite)
     print(f"OK: {path} -> {result.path}: {len(result.datasets)} datasets, {len(result.attributes)} attributes, "
           f"{human_bytes(result.nbytes)}" + (f" ({note})" if note else ""))

@@ -12,7 +12,8 @@ from ..metadata import CHECKSUM_ALGORITHM, FORMAT_NAME, FORMAT_VERSION
 from ..view import CheckpointView
 
 
-from .common import EXIT_OK, box_str, dtype_str, human_bytes, print_table, resolve_version, shape_str, short_repr
+from .common import (EXIT_OK, box_str, dtype_str, human_bytes, print_table, resolve_version, shape_str, short_repr,
+                     time_text)
 
 
 # --------------------------------------------------------------------------- inspect
@@ -43,7 +44,7 @@ def cmd_inspect(args) -> int:
         print(f"checkpoint   {path}")
         print(f"format       hpcckpt format version {FORMAT_VERSION}, chunk checksums {CHECKSUM_ALGORITHM}")
         print(f"step         {meta.step if meta.step is not None else '-'}")
-        print(f"created      {meta.created}")
+        print(f"created      {time_text(meta.created)}")
         print(f"written by   {meta.nranks} rank{'s' if meta.nranks != 1 else ''}")
         own = sum(s or 0 for n, s in zip(meta.files, sizes) if not n.startswith("@"))
         refs = sum(1 for n in meta.files if n.startswith("@"))

@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 
 
-from .common import EXIT_OK, VersionRow, failure_estimate, human_bytes, print_table, require_root, version_rows
+from .common import (EXIT_OK, VersionRow, failure_estimate, human_bytes, print_table, require_root, time_text,
+                     version_rows)
 
 
 # --------------------------------------------------------------------------- ls
@@ -30,7 +31,7 @@ def cmd_ls(args) -> int:
         for r in rows:
             m = r.meta
             table.append((str(r.entry.step), r.entry.name, r.state, human_bytes(r.size),
-                          m.created if m else "-", str(len(m.variables)) if m else "-",
+                          time_text(m.created) if m else "-", str(len(m.variables)) if m else "-",
                           str(len(m.values)) if m else "-") + ((_kind_text(r),) if chains else ()))
         print_table(table, right={0, 3, 5, 6})
         for r in rows:

@@ -11,7 +11,7 @@ import warnings
 from ..catalog import current, list_versions, remove_versions, removable
 
 
-from .common import EXIT_FAIL, EXIT_OK, dir_size, human_bytes, newest_mtime, require_root
+from .common import EXIT_FAIL, EXIT_OK, dir_size, duration_text, human_bytes, newest_mtime, print_table, require_root
 
 
 # --------------------------------------------------------------------------- unlock
@@ -44,31 +44,39 @@ def cmd_halt(args) -> int:
 # --------------------------------------------------------------------------- gc
 
 def cmd_gc(args) -> int:
+    """One table (ACTION, VERSION, SIZE, REASON) of what was compacted, kept and removed, then a summary line."""
     root = require_root(args.root)
     entries = list_versions(root)
+    table = []
     if args.compact:
         from ..chain import compact
 
         for line in compact(root, args.keep, dry_run=args.dry_run):
-            print(("would compact  " if args.dry_run else "compacted  ") + line)
+            name, _, what = line.partition(": ")
+            table.append(("would compact" if args.dry_run else "compacted", name, "", what))
         entries = list_versions(root)
     live = current(entries)
     kept_by_keep = {e.name for e in (live[-args.keep:] if args.keep else live)}
     newest_rev = {e.step: e.name for e in live}
     now = time.time()
-    plan, busy = [], []
+    plan = []
     if args.compact and args.dry_run:  # after the compaction no kept version would reference another: say so
         doomed = [e for e in entries if e.name not in kept_by_keep]
     else:
         doomed = removable(entries, args.keep)
     # removable() keeps what a kept incremental version references: say why such a version stays
-    unprotected = {e.name for e in entries if e.name not in {x.name for x in (live[-args.keep:] if args.keep else live)}}
-    referenced = [e for e in entries if e.name in unprotected - {d.name for d in doomed}]
+    doomed_names = {d.name for d in doomed}
+    for e in entries:
+        if e.name not in kept_by_keep and e.name not in doomed_names:
+            table.append(("kept", e.name, human_bytes(dir_size(e.path)),
+                          "a kept version references its data (incremental save)"))
     for e in doomed:
         if not e.committed:
             age = now - newest_mtime(e.path)
             if age < args.grace:
-                busy.append((e, age))
+                table.append(("kept", e.name, human_bytes(dir_size(e.path)),
+                              f"partial, but modified {duration_text(age)} ago (a save may be running; "
+                              "--grace 0 removes it)"))
                 continue
             why = "partial (never committed)"
         elif e.name in {x.name for x in live} and e.name not in kept_by_keep:
@@ -76,25 +84,24 @@ def cmd_gc(args) -> int:
         else:
             why = f"superseded by {newest_rev.get(e.step, '?')}"
         plan.append((e, why, dir_size(e.path)))
-    for e in referenced:
-        print(f"kept    {e.name}: a kept version references its data (incremental save)")
-    for e, age in busy:
-        print(f"kept    {e.name}: partial, but modified {age:.0f} s ago (a save may be running; "
-              f"--grace 0 removes it)")
     if args.dry_run:
-        for e, why, size in plan:
-            print(f"would remove  {e.name}  {human_bytes(size)}  {why}")
+        table += [("would remove", e.name, human_bytes(size), why) for e, why, size in plan]
+        _print_gc_table(table)
         print(f"dry run: would remove {len(plan)} version{'s' if len(plan) != 1 else ''}, "
               f"{human_bytes(sum(s for _, _, s in plan))}")
         return EXIT_OK
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         removed = set(remove_versions([e for e, _, _ in plan]))
-    for e, why, size in plan:
-        if e.name in removed:
-            print(f"removed  {e.name}  {human_bytes(size)}  {why}")
+    table += [("removed", e.name, human_bytes(size), why) for e, why, size in plan if e.name in removed]
+    _print_gc_table(table)
     for w in caught:
         print(f"hpcckpt: warning: {str(w.message).removeprefix('hpcckpt: ')}", file=sys.stderr)
     freed = sum(s for e, _, s in plan if e.name in removed)
     print(f"removed {len(removed)} version{'s' if len(removed) != 1 else ''}, freed {human_bytes(freed)}")
     return EXIT_OK if len(removed) == len(plan) else EXIT_FAIL
+
+
+def _print_gc_table(rows: list[tuple]) -> None:
+    if rows:
+        print_table([("ACTION", "VERSION", "SIZE", "REASON"), *rows], right={2})

@@ -8,7 +8,7 @@ import os
 from ..metadata_file import read_metadata
 
 
-from .common import EXIT_OK, human_bytes, print_table, resolve_version
+from .common import EXIT_OK, duration_text, human_bytes, print_table, resolve_version
 
 
 def cmd_stats(args) -> int:
@@ -20,9 +20,11 @@ def cmd_stats(args) -> int:
         print(note)
     meta = read_metadata(path)
     record = stats.save_stats(meta.extra)
-    print(f"{path}: saved by {meta.nranks} ranks with strategy {meta.extra.get('strategy', '?')}")
-    print_table([("phase", "min s", "median s", "max s", "slowest rank"), *map(tuple, stats.table(record))],
-                 right={1, 2, 3, 4})
+    ranks = f"{meta.nranks} rank{'s' if meta.nranks != 1 else ''}"
+    print(f"{path}: saved by {ranks} with strategy {meta.extra.get('strategy', '?')}")
+    rows = [(name, *map(duration_text, (low, median, high)), str(rank))
+            for name, low, median, high, rank in stats.table(record)]
+    print_table([("PHASE", "MIN", "MEDIAN", "MAX", "SLOWEST RANK"), *rows], right={1, 2, 3, 4})
     rate = stats.bandwidth(record)
     if rate is not None:
         print(f"bandwidth: {human_bytes(sum(record['bytes']))} at {rate / 1e9:.2f} GB/s (slowest rank's write phase)")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import sys
 import time
 
 
@@ -13,7 +12,8 @@ from ..names import METADATA_FILE
 from ..view import CheckpointView
 
 
-from .common import EXIT_FAIL, EXIT_OK, human_bytes, require_dir
+from .common import (EXIT_FAIL, EXIT_OK, duration_text, human_bytes, metadata_dir, progress_bar, require_dir,
+                     show_progress)
 
 #: ``verify`` shows a progress bar on a terminal from this many bytes on.
 PROGRESS_THRESHOLD = 64 << 20
@@ -23,6 +23,7 @@ PROGRESS_THRESHOLD = 64 << 20
 
 def _targets(path: str) -> tuple[list[str], str]:
     """The version directories ``verify PATH`` checks, and a note on what it skipped."""
+    path = metadata_dir(path)
     require_dir(path, "checkpoint")
     if os.path.isfile(os.path.join(path, METADATA_FILE)):
         return [path], ""
@@ -53,19 +54,10 @@ def cmd_verify(args) -> int:
                 problems.append(str(exc))
         total = sum(v.meta.variables[n].stored_bytes for v in views for n in v.meta.variables)
         nchunks = sum(len(var.chunks) for v in views for var in v.meta.variables.values())
-        show = args.progress if args.progress is not None else (total > PROGRESS_THRESHOLD and sys.stderr.isatty())
-        bar = None
-        if show:
-            from tqdm import tqdm
-
-            bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, file=sys.stderr,
-                       desc="verify", leave=False, dynamic_ncols=True)
-        try:
+        show = show_progress(args, total > PROGRESS_THRESHOLD)
+        with progress_bar(show, total, "verify") as bar:
             for view in views:
-                problems.extend(view.verify(progress=bar.update if bar is not None else None))
-        finally:
-            if bar is not None:
-                bar.close()
+                problems.extend(view.verify(progress=bar.update if show else None))
     finally:
         for view in views:
             view.close()
@@ -77,7 +69,7 @@ def cmd_verify(args) -> int:
         return EXIT_FAIL
     what = f"{len(views)} version{'s' if len(views) != 1 else ''}, " if len(views) > 1 else ""
     print(f"OK: {args.path}: {what}{nchunks} chunk{'s' if nchunks != 1 else ''}, {human_bytes(total)} "
-          f"verified in {seconds:.2f} s{note}")
+          f"verified in {duration_text(seconds)}{note}")
     return EXIT_OK
 
 

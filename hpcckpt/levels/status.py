@@ -20,6 +20,7 @@ import json
 import os
 
 from ..catalog import list_versions
+from ..humanize import format_duration, table_lines
 from ..names import METADATA_FILE
 from . import FLUSH_MARKER, LEVELS_FILE
 
@@ -78,15 +79,14 @@ def format_levels(status: dict) -> list[str]:
         out.append(f"levels: L1 in {conf.get('local_dir')} ({len(conf.get('node_dirs') or [])} node dir(s), "
                    f"{status.get('visible_node_dirs', 0)} visible here); partner every {conf.get('partner_every')}, "
                    f"parity every {conf.get('parity_every')}, flush every {conf.get('flush_every')}"
-                   + (" (derived from costs %s s)" % ", ".join(f"{c:.3g}" for c in conf["derived_from_costs"])
+                   + (" (derived from costs %s)" % ", ".join(map(format_duration, conf["derived_from_costs"]))
                       if conf.get("derived_from_costs") else ""))
         rows = [("VERSION", "L1", "L2", "L3", "L4")]
         for v in status["versions"]:
             rows.append((v["name"], f"{v['L1_nodes']}/{v['nodes']}" if v["L1_nodes"] else "-",
                          "yes" if v["L2"] and v["L1_nodes"] else "-", "yes" if v["L3"] and v["L1_nodes"] else "-",
                          "yes" if v["L4"] else "-"))
-        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-        out += ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+        out += table_lines(rows, indent="  ")
     f = status.get("flush")
     if f:
         out.append(f"flush to L4 of {f.get('version')} {f['state']} (marker {FLUSH_MARKER})")

@@ -44,6 +44,7 @@ from typing import List, Optional, Tuple
 import numpy as np
 
 from hpcckpt.errors import CheckpointError
+from hpcckpt.humanize import format_duration
 
 __all__ = [
     "Estimate",
@@ -51,7 +52,6 @@ __all__ = [
     "estimate_mtbf",
     "gamma_posterior",
     "weibull_mle",
-    "format_duration",
     "DEFAULT_MTBF",
     "DEFAULT_PRIOR_WEIGHT",
     "WEIBULL_MIN_FAILURES",
@@ -62,23 +62,6 @@ DEFAULT_PRIOR_WEIGHT = 1.0
 WEIBULL_MIN_FAILURES = 5
 WEIBULL_SHAPE_BAND = (0.8, 1.25)
 WEIBULL_LR_CRITICAL = 6.635  # chi2(1) 0.99 quantile
-
-
-def format_duration(seconds: Optional[float]) -> str:
-    """Short human form: 45s, 12.5m, 3.2h, 1.5d."""
-    if seconds is None:
-        return "?"
-    s = float(seconds)
-    if not math.isfinite(s):
-        return str(s)
-    a = abs(s)
-    if a < 120:
-        return f"{s:.3g}s"
-    if a < 2 * 3600:
-        return f"{s / 60:.3g}m"
-    if a < 2 * 86400:
-        return f"{s / 3600:.3g}h"
-    return f"{s / 86400:.3g}d"
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,7 @@ import numpy as np
 
 from hpcckpt.errors import CheckpointError
 from hpcckpt.policy import formulas
-from hpcckpt.policy.estimators import format_duration
+from hpcckpt.humanize import format_duration
 from hpcckpt.policy.policies import Learned
 
 __all__ = [
@@ -268,7 +268,8 @@ def default_sweep(scenario: Scenario, points: int = 25, lo: float = 0.25, hi: fl
 def run_simulation(scenario: Scenario, seeds: int = 200, seed: int = 0,
                    intervals: Optional[Sequence[float]] = None,
                    prior_factors: Sequence[float] = (10.0, 0.1), prior_weight: float = 1.0,
-                   include_young: bool = True, history_failures: int = 0) -> SimulationResults:
+                   include_young: bool = True, history_failures: int = 0,
+                   progress: Optional[Callable[[int], object]] = None) -> SimulationResults:
     """Monte Carlo over ``seeds`` platform histories; all policies share each history.
 
     ``intervals``: the fixed-interval sweep (default: 25 log-spaced points from
@@ -276,7 +277,8 @@ def run_simulation(scenario: Scenario, seeds: int = 200, seed: int = 0,
     once per factor, with prior MTBF = factor x true MTBF.  ``history_failures``:
     when > 0, each learned policy also runs a second time starting with that many
     failures (drawn from the true distribution, independent of the job's own
-    failures) already in its history -- "after N failures".
+    failures) already in its history -- "after N failures".  ``progress``:
+    called with 1 after each history (a progress bar's ``update``).
     """
     if not isinstance(seeds, int) or seeds < 1:
         raise CheckpointError(f"seeds must be an integer >= 1, got {seeds!r}")
@@ -320,6 +322,8 @@ def run_simulation(scenario: Scenario, seeds: int = 200, seed: int = 0,
         for k, pf, nh in learn_specs:
             r = simulate_learned(s, stream, pf * s.mtbf, prior_weight, history=past if nh else ())
             learn_ms[k][j], learn_nf[k][j], learn_tau[k][j] = r.makespan, r.failures, r.final_interval
+        if progress is not None:
+            progress(1)
     sweep_stats = [PolicyStats(f"fixed {format_duration(t)}", float(t), fixed_ms[i], fixed_nf[i], s.work)
                    for i, t in enumerate(sweep)]
     pols: Dict[str, PolicyStats] = {}
