@@ -22,6 +22,18 @@ from hpcckpt.adapters import block
 
 SHAPE = (7, 6, 5)  # uneven on 2, 3 and 4 ranks
 
+#: library -> variable -> (global shape, dtype); variable k holds global_values(shape, dtype, seed=k)
+EXPECTED = {
+    "mpi4py_fft": {"pencil": (SHAPE, np.float64), "spectral": ((7, 6, 3), np.complex128),
+                   "vector": ((3, *SHAPE), np.float32)},
+    "petsc": {"plain": ((41,), np.float64), "grid2": ((9, 7), np.float64), "grid3": ((*SHAPE, 2), np.float64)},
+}
+
+
+def expected_values(lib: str) -> dict:
+    """variable -> its global array, as the checkpoint must hold it (no library needed)."""
+    return {name: global_values(shape, dtype, k) for k, (name, (shape, dtype)) in enumerate(EXPECTED[lib].items())}
+
 
 def global_values(shape, dtype, seed):
     n = int(np.prod(shape))
@@ -33,7 +45,7 @@ def global_values(shape, dtype, seed):
 
 
 def fft_objects():
-    """name -> (DistArray, its global values, view); view(obj) -> (accessor, its index, the global index)."""
+    """name -> (DistArray, view); view(obj) -> (accessor, its index, the global index of what it holds)."""
     from mpi4py_fft import DistArray, PFFT, newDistArray
 
     fft = PFFT(MPI.COMM_WORLD, SHAPE, dtype=np.float64)
@@ -41,12 +53,11 @@ def fft_objects():
     spectral = newDistArray(fft, forward_output=True)              # complex, the FFT's own output pencil
     vector = DistArray((3, *SHAPE), rank=1, alignment=0, dtype=np.float32)  # a vector field, slabs
     objs = {"pencil": pencil, "spectral": spectral, "vector": vector}
-    return {name: (a, global_values(a.global_shape, a.dtype, k), lambda a: (np.asarray(a), ..., a.local_slice()))
-            for k, (name, a) in enumerate(objs.items())}
+    return {name: (a, lambda a: (np.asarray(a), ..., a.local_slice())) for name, a in objs.items()}
 
 
 def petsc_objects():
-    """name -> (Vec, its global values, view), views as for fft_objects (DMDA: getVecArray, global indices)."""
+    """name -> (Vec, view), views as for fft_objects (a DMDA's getVecArray takes global indices)."""
     from petsc4py import PETSc
 
     plain = PETSc.Vec().createMPI(41, comm=PETSc.COMM_WORLD)
@@ -63,41 +74,40 @@ def petsc_objects():
             return da.getVecArray(v), ranges, ranges
         return view
 
-    out = {"plain": (plain, global_values((41,), np.float64, 0), plain_view)}
-    for k, (name, da, comps) in enumerate((("grid2", da2, ()), ("grid3", da3, (2,)))):
-        out[name] = (da.createGlobalVec(), global_values(tuple(da.getSizes()) + comps, np.float64, k + 1),
-                     dmda_view(da))
-    return out
+    return {"plain": (plain, plain_view), "grid2": (da2.createGlobalVec(), dmda_view(da2)),
+            "grid3": (da3.createGlobalVec(), dmda_view(da3))}
 
 
 LIBS = {"mpi4py_fft": fft_objects, "petsc": petsc_objects}
 
 
-def fill(objs, values_of):
-    for obj, values, view in objs.values():
+def fill(objs, values: dict, blank: bool = False):
+    """Write each object's part of its global values (or -1 everywhere, with ``blank``)."""
+    for name, (obj, view) in objs.items():
         accessor, index, where = view(obj)
-        accessor[index] = values_of(values, where)
+        accessor[index] = -1 if blank else values[name][where]
 
 
 def main() -> None:
     mode, root, lib = sys.argv[1], sys.argv[2], sys.argv[3]
     comm = MPI.COMM_WORLD
     checked = 0
+    values = expected_values(lib)
     if mode == "save":
         objs = LIBS[lib]()
-        fill(objs, lambda values, where: values[where])
-        state = {name: block(obj) for name, (obj, _, _) in objs.items()}
+        fill(objs, values)
+        state = {name: block(obj) for name, (obj, _) in objs.items()}
         hpcckpt.save({**state, "lib": lib}, os.path.join(root, f"{lib}-n{comm.size}"), step=comm.size)
     else:
         for n in map(int, sys.argv[4].split(",")):
             objs = LIBS[lib]()
-            fill(objs, lambda values, where: -1)  # nothing of the old contents may survive a load
-            state = {name: block(obj) for name, (obj, _, _) in objs.items()}
+            fill(objs, values, blank=True)  # nothing of the old contents may survive a load
+            state = {name: block(obj) for name, (obj, _) in objs.items()}
             out = hpcckpt.load({**state, "lib": None}, os.path.join(root, f"{lib}-n{n}"))
             assert out["lib"] == lib, out["lib"]
-            for name, (obj, values, view) in objs.items():
+            for name, (obj, view) in objs.items():
                 accessor, index, where = view(obj)
-                assert np.array_equal(np.asarray(accessor[index]), values[where]), (n, name, comm.rank)
+                assert np.array_equal(np.asarray(accessor[index]), values[name][where]), (n, name, comm.rank)
                 checked += 1
     print(f"OK rank {comm.rank} {mode} {checked}", flush=True)
 
