@@ -99,6 +99,17 @@ def test_importing_hpcckpt_imports_no_adapted_library():
     assert out.stdout.strip() == "[]", out.stdout
 
 
+def test_a_one_dimensional_distarray_is_refused_as_not_distributed():
+    ensure_library("mpi4py_fft")
+    from mpi4py_fft import DistArray
+
+    with pytest.raises(hpcckpt.TemplateMismatchError, match="1-D mpi4py-fft DistArray is not distributed"):
+        block(DistArray((8,)))
+    a = DistArray((8, 6), alignment=1)  # one process: the whole array
+    b = block(a)
+    assert b.offset == (0, 0) and b.global_shape == (8, 6) and np.shares_memory(b.local, a)
+
+
 # ---- the libraries, N ranks -> M ranks ----
 
 @pytest.fixture(scope="module", params=sorted(LIBRARIES))
