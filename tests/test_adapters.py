@@ -110,6 +110,88 @@ def test_a_one_dimensional_distarray_is_refused_as_not_distributed():
     assert b.offset == (0, 0) and b.global_shape == (8, 6) and np.shares_memory(b.local, a)
 
 
+class FakeDMDA:
+    """What the petsc adapter asks of a DMDA (petsc4py's names), for a box of a grid."""
+
+    def __init__(self, sizes, box, dof):
+        self.sizes, self.box, self.dof = sizes, box, dof
+
+    def __bool__(self):
+        return True
+
+    def getType(self):
+        return "da"
+
+    def getSizes(self):
+        return self.sizes
+
+    def getRanges(self):
+        return self.box
+
+    def getDof(self):
+        return self.dof
+
+
+class FakeVec:
+    """A Vec whose local memory is laid out as PETSc lays out a DMDA's global vector: dof innermost, then x,
+    y, z (petsc4py's getVecArray: strides (dof, dof*xm, dof*xm*ym) elements, then 1 for the component)."""
+
+    def __init__(self, memory, dm=None, lo=0, size=None):
+        self.memory, self.dm, self.lo, self.size = memory, dm, lo, size
+
+    def getDM(self):
+        return self.dm if self.dm is not None else FakeNull()
+
+    def getArray(self):
+        return self.memory
+
+    def getLocalSize(self):
+        return self.memory.size
+
+    def getOwnershipRange(self):
+        return self.lo, self.lo + self.memory.size
+
+    def getSize(self):
+        return self.size
+
+
+class FakeNull:
+    def __bool__(self):
+        return False
+
+
+@pytest.mark.parametrize("sizes, box, dof", [
+    ((9, 7), ((3, 9), (2, 5)), 1),
+    ((9, 7), ((0, 4), (5, 7)), 3),
+    ((5, 4, 6), ((1, 3), (0, 4), (2, 6)), 2),
+    ((5, 4, 6), ((0, 5), (1, 2), (0, 1)), 1),
+])
+def test_the_petsc_adapter_places_a_dmda_vector_as_petsc_indexes_it(sizes, box, dof):
+    from hpcckpt.adapters.petsc import vec_block
+
+    grid = np.arange(np.prod(sizes) * dof, dtype=np.float64).reshape(*sizes, dof)
+    mine = grid[tuple(slice(s, e) for s, e in box)]
+    # PETSc's memory order: x fastest (after the components), so C order over (z, y, x, dof).
+    memory = np.ascontiguousarray(mine.transpose(*reversed(range(len(sizes))), len(sizes))).ravel()
+    b = vec_block(FakeVec(memory, FakeDMDA(sizes, box, dof)))
+    local = b.local()
+    expected = mine if dof > 1 else mine[..., 0]
+    assert b.offset == tuple(s for s, _ in box) + ((0,) if dof > 1 else ())
+    assert b.global_shape == tuple(sizes) + ((dof,) if dof > 1 else ())
+    assert np.array_equal(local, expected)
+    local[...] = -1  # a load writes into the vector's own memory
+    assert (memory == -1).all()
+
+
+def test_the_petsc_adapter_refuses_a_ghosted_vector_and_places_a_plain_one():
+    from hpcckpt.adapters.petsc import vec_block
+
+    with pytest.raises(hpcckpt.TemplateMismatchError, match="not the DMDA's global vector"):
+        vec_block(FakeVec(np.zeros(5 * 4), FakeDMDA((9, 7), ((3, 6), (2, 5)), 1)))
+    b = vec_block(FakeVec(np.arange(4.0), lo=6, size=20))
+    assert b.offset == (6,) and b.global_shape == (20,) and np.array_equal(b.local(), np.arange(4.0))
+
+
 # ---- the libraries, N ranks -> M ranks ----
 
 @pytest.fixture(scope="module", params=sorted(LIBRARIES))
