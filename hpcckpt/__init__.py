@@ -3,7 +3,7 @@
 Public names only; see README.md and docs/ for the guide and the on-disk format.
 """
 
-from . import codecs, policy  # hpcckpt.codecs.Lossy(...), hpcckpt.policy.daly(...)
+from . import adapters, codecs, policy  # hpcckpt.adapters.block(u), hpcckpt.codecs.Lossy(...), hpcckpt.policy.daly(...)
 from .api import load, open, save
 from .checkpointer import Checkpointer
 from .errors import CheckpointError, CorruptCheckpointError, TemplateMismatchError
@@ -16,4 +16,5 @@ __version__ = "0.1.0"
 _configure_logging()
 
 __all__ = ["Block", "Ragged", "PerRank", "save", "load", "open", "Checkpointer", "SaveResult", "CheckpointError",
-           "CorruptCheckpointError", "TemplateMismatchError", "codecs", "policy", "__version__"]
+           "CorruptCheckpointError", "TemplateMismatchError", "adapters", "codecs", "policy",
+           "__version__"]

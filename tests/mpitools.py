@@ -24,12 +24,13 @@ def mpiexec_path() -> str:
     return found
 
 
-def run_mpi(nranks: int, script: str, *args, timeout: float = 120, env: dict | None = None, check: bool = True):
-    """Run ``python script args`` under ``mpiexec -n nranks``; fail the test on timeout (a hang)."""
+def run_mpi(nranks: int, script: str, *args, timeout: float = 120, env: dict | None = None, check: bool = True,
+            cwd: str = ROOT):
+    """Run ``python script args`` under ``mpiexec -n nranks`` in ``cwd``; fail the test on timeout (a hang)."""
     cmd = [mpiexec_path(), "-n", str(nranks), sys.executable, script, *map(str, args)]
     full_env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), **(env or {}))
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env, cwd=ROOT)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env, cwd=cwd)
     except subprocess.TimeoutExpired as exc:
         pytest.fail(f"{' '.join(cmd)} hung for {timeout} s; output so far: {exc.stdout!r} {exc.stderr!r}")
     if check and proc.returncode != 0:

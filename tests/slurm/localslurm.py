@@ -26,6 +26,9 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/, for aptget.py
+from aptget import apt_install  # noqa: E402
+
 DAEMONS = ("munged", "slurmctld", "slurmd")
 CLIENTS = ("sbatch", "srun", "sinfo", "squeue", "scontrol", "scancel")
 APT_PACKAGES = ("slurm-wlm", "munge")
@@ -39,30 +42,7 @@ def missing_programs() -> list[str]:
 
 def ensure_installed(timeout: float = 900) -> str | None:
     """Install slurm-wlm and munge when missing; None when ready, else the reason they cannot be had."""
-    missing = missing_programs()
-    if not missing:
-        return None
-    if not sys.platform.startswith("linux"):
-        return f"SLURM test needs Linux (missing {missing})"
-    if os.geteuid() != 0:
-        return f"SLURM programs missing ({', '.join(missing)}) and not root, so cannot apt-get install them"
-    if shutil.which("apt-get") is None:
-        return f"SLURM programs missing ({', '.join(missing)}) and no apt-get to install {APT_PACKAGES}"
-    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    log = []
-    for cmd in (["apt-get", "update", "-q"],
-                ["apt-get", "install", "-y", "-q", "--no-install-recommends", *APT_PACKAGES]):
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
-        except subprocess.TimeoutExpired:
-            return f"{' '.join(cmd)} did not finish in {timeout:.0f} s"
-        log.append(proc.stdout[-2000:] + proc.stderr[-2000:])
-        if proc.returncode != 0:
-            return f"{' '.join(cmd)} failed (exit {proc.returncode}): {log[-1].strip()[-600:]}"
-    missing = missing_programs()
-    if missing:
-        return f"after apt-get install {' '.join(APT_PACKAGES)} still missing: {missing}"
-    return None
+    return apt_install(APT_PACKAGES, missing_programs, timeout)
 
 
 def free_ports(n: int) -> list[int]:
