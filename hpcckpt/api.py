@@ -63,7 +63,10 @@ def load(state, path, comm=None, *, strict: bool = True, storage: Storage = POSI
     Works whatever decomposition and number of ranks the data was saved with.
     Returns the state with Ragged rows and replicated values restored (nested
     as the template is; a Stateful template gets ``load_state_dict`` with it).
-    ``strict=False`` allows the checkpoint to hold variables the template omits.
+    ``strict=False`` allows the checkpoint to hold variables the template omits
+    (they are skipped).  ``state=None``: no template; every variable is
+    returned by its stored name, a Block variable as this rank's even share of
+    the first axis, Ragged rows split as by ``Ragged()`` (docs/api.md).
     ``cast=True`` fills a Block or Ragged whose dtype differs from the stored
     one by numpy same_kind casting (hpcckpt.loading.cast_allowed: e.g. float64
     into float32, int64 into int32; never float to int or complex to real).

@@ -200,7 +200,9 @@ class Checkpointer:
         """Load the newest valid version (or the given step) into ``state``; collective.
 
         ``state``: the template, as for :meth:`save` (omitted: the registered
-        one); Blocks are filled in place (a getter Block: the array the getter
+        one; with none registered, every variable of the version, split
+        evenly over the ranks as :func:`hpcckpt.load` with ``None`` gives
+        them); Blocks are filled in place (a getter Block: the array the getter
         returns now), a Stateful object gets ``load_state_dict`` with the
         restored dict, which is also returned (nested as the template is).
 
@@ -214,7 +216,7 @@ class Checkpointer:
         the stored one is filled by casting, as :func:`hpcckpt.load` does.
         """
         if state is None:
-            state, _ = self._state_and_step(state, step, "restore")
+            state = self._registered  # None as well: every variable of the version (loading.default_template)
         if self.engine is not None and self.engine.node is not None:
             self._check_open()
             return self.engine.restore(state, step, strict, cast)

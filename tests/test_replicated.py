@@ -1,0 +1,189 @@
+"""Blocks replicated over part of the process grid, overlapping load templates, messages that name where (issue 13).
+
+Under mpiexec (marker mpi): a Veros-like accumulator decomposed in y and
+identical on every x-rank, an array every rank holds whole and a plain Block,
+saved by blocking, incremental and asynchronous Checkpointers and restored
+exactly; copies that differ are the same CheckpointError on every rank,
+naming the variable, two ranks and the region, and nothing is committed.
+Serially: the errors of undeclared overlaps, 0-d Blocks and declarations that
+differ between ranks, through hpcckpt.planning.plan_save (pure).
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+import hpcckpt
+from hpcckpt import Block, Checkpointer, CheckpointError, TemplateMismatchError
+from hpcckpt.planning import plan_save
+from hpcckpt.state import summarize_for_save
+
+MODES = {"blocking": {}, "incremental": {"incremental": True, "block_bytes": 64},
+         "asynchronous": {"asynchronous": True}}
+
+
+def grid(n: int, r: int) -> tuple[int, int, int]:
+    """``(y-ranks, this rank's y index, x index)``: ranks ``y + ny * x``; an odd count has one y-rank."""
+    ny = n // 2 if n % 2 == 0 else 1
+    return ny, r % ny, r // ny
+
+
+def state_of(n: int, r: int, step: int, acc_shape=(9, 4), whole_shape=(5,)):
+    """The accumulator (rows split over the y-ranks, whole rows on every x-rank), an array every rank holds
+    whole, and a plain Block of rows split over every rank; data set by ``step``."""
+    ny, y, _ = grid(n, r)
+    a0, a1 = y * acc_shape[0] // ny, (y + 1) * acc_shape[0] // ny
+    acc = (np.arange(np.prod(acc_shape), dtype=np.float64).reshape(acc_shape) + 1000 * step)[a0:a1]
+    whole = np.arange(np.prod(whole_shape), dtype=np.int32).reshape(whole_shape) * (step + 1)
+    u0, u1 = r * 7 // n, (r + 1) * 7 // n
+    u = np.arange(7 * 3, dtype=np.float32).reshape(7, 3)[u0:u1] - step
+    return {"acc": Block(acc.copy(), (a0, 0), acc_shape, replicated=True),
+            "whole": Block(whole, (0,), whole_shape, replicated=True),
+            "u": Block(u.copy(), (u0, 0), (7, 3)), "step": step}
+
+
+def expected(step: int) -> dict:
+    return {"acc": np.arange(36, dtype=np.float64).reshape(9, 4) + 1000 * step,
+            "whole": np.arange(5, dtype=np.int32) * (step + 1),
+            "u": np.arange(21, dtype=np.float32).reshape(7, 3) - step}
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_replicated_blocks_saved_once_and_restored_exactly(mpi_tmp, mode):
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    n, r = comm.size, comm.rank
+    root = os.path.join(mpi_tmp, mode)
+    with Checkpointer(root, comm=comm, track_failures=False, **MODES[mode]) as ck:
+        for step in (1, 2, 3):  # a repeated save reuses the plan (the cached owned parts) and its check
+            ck.save(state_of(n, r, step), step)
+        ck.wait()
+        assert ck.steps() == [1, 2, 3]
+        # restored on another decomposition: every rank asks for all of acc (overlapping templates), its
+        # reversed share of u, and whole
+        acc, whole = np.zeros((9, 4)), np.zeros(5, np.int32)
+        q = n - 1 - r
+        u = np.zeros(((q + 1) * 7 // n - q * 7 // n, 3), np.float32)
+        got = ck.restore({"acc": Block(acc, (0, 0), (9, 4)), "whole": Block(whole, (0,), (5,)),
+                          "u": Block(u, (q * 7 // n, 0), (7, 3)), "step": None})
+    want = expected(3)
+    assert got["step"] == 3 and np.array_equal(acc, want["acc"]) and np.array_equal(whole, want["whole"])
+    assert np.array_equal(u, want["u"][q * 7 // n:(q + 1) * 7 // n])
+    if r == 0:  # each element stored once: the chunks tile the global array (the normal on-disk form)
+        with hpcckpt.open(root) as view:
+            assert view.verify() == []
+            for name in ("acc", "whole", "u"):
+                chunks = view.variables[name].chunks
+                extents = np.asarray(chunks.stop) - np.asarray(chunks.start)
+                assert int(np.prod(extents, axis=1).sum()) == want[name].size, name
+                assert np.array_equal(np.asarray(view[name]), want[name])
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_copies_that_differ_fail_on_every_rank_and_commit_nothing(mpi_tmp, mode):
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    n, r = comm.size, comm.rank
+    with Checkpointer(os.path.join(mpi_tmp, mode), comm=comm, track_failures=False, **MODES[mode]) as ck:
+        ck.save(state_of(n, r, 1), 1)
+        ck.wait()
+        bad = state_of(n, r, 2)
+        if r == n - 1:
+            bad["whole"].local[3] += 1  # the last rank's copy of the array every rank holds whole
+        with pytest.raises(CheckpointError) as err:
+            ck.save(bad, 2)
+            ck.wait()  # an asynchronous save fails at its commit
+        text = str(err.value)
+        assert "replicated Block 'whole' differs between rank 0 and rank" in text and "[0:5]" in text, text
+        assert f"rank {n - 1}" in text, text
+        assert ck.steps() == [1]
+        ck.save(state_of(n, r, 3), 3)  # the next save plans and commits as usual
+        ck.wait()
+        assert ck.steps() == [1, 3]
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.timeout(120)
+def test_undeclared_overlap_fails_on_every_rank_naming_replicated(mpi_tmp):
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    with pytest.raises(TemplateMismatchError, match=r"'g'.*rank 0 \[0:4\] and the block of rank 1 \[0:4\] overlap"
+                                                    r".*replicated=True"):
+        hpcckpt.save({"g": Block(np.zeros(4))}, os.path.join(mpi_tmp, "ck"), comm=comm)
+    with pytest.raises(TemplateMismatchError, match=r"'s' is a 0-d Block, which is the whole array"):
+        hpcckpt.save({"s": Block(np.array(1.5))}, os.path.join(mpi_tmp, "ck"), comm=comm)
+    out = os.path.join(mpi_tmp, "zero-d")
+    hpcckpt.save({"s": Block(np.array(1.5), replicated=True)}, out, comm=comm)
+    got = hpcckpt.load({"s": Block(np.zeros(()))}, out, comm=comm)  # a 0-d template on every rank: overlapping
+    assert float(got["s"].local) == 1.5
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.timeout(120)
+def test_overlapping_load_templates_give_every_rank_its_region(mpi_tmp):
+    """Rows [r, r + 3) of a 2-D array on every rank (neighbours overlap), from a slab decomposition; chunks shared."""
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    n, r = comm.size, comm.rank
+    shape = (n + 2, 5)
+    g = np.arange(np.prod(shape), dtype=np.int64).reshape(shape)
+    lo, hi = r * shape[0] // n, (r + 1) * shape[0] // n
+    path = os.path.join(mpi_tmp, "ck")
+    hpcckpt.save({"g": Block(g[lo:hi].copy(), (lo, 0), shape)}, path, comm=comm, chunk_bytes=40)
+    window = np.zeros((3, 5), np.int64)
+    hpcckpt.load({"g": Block(window, (r, 0), shape)}, path, comm=comm)
+    assert np.array_equal(window, g[r:r + 3])
+    if n > 2:  # rows n+1 in no template: the gap named in global indices
+        with pytest.raises(TemplateMismatchError, match=rf"gap at \[{n + 1}:{n + 2}, 0:5\]"):
+            hpcckpt.load({"g": Block(np.zeros((2, 5), np.int64), (min(r, n - 1), 0), shape)}, path, comm=comm)
+
+
+def summaries(blocks: list, name: str = "x") -> list:
+    return [{name: summarize_for_save(name, b)} for b in blocks]
+
+
+def test_gap_names_the_missing_region():
+    blocks = [Block(np.zeros((2, 4)), (0, 0), (4, 4)), Block(np.zeros((1, 4)), (3, 0), (4, 4))]
+    with pytest.raises(TemplateMismatchError, match=r"'x': blocks do not tile.*cover 12 of 16 elements: "
+                                                    r"there is a gap at \[2:3, 0:4\], which is in none of them"):
+        plan_save(summaries(blocks))
+
+
+def test_replicated_declared_on_some_ranks_only_is_named():
+    blocks = [Block(np.zeros(3), (0,), (3,), replicated=True), Block(np.zeros(3), (0,), (3,))]
+    with pytest.raises(TemplateMismatchError, match=r"declared Block\(\.\.\., replicated=True\) on rank 0 but not "
+                                                    "on rank 1"):
+        plan_save(summaries(blocks))
+
+
+def test_replicated_with_a_gap_is_named_too():
+    blocks = [Block(np.zeros(3), (0,), (8,), replicated=True), Block(np.zeros(3), (0,), (8,), replicated=True),
+              Block(np.zeros(2), (6,), (8,), replicated=True)]
+    with pytest.raises(TemplateMismatchError, match=r"cover 5 of 8 elements: there is a gap at \[3:6\]"):
+        plan_save(summaries(blocks))
+
+
+def test_plan_of_replicated_blocks_owner_is_the_lowest_rank():
+    # rank 0 rows 0:2, ranks 1 and 2 rows 1:4 (overlapping rank 0 in row 1), rank 3 nothing
+    blocks = [Block(np.zeros((2, 2)), (0, 0), (4, 2), replicated=True),
+              Block(np.zeros((3, 2)), (1, 0), (4, 2), replicated=True),
+              Block(np.zeros((3, 2)), (1, 0), (4, 2), replicated=True),
+              Block(np.zeros((0, 2)), (0, 0), (4, 2), replicated=True)]
+    variables, boxes, replicas = plan_save(summaries(blocks))
+    assert variables["x"].replicated
+    assert [rep["x"][0] for rep in replicas] == [[((0, 0), (2, 2))], [((2, 0), (4, 2))], [], []]
+    assert replicas[0]["x"][1] == [((1, 0), (2, 2))]
+    assert replicas[1]["x"][1] == replicas[2]["x"][1] == [((1, 0), (2, 2)), ((2, 0), (4, 2))]
+    assert replicas[3]["x"][1] == []
+    assert "y" not in replicas[0] and boxes[1]["x"] == ((1, 0), (4, 2))
