@@ -22,7 +22,15 @@ from hpcckpt.planning import plan_save
 from hpcckpt.state import summarize_for_save
 
 MODES = {"blocking": {}, "incremental": {"incremental": True, "block_bytes": 64},
-         "asynchronous": {"asynchronous": True}}
+         "asynchronous": {"asynchronous": True},
+         "levels": {"asynchronous": True, "incremental": True, "block_bytes": 64, "local_dir": "node-local"}}
+
+
+def checkpointer(comm, tmp: str, mode: str) -> Checkpointer:
+    opts = dict(MODES[mode])
+    if "local_dir" in opts:
+        opts["local_dir"] = os.path.join(tmp, mode + "-" + opts["local_dir"])
+    return Checkpointer(os.path.join(tmp, mode), comm=comm, track_failures=False, **opts)
 
 
 def grid(n: int, r: int) -> tuple[int, int, int]:
@@ -60,7 +68,7 @@ def test_replicated_blocks_saved_once_and_restored_exactly(mpi_tmp, mode):
     comm = MPI.COMM_WORLD
     n, r = comm.size, comm.rank
     root = os.path.join(mpi_tmp, mode)
-    with Checkpointer(root, comm=comm, track_failures=False, **MODES[mode]) as ck:
+    with checkpointer(comm, mpi_tmp, mode) as ck:
         for step in (1, 2, 3):  # a repeated save reuses the plan (the cached owned parts) and its check
             ck.save(state_of(n, r, step), step)
         ck.wait()
@@ -76,13 +84,14 @@ def test_replicated_blocks_saved_once_and_restored_exactly(mpi_tmp, mode):
     assert got["step"] == 3 and np.array_equal(acc, want["acc"]) and np.array_equal(whole, want["whole"])
     assert np.array_equal(u, want["u"][q * 7 // n:(q + 1) * 7 // n])
     if r == 0:  # each element stored once: the chunks tile the global array (the normal on-disk form)
-        with hpcckpt.open(root) as view:
+        with hpcckpt.open(root) as view:  # the newest version on the root (with levels: the last one flushed)
             assert view.verify() == []
+            stored = expected(view.step)
             for name in ("acc", "whole", "u"):
                 chunks = view.variables[name].chunks
                 extents = np.asarray(chunks.stop) - np.asarray(chunks.start)
-                assert int(np.prod(extents, axis=1).sum()) == want[name].size, name
-                assert np.array_equal(np.asarray(view[name]), want[name])
+                assert int(np.prod(extents, axis=1).sum()) == stored[name].size, name
+                assert np.array_equal(np.asarray(view[name]), stored[name])
 
 
 @pytest.mark.mpi(min_size=2)
@@ -93,7 +102,7 @@ def test_copies_that_differ_fail_on_every_rank_and_commit_nothing(mpi_tmp, mode)
 
     comm = MPI.COMM_WORLD
     n, r = comm.size, comm.rank
-    with Checkpointer(os.path.join(mpi_tmp, mode), comm=comm, track_failures=False, **MODES[mode]) as ck:
+    with checkpointer(comm, mpi_tmp, mode) as ck:
         ck.save(state_of(n, r, 1), 1)
         ck.wait()
         bad = state_of(n, r, 2)
