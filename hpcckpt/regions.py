@@ -57,7 +57,8 @@ def tiling_problem(starts: np.ndarray, stops: np.ndarray, shape: Sequence[int], 
     anywhere inside the bounds (a rank may hold nothing).  The overlap test is a
     sweep along axis 0, so the usual slab and grid decompositions cost
     O(n log n) rather than O(n^2).  ``label`` names a box in the message
-    ("the block of rank" gives "the block of rank 3 [0:5, 0:4] ...").
+    ("the block of rank" gives "the block of rank 3 [0:5, 0:4] ..."); a gap
+    is named by one missing box in global indices (:func:`missing_box`).
     """
     shape_arr = np.asarray(shape, dtype=np.int64)
     starts = _as_boxes(starts, len(shape_arr))
@@ -109,13 +110,14 @@ def covering_problem(starts: np.ndarray, stops: np.ndarray, shape: Sequence[int]
     Every box must lie inside the shape and together they must cover every
     element; the message of a gap names one missing box in global indices.
     """
+    problem = tiling_problem(starts, stops, shape, label)
+    if problem is None:  # the usual case, at the cost of a tiling check
+        return None
     shape_arr = np.asarray(shape, dtype=np.int64)
     starts, stops = _as_boxes(starts, len(shape_arr)), _as_boxes(stops, len(shape_arr))
-    problem = _bounds_problem(starts, stops, shape_arr, label)
-    if problem is not None:
-        return problem
-    if overlap_pair(starts, stops) is None:
-        return tiling_problem(starts, stops, shape, label)  # a gap, or none, without any overlap
+    outside = _bounds_problem(starts, stops, shape_arr, label)
+    if outside is not None or overlap_pair(starts, stops) is None:
+        return outside or problem  # outside the shape, or a gap without any overlap
     if missing_box(starts, stops, shape_arr) is None:
         return None
     owned = owned_parts(starts, stops)

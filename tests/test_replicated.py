@@ -196,3 +196,25 @@ def test_plan_of_replicated_blocks_owner_is_the_lowest_rank():
     assert replicas[1]["x"][1] == replicas[2]["x"][1] == [((1, 0), (2, 2)), ((2, 0), (4, 2))]
     assert replicas[3]["x"][1] == []
     assert "y" not in replicas[0] and boxes[1]["x"] == ((1, 0), (4, 2))
+
+
+def test_replica_digests_agree_between_host_and_device_copies(monkeypatch):
+    """A rank holding its copy on a GPU and one holding it on the host hash equal data alike (pieces go to the host)."""
+    import fakecupy
+
+    from hpcckpt.selection import region_digest, select_full
+
+    cupy = fakecupy.install(monkeypatch)
+    host = np.arange(60.0).reshape(6, 10)
+    device = cupy.asarray(host)
+    assert region_digest(device[1:5, 2:9]) == region_digest(host[1:5, 2:9])  # strided views, both
+    assert region_digest(host[1:5, 2:9]) != region_digest(host[1:5, 2:8])
+    changed = host.copy()
+    changed[2, 3] += 1
+    assert region_digest(changed) != region_digest(host)
+    # the select stage of a rank that owns rows 2:6 of its block [0:6) and shares rows 0:6 with another
+    replicas = {"x": ([((2, 0), (6, 10))], [((0, 0), (2, 10)), ((2, 0), (6, 10))])}
+    sel = select_full({"x": device}, {"x": (0, 0)}, replicas)
+    assert [(i[0], i[1], i[2].shape) for i in sel.items] == [("x", (2, 0), (4, 10))]
+    assert sel.replicas == {("x", (0, 0), (2, 10)): region_digest(host[:2]),
+                            ("x", (2, 0), (6, 10)): region_digest(host[2:])}
