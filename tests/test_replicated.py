@@ -18,7 +18,12 @@ import pytest
 
 import hpcckpt
 from hpcckpt import Block, Checkpointer, CheckpointError, TemplateMismatchError
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from decompositions import decompositions
 from hpcckpt.planning import plan_save
+from hpcckpt.regions import intersect, tiling_problem
 from hpcckpt.state import summarize_for_save
 
 MODES = {"blocking": {}, "incremental": {"incremental": True, "block_bytes": 64},
@@ -183,6 +188,24 @@ def test_replicated_with_a_gap_is_named_too():
         plan_save(summaries(blocks))
 
 
+@settings(max_examples=100, deadline=None)
+@given(decompositions(max_ndim=2, max_side=5), st.data())
+def test_owned_parts_of_a_replicated_decomposition_tile_the_array(dec, data):
+    """Any tiling with some blocks repeated on further ranks (and empty ranks): the owned parts tile it."""
+    shape, boxes = dec
+    extra = data.draw(st.lists(st.sampled_from(boxes), max_size=4))
+    order = data.draw(st.permutations(boxes + extra))
+    blocks = [Block(np.zeros(tuple(b - a for a, b in zip(*box))), box[0], shape, replicated=True) for box in order]
+    _, boxes_out, replicas = plan_save(summaries(blocks))
+    parts = [p for rep in replicas for p in rep["x"][0]]
+    starts = np.asarray([p[0] for p in parts], np.int64).reshape(len(parts), len(shape))
+    stops = np.asarray([p[1] for p in parts], np.int64).reshape(len(parts), len(shape))
+    assert tiling_problem(starts, stops, shape) is None
+    for rank, rep in enumerate(replicas):  # a rank owns a part only if no lower rank holds it
+        for p in rep["x"][0]:
+            assert all(intersect(*p, *boxes_out[q]["x"]) is None for q in range(rank))
+
+
 def test_plan_of_replicated_blocks_owner_is_the_lowest_rank():
     # rank 0 rows 0:2, ranks 1 and 2 rows 1:4 (overlapping rank 0 in row 1), rank 3 nothing
     blocks = [Block(np.zeros((2, 2)), (0, 0), (4, 2), replicated=True),
@@ -218,3 +241,30 @@ def test_replica_digests_agree_between_host_and_device_copies(monkeypatch):
     assert [(i[0], i[1], i[2].shape) for i in sel.items] == [("x", (2, 0), (4, 10))]
     assert sel.replicas == {("x", (0, 0), (2, 10)): region_digest(host[:2]),
                             ("x", (2, 0), (6, 10)): region_digest(host[2:])}
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.timeout(120)
+def test_asynchronous_save_that_adds_overlapping_replicated_blocks_fails_once(mpi_tmp):
+    """Planned without a collective (the cached plan had no replicated Block): refused at the commit, then agreed."""
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    n, r = comm.size, comm.rank
+    with checkpointer(comm, mpi_tmp, "asynchronous") as ck:
+        plain = state_of(n, r, 1)
+        del plain["acc"], plain["whole"]
+        ck.save(plain, 1)
+        ck.wait()
+        with pytest.raises(CheckpointError, match="variable 'acc': the replicated Blocks changed their layout in an "
+                                                  "asynchronous save"):
+            ck.save(state_of(n, r, 2), 2)
+            ck.wait()
+        ck.save(state_of(n, r, 3), 3)
+        ck.wait()
+        assert ck.steps() == [1, 3]
+        got = ck.restore({"whole": Block(np.zeros(5, np.int32), (0,), (5,)), "acc": Block(np.zeros((9, 4))),
+                          "u": Block(np.zeros((7, 3), np.float32)) if r == 0 else
+                          Block(np.zeros((0, 3), np.float32), (7, 0), (7, 3)), "step": None})
+    assert np.array_equal(got["whole"].local, expected(3)["whole"]) and np.array_equal(got["acc"].local,
+                                                                                       expected(3)["acc"])
