@@ -109,6 +109,10 @@ def check_digests(comm, what: str, totals: list, details: dict | None) -> None:
     raise type(error)(f"{what} failed: {error}")
 
 
+#: How a rank's digest of a replicated copy it could not hash starts (selection.replica_digests).
+HASH_FAILED = "failed: "
+
+
 def replica_mismatch(per_rank: list) -> CheckpointError | None:
     """The error for copies of a replicated Block that differ, or None when every copy is equal.
 
@@ -120,6 +124,9 @@ def replica_mismatch(per_rank: list) -> CheckpointError | None:
     seen: dict = {}
     for rank, digests in enumerate(per_rank):
         for key, digest in sorted((digests or {}).items()):
+            if digest.startswith(HASH_FAILED):
+                return CheckpointError(f"rank {rank} could not hash its copy of the replicated Block {key[0]!r}: "
+                                       f"{digest[len(HASH_FAILED):]} (nothing was committed)")
             first = seen.setdefault(key, (rank, digest))
             if first[1] != digest:
                 name, start, stop = key

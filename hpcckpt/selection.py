@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import xxhash
 
 from . import blockhash
+from .agreement import HASH_FAILED
 from .arrays import byte_view, local_pieces
 from .checksum import checksum_from_xxh3_128
 from .collective import attempt, raise_if_failed
@@ -95,9 +96,19 @@ def region_view(arr, start, lo, hi):
 
 
 def replica_digests(arrays: dict, starts: dict, replicas: dict) -> dict:
-    """``{(variable, start, stop): digest}`` of this rank's copy of every shared region of its replicated Blocks."""
-    return {(name, tuple(lo), tuple(hi)): region_digest(region_view(arrays[name], starts[name], lo, hi))
-            for name, (_, shared) in sorted(replicas.items()) for lo, hi in shared}
+    """``{(variable, start, stop): digest}`` of this rank's copy of every shared region of its replicated Blocks.
+
+    Never raises: a copy that cannot be hashed gets ``HASH_FAILED`` and the
+    reason, which fails the commit on every rank (agreement.replica_mismatch).
+    """
+    out = {}
+    for name, (_, shared) in sorted(replicas.items()):
+        for lo, hi in shared:
+            try:
+                out[(name, tuple(lo), tuple(hi))] = region_digest(region_view(arrays[name], starts[name], lo, hi))
+            except Exception as exc:  # noqa: BLE001 - reported at the commit, on every rank alike
+                out[(name, tuple(lo), tuple(hi))] = f"{HASH_FAILED}{type(exc).__name__}: {exc}"
+    return out
 
 
 def region_digest(arr) -> str:
@@ -130,8 +141,6 @@ def select_changed(comm, what: str, arrays: dict, boxes: dict, variables: dict, 
     starts = {n: b[0] for n, b in boxes.items()}
     entries, failure = attempt(lambda: hash_pieces(written_parts(arrays, starts, replicas), variables, dtypes,
                                                    codecs, options.block_bytes, index))
-    shared, failed = attempt(lambda: replica_digests(arrays, starts, replicas))
-    failure = failure or failed
     entries = entries or []
     new_keys = [e[4] for e in entries if e[6] is None] if dedup else None
     mine = (sum(e[5] for e in entries), sum(e[5] for e in entries if e[6] is None), new_keys,
@@ -164,4 +173,4 @@ def select_changed(comm, what: str, arrays: dict, boxes: dict, variables: dict, 
                      hashes={(e[0], tuple(e[1])): e[4][0] for e in to_write},
                      refs=[(e[0], *e[6], e[1], e[2], e[4][0]) for e in entries if e[6] is not None],
                      dups=[(e[0], e[4], e[1], e[2], e[4][0]) for e, d in zip(new, dup) if d], digests=digests,
-                     replicas=shared or {})
+                     replicas=replica_digests(arrays, starts, replicas))

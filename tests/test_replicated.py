@@ -268,3 +268,14 @@ def test_asynchronous_save_that_adds_overlapping_replicated_blocks_fails_once(mp
                           Block(np.zeros((0, 3), np.float32), (7, 0), (7, 3)), "step": None})
     assert np.array_equal(got["whole"].local, expected(3)["whole"]) and np.array_equal(got["acc"].local,
                                                                                        expected(3)["acc"])
+
+
+def test_replica_mismatch_names_the_variable_the_region_and_two_ranks():
+    from hpcckpt.agreement import HASH_FAILED, replica_mismatch
+
+    key = ("acc", (0, 2), (4, 6))
+    assert replica_mismatch([{key: "d1"}, None, {key: "d1"}]) is None
+    error = replica_mismatch([{key: "d1"}, {}, {key: "d1"}, {key: "d2"}])
+    assert "the replicated Block 'acc' differs between rank 0 and rank 3 in [0:4, 2:6]" in str(error)
+    failed = replica_mismatch([{key: "d1"}, {key: f"{HASH_FAILED}MemoryError: no room"}])
+    assert "rank 1 could not hash its copy of the replicated Block 'acc': MemoryError: no room" in str(failed)
