@@ -196,7 +196,7 @@ class Checkpointer:
         remove_versions([e for e in entries if not e.committed])
         return new_version_name(list_versions(self.root), step)
 
-    def restore(self, state=None, step: int | None = None, strict: bool = True, cast: bool = False) -> dict:
+    def restore(self, state=None, step: int | None = None, strict: bool | str = True, cast: bool = False) -> dict:
         """Load the newest valid version (or the given step) into ``state``; collective.
 
         ``state``: the template, as for :meth:`save` (omitted: the registered
@@ -213,7 +213,9 @@ class Checkpointer:
         one is tried; every rank restores the same version.  A template that
         does not fit raises at once, and so does any failure of an explicitly
         requested ``step``.  ``cast=True``: a template dtype that differs from
-        the stored one is filled by casting, as :func:`hpcckpt.load` does.
+        the stored one is filled by casting, as :func:`hpcckpt.load` does;
+        ``strict`` as there (``"rest"``: the variables the template omits are
+        returned too).
         """
         if state is None:
             state = self._registered  # None as well: every variable of the version (loading.default_template)

@@ -44,6 +44,9 @@ def load_version(state, directory: str, comm, strict: bool = True, timer: PhaseT
     ``expect_step``: the step the directory's name claims (a Checkpointer
     version); metadata holding another step is a damaged version.
     ``storage``: where the version lives (hpcckpt.storage; POSIX by default).
+    ``strict``: True, the template names every variable; False, those it
+    omits are skipped; ``"rest"``, they are returned too, as ``state=None``
+    gives them (under their stored names, at the top level of the result).
     ``cast``: a Block or Ragged whose template dtype differs from the stored
     one is filled by casting (:func:`cast_allowed`); otherwise that is a
     TemplateMismatchError.
@@ -89,17 +92,23 @@ def load_version(state, directory: str, comm, strict: bool = True, timer: PhaseT
 def _template(state, meta: Metadata, strict: bool, cast: bool = False, rank: int = 0, nranks: int = 1) -> dict:
     """The template read now (hpcckpt.stateful: Stateful objects, callables, getters, nesting), then checked.
 
-    ``state=None``: :func:`default_template`, every variable of the version.
+    ``state=None``: :func:`default_template`, every variable of the version;
+    ``strict="rest"``: the variables the template omits are added from it.
     """
+    if not isinstance(strict, bool) and strict != "rest":
+        raise TemplateMismatchError(f"strict must be True, False or 'rest', got {strict!r}")
     tree = default_template(meta, rank, nranks) if state is None else materialize(state)
     flat = flatten(tree)
+    if strict == "rest":
+        rest = default_template(meta, rank, nranks, omit=set(flat))
+        tree, flat = {**tree, **rest}, {**flat, **rest}
     local = check_template(flat, meta, strict, cast)
     local["tree"], local["flat"] = tree, flat
     return local
 
 
-def default_template(meta: Metadata, rank: int, nranks: int) -> dict:
-    """The template of a load without one: every variable of the version, by its stored (path) name.
+def default_template(meta: Metadata, rank: int, nranks: int, omit=frozenset()) -> dict:
+    """The template of a load without one: every variable of the version (but ``omit``), by its stored (path) name.
 
     A Block variable: ``Block(new array, offset, global_shape)`` holding this
     rank's even share of the first axis (``regions.even_rows``, as
@@ -110,6 +119,8 @@ def default_template(meta: Metadata, rank: int, nranks: int) -> dict:
     """
     tree: dict = {}
     for name, var in meta.variables.items():
+        if name in omit:
+            continue
         if var.kind == "ragged":
             tree[name] = Ragged()
             continue
@@ -117,7 +128,8 @@ def default_template(meta: Metadata, rank: int, nranks: int) -> dict:
         local = allocate(((hi - lo),) + var.shape[1:] if var.shape else (), var.dtype, name)
         tree[name] = Block(local, (lo,) + (0,) * (len(var.shape) - 1) if var.shape else (), var.shape)
     for name, raw in meta.values.items():
-        tree[name] = PerRank(None, resize=True) if is_per_rank(raw) else None
+        if name not in omit:
+            tree[name] = PerRank(None, resize=True) if is_per_rank(raw) else None
     return tree
 
 

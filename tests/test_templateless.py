@@ -142,3 +142,38 @@ def test_read_only_template_arrays_are_refused_serially(tmp_path):
     with pytest.raises(TemplateMismatchError, match="read-only.*writeable=False.*must be writeable"):
         hpcckpt.load({"u": Block(frozen)}, tmp_path / "ck")
     assert not frozen.any()
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.timeout(120)
+def test_a_template_that_names_some_variables(mpi_tmp):
+    """strict=False skips what the template omits (as before); strict="rest" returns it as load(None) would."""
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    n, r = comm.size, comm.rank
+    path = os.path.join(mpi_tmp, "ck")
+    hpcckpt.save(saved_state(n, r), path, comm=comm)
+    shape = (2 * n + 1, 3)
+    mine = np.zeros((shape[0], 3)) if r == n - 1 else np.zeros((0, 3))  # the last rank asks for all of u
+    template = {"u": Block(mine, (0, 0), shape)}
+    skipped = hpcckpt.load(template, path, comm=comm, strict=False)
+    assert sorted(skipped) == ["u"]
+    rest = hpcckpt.load(template, path, comm=comm, strict="rest")
+    assert sorted(rest) == ["g/v", "p", "rng", "s", "t", "u"] and rest["u"].local is mine
+    if r == n - 1:
+        assert np.array_equal(mine, np.arange(np.prod(shape), dtype=np.float64).reshape(shape))
+    v0, v1 = even_rows(4, n, r)
+    assert np.array_equal(rest["g/v"].local, np.arange(4.0)[v0:v1]) and rest["t"] == 7
+    with pytest.raises(TemplateMismatchError, match="strict must be True, False or 'rest', got 'all'"):
+        hpcckpt.load(template, path, comm=comm, strict="all" if r == 0 else "rest")
+
+
+def test_hdf5_files_need_a_template(tmp_path):
+    h5py = pytest.importorskip("h5py")
+    path = tmp_path / "in.h5"
+    with h5py.File(path, "w") as f:
+        f["u"] = np.arange(3.0)
+    with pytest.raises(hpcckpt.CheckpointError, match="HDF5 file: loading it needs a template"):
+        hpcckpt.load(None, path)
+    assert np.array_equal(hpcckpt.load({"u": Block(np.zeros(3))}, path)["u"].local, np.arange(3.0))
