@@ -23,7 +23,7 @@ import xxhash
 from .errors import CheckpointError, TemplateMismatchError
 
 #: What a kind is called in the error messages.
-_KIND_NAMES = {"block": "a Block", "ragged": "a Ragged", "value": "a replicated value", "per-rank": "a PerRank"}
+_KIND_NAMES = {"block": "a Block", "replicated-block": "a Block declared replicated=True", "ragged": "a Ragged", "value": "a replicated value", "per-rank": "a PerRank"}
 
 
 def _hash(text: str) -> str:
@@ -107,3 +107,33 @@ def check_digests(comm, what: str, totals: list, details: dict | None) -> None:
     if error is None:  # a hash collision of the totals only: the entries agree
         return
     raise type(error)(f"{what} failed: {error}")
+
+
+#: How a rank's digest of a replicated copy it could not hash starts (selection.replica_digests).
+HASH_FAILED = "failed: "
+
+
+def replica_mismatch(per_rank: list) -> CheckpointError | None:
+    """The error for copies of a replicated Block that differ, or None when every copy is equal.
+
+    ``per_rank[r]``: rank r's ``{(variable, start, stop): digest}`` of the
+    shared regions it holds (selection.replica_digests; None for a rank that
+    sent none).  Every rank that holds a region hashed the same region, the
+    owner (the lowest rank, the one whose copy is saved) included.
+    """
+    seen: dict = {}
+    for rank, digests in enumerate(per_rank):
+        for key, digest in sorted((digests or {}).items()):
+            if digest.startswith(HASH_FAILED):
+                return CheckpointError(f"rank {rank} could not hash its copy of the replicated Block {key[0]!r}: "
+                                       f"{digest[len(HASH_FAILED):]} (nothing was committed)")
+            first = seen.setdefault(key, (rank, digest))
+            if first[1] != digest:
+                name, start, stop = key
+                where = ", ".join(f"{a}:{b}" for a, b in zip(start, stop))
+                return CheckpointError(
+                    f"the replicated Block {name!r} differs between rank {first[0]} and rank {rank} in [{where}]: "
+                    "the copies of a Block declared replicated=True must be equal on every rank that holds them "
+                    "(nothing was committed)")
+    return None
+

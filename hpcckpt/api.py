@@ -57,13 +57,17 @@ def _clear_target(path: str, overwrite: bool, storage: Storage) -> None:
     storage.remove(path)
 
 
-def load(state, path, comm=None, *, strict: bool = True, storage: Storage = POSIX, cast: bool = False) -> dict:
+def load(state, path, comm=None, *, strict: bool | str = True, storage: Storage = POSIX, cast: bool = False) -> dict:
     """Collectively fill the Blocks of ``state`` in place from the checkpoint at ``path``.
 
     Works whatever decomposition and number of ranks the data was saved with.
     Returns the state with Ragged rows and replicated values restored (nested
     as the template is; a Stateful template gets ``load_state_dict`` with it).
-    ``strict=False`` allows the checkpoint to hold variables the template omits.
+    ``strict=False`` allows the checkpoint to hold variables the template omits
+    (they are skipped); ``strict="rest"`` returns them too, as ``state=None``
+    gives them.  ``state=None``: no template; every variable is returned by
+    its stored name, a Block variable as this rank's even share of the first
+    axis, Ragged rows split as by ``Ragged()`` (docs/api.md).
     ``cast=True`` fills a Block or Ragged whose dtype differs from the stored
     one by numpy same_kind casting (hpcckpt.loading.cast_allowed: e.g. float64
     into float32, int64 into int32; never float to int or complex to real).
@@ -73,6 +77,10 @@ def load(state, path, comm=None, *, strict: bool = True, storage: Storage = POSI
     path = os.fspath(path)
     if storage is POSIX and os.path.isfile(path):  # checkpoints are directories: a file is HDF5 from elsewhere
         from .hdf5 import load_hdf5
+
+        if state is None or strict == "rest":
+            raise CheckpointError(f"{path!r} is an HDF5 file: loading it needs a template that names what to read "
+                                  "(no state=None or strict='rest')")
 
         return load_hdf5(state, path, resolve_comm(comm), strict=strict, cast=cast)
     return load_version(state, path, resolve_comm(comm), strict=strict, storage=storage, cast=cast)

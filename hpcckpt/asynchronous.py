@@ -57,7 +57,7 @@ from .log import logger
 from .monitor import PhaseTimer
 from .names import parse_version_name, rank_file
 from .options import SaveOptions, SaveResult
-from .agreement import mismatch
+from .agreement import mismatch, replica_mismatch
 from .save_pipeline import commit_on_root, describe, is_incremental, select, with_per_rank
 from .save_plan import PlanCache, agree_plan, plan_locally, reconcile
 from .selection import Selection
@@ -159,7 +159,8 @@ class Engine:
                     local = describe(state, self.comm, opts, step)
             except Exception as exc:  # noqa: BLE001 - agreed in the plan stage, or at the commit
                 error = exc
-            agreed = is_incremental(opts) or not self.plan_cache.valid
+            # a plan with replicated Blocks is agreed every time: who owns a region depends on every rank's block
+            agreed = is_incremental(opts) or not self.plan_cache.valid or self.plan_cache.has_replicated
             if agreed:
                 index = self._agree(local, None if error is None else describe_failure(error), opts, step, what)
                 starts = None
@@ -321,7 +322,7 @@ class Engine:
         stats = {"seconds": {**timer.seconds, "stage": p.stage_seconds}, "timeline": timer.timeline,
                  "bytes": w.written.nbytes}
         msgs = comm.gather((failure, w.file_bytes, p.selection.commit_part(w.written.rows), stats, p.name, p.own,
-                            p.details, p.per_rank), root=0)
+                            p.details, p.per_rank, p.selection.replicas), root=0)
         committed = None
         try:
             settled = self._settle(msgs) if self.rank == 0 else None
@@ -390,7 +391,8 @@ class Engine:
         bad = {r: m[0] for r, m in enumerate(msgs) if m[0] is not None}
         if bad:
             return bad
-        differ = mismatch([m[6] for m in msgs])  # the digest of a save that was not agreed in its plan stage
+        # the digest of a save not agreed in its plan stage; the copies of replicated Blocks
+        differ = mismatch([m[6] for m in msgs]) or replica_mismatch([m[8] for m in msgs])
         if differ is not None:
             return {0: describe_failure(differ)}
         names = {m[4] for m in msgs}

@@ -227,11 +227,13 @@ class Checkpointer:
         return new_version_name(list_versions(self.root), step)
 
     @_shielded
-    def restore(self, state=None, step: int | None = None, strict: bool = True, cast: bool = False) -> dict:
+    def restore(self, state=None, step: int | None = None, strict: bool | str = True, cast: bool = False) -> dict:
         """Load the newest valid version (or the given step) into ``state``; collective.
 
         ``state``: the template, as for :meth:`save` (omitted: the registered
-        one); Blocks are filled in place (a getter Block: the array the getter
+        one; with none registered, every variable of the version, split
+        evenly over the ranks as :func:`hpcckpt.load` with ``None`` gives
+        them); Blocks are filled in place (a getter Block: the array the getter
         returns now), a Stateful object gets ``load_state_dict`` with the
         restored dict, which is also returned (nested as the template is).
 
@@ -242,10 +244,12 @@ class Checkpointer:
         one is tried; every rank restores the same version.  A template that
         does not fit raises at once, and so does any failure of an explicitly
         requested ``step``.  ``cast=True``: a template dtype that differs from
-        the stored one is filled by casting, as :func:`hpcckpt.load` does.
+        the stored one is filled by casting, as :func:`hpcckpt.load` does;
+        ``strict`` as there (``"rest"``: the variables the template omits are
+        returned too).
         """
         if state is None:
-            state, _ = self._state_and_step(state, step, "restore")
+            state = self._registered  # None as well: every variable of the version (loading.default_template)
         if self.engine is not None and self.engine.node is not None:
             self._check_open()
             return self.engine.restore(state, step, strict, cast)

@@ -177,6 +177,11 @@ def encode_per_rank(entries: list) -> dict:
     return {TAG: PER_RANK, "values": list(entries)}
 
 
+def is_per_rank(obj: Any) -> bool:
+    """Whether a stored value (its JSON form) is a per-rank value, before it is decoded."""
+    return isinstance(obj, dict) and obj.get(TAG) == PER_RANK and set(obj) == _PER_RANK_KEYS
+
+
 def decode_value(obj: Any, where: str = "value") -> Any:
     """Inverse of :func:`encode_value` for untrusted JSON; CorruptCheckpointError on malformed input."""
     return _decode(obj, where, 0)

@@ -270,19 +270,19 @@ def assemble(variables: dict, dtypes: dict, codecs: dict, per_rank: list[dict]):
 
 # --------------------------------------------------------------------------- pieces and metadata
 
-def hash_pieces(arrays: dict, boxes: dict, variables: dict, dtypes: dict, codecs: dict, block_bytes: int,
-                 index: ChainIndex | None) -> list[tuple]:
-    """This rank's pieces on the global grid: (variable, start, count, array, key, raw nbytes, base Location or None)."""
+def hash_pieces(parts: list, variables: dict, dtypes: dict, codecs: dict, block_bytes: int,
+                index: ChainIndex | None) -> list[tuple]:
+    """This rank's pieces on the global grid: (variable, start, count, array, key, raw nbytes, base Location or None).
+
+    ``parts``: ``(variable, global start, array)`` this rank writes (selection.written_parts).
+    """
     out = []
     locations = index.locations if index is not None else {}
-    for name in sorted(arrays):
-        local = arrays[name]
-        if local is None:
-            continue
+    for name, lo, local in parts:
         arr = as_local_array(local)
         if not arr.size:
             continue
-        lo, hi = boxes[name]
+        hi = tuple(a + n for a, n in zip(lo, arr.shape))
         dtype = dtypes[name]
         ck = codec_key(codecs.get(name), dtype)
         for start, count in grid_boxes(variables[name].shape, dtype.itemsize, block_bytes, lo, hi):

@@ -16,7 +16,7 @@ import numpy as np
 from .collective import agree, allgather_checked, bcast_checked
 from .arrays import byte_view
 from .devices import copy_into, is_device_array
-from .encoding import PerRankEntries, decode_value
+from .encoding import PerRankEntries, decode_value, is_per_rank
 from .log import logger
 from .errors import CorruptCheckpointError, TemplateMismatchError
 from .metadata import Metadata, Variable
@@ -24,7 +24,7 @@ from .monitor import PhaseTimer
 from .planning import common_names, plan_rows, plan_shared_reads
 from .metadata_file import read_metadata
 from .reader import ChunkReader, allocate
-from .regions import tiling_problem
+from .regions import covering_problem, even_rows
 from .state import Block, PerRank, Ragged, block_box, split_state
 from .stateful import deliver, flatten, materialize, unflatten
 from .storage import POSIX, Storage
@@ -36,11 +36,17 @@ def load_version(state, directory: str, comm, strict: bool = True, timer: PhaseT
 
     ``state``: a dict, a Stateful object or a callable (hpcckpt.stateful),
     resolved now; nested dicts come back nested, and Stateful objects get
-    ``load_state_dict`` with their part once the load has succeeded.
+    ``load_state_dict`` with their part once the load has succeeded.  None:
+    every variable of the version, by its stored name (:func:`default_template`).
+    Template blocks may overlap (each rank gets its region) but must cover
+    each array.
 
     ``expect_step``: the step the directory's name claims (a Checkpointer
     version); metadata holding another step is a damaged version.
     ``storage``: where the version lives (hpcckpt.storage; POSIX by default).
+    ``strict``: True, the template names every variable; False, those it
+    omits are skipped; ``"rest"``, they are returned too, as ``state=None``
+    gives them (under their stored names, at the top level of the result).
     ``cast``: a Block or Ragged whose template dtype differs from the stored
     one is filled by casting (:func:`cast_allowed`); otherwise that is a
     TemplateMismatchError.
@@ -51,7 +57,7 @@ def load_version(state, directory: str, comm, strict: bool = True, timer: PhaseT
         meta = bcast_checked(comm, what, lambda: _step_checked(read_metadata(directory, storage), expect_step,
                                                                     directory))
     with timer.phase("plan"):
-        local = agree(comm, what, lambda: _template(state, meta, strict, cast))
+        local = agree(comm, what, lambda: _template(state, meta, strict, cast, comm.Get_rank(), comm.Get_size()))
         requests = allgather_checked(comm, what, lambda: local["requests"])
         try:  # the same inputs on every rank: the same answer, or the same error everywhere
             ranges = plan_reads(requests, meta)
@@ -83,13 +89,48 @@ def load_version(state, directory: str, comm, strict: bool = True, timer: PhaseT
     return restored
 
 
-def _template(state, meta: Metadata, strict: bool, cast: bool = False) -> dict:
-    """The template read now (hpcckpt.stateful: Stateful objects, callables, getters, nesting), then checked."""
-    tree = materialize(state)
+def _template(state, meta: Metadata, strict: bool, cast: bool = False, rank: int = 0, nranks: int = 1) -> dict:
+    """The template read now (hpcckpt.stateful: Stateful objects, callables, getters, nesting), then checked.
+
+    ``state=None``: :func:`default_template`, every variable of the version;
+    ``strict="rest"``: the variables the template omits are added from it.
+    """
+    if not isinstance(strict, bool) and strict != "rest":
+        raise TemplateMismatchError(f"strict must be True, False or 'rest', got {strict!r}")
+    tree = default_template(meta, rank, nranks) if state is None else materialize(state)
     flat = flatten(tree)
+    if strict == "rest":
+        rest = default_template(meta, rank, nranks, omit=set(flat))
+        tree, flat = {**tree, **rest}, {**flat, **rest}
     local = check_template(flat, meta, strict, cast)
     local["tree"], local["flat"] = tree, flat
     return local
+
+
+def default_template(meta: Metadata, rank: int, nranks: int, omit=frozenset()) -> dict:
+    """The template of a load without one: every variable of the version (but ``omit``), by its stored (path) name.
+
+    A Block variable: ``Block(new array, offset, global_shape)`` holding this
+    rank's even share of the first axis (``regions.even_rows``, as
+    ``Ragged()`` splits rows; a 0-d array whole on every rank); a Ragged
+    variable: ``Ragged()``; a per-rank value: ``PerRank(None, resize=True)``
+    (this rank's saved entry, or None beyond the saved ranks); any other
+    value: replicated, whole.
+    """
+    tree: dict = {}
+    for name, var in meta.variables.items():
+        if name in omit:
+            continue
+        if var.kind == "ragged":
+            tree[name] = Ragged()
+            continue
+        lo, hi = even_rows(var.shape[0], nranks, rank) if var.shape else (0, 0)
+        local = allocate(((hi - lo),) + var.shape[1:] if var.shape else (), var.dtype, name)
+        tree[name] = Block(local, (lo,) + (0,) * (len(var.shape) - 1) if var.shape else (), var.shape)
+    for name, raw in meta.values.items():
+        if name not in omit:
+            tree[name] = PerRank(None, resize=True) if is_per_rank(raw) else None
+    return tree
 
 
 def per_rank_value(name: str, template, stored, rank: int, nranks: int) -> PerRank:
@@ -195,7 +236,11 @@ def _check_block(name: str, block: Block, var: Variable, cast: bool = False):
     if problem is not None:
         raise TemplateMismatchError(problem)
     if not getattr(block.local.flags, "writeable", True):  # CuPy arrays have no read-only flag
-        raise TemplateMismatchError(f"variable {name!r}: the template's local array is read-only")
+        raise TemplateMismatchError(
+            f"variable {name!r}: the template's local array is read-only (writeable=False, or a broadcast view): "
+            "a restore fills the template's arrays in place, so they must be writeable; pass a writeable array "
+            "(e.g. np.empty_like(a)) and, if the application rebinds its arrays, take the filled one from the "
+            f"returned dict (out[{name!r}].local)")
     return ("block", start, stop)
 
 
@@ -227,9 +272,10 @@ def plan_reads(requests: list[dict], meta: Metadata) -> list[dict]:
         if kinds == {"block"}:
             starts = np.asarray([r[name][1] for r in requests], np.int64).reshape(len(requests), len(var.shape))
             stops = np.asarray([r[name][2] for r in requests], np.int64).reshape(len(requests), len(var.shape))
-            problem = tiling_problem(starts, stops, var.shape, label="the block of rank")
+            problem = covering_problem(starts, stops, var.shape, label="the block of rank")  # overlaps are fine
             if problem is not None:
-                raise TemplateMismatchError(f"variable {name!r}: the template's blocks do not tile the array: {problem}")
+                raise TemplateMismatchError(f"variable {name!r}: the template's blocks do not cover the array: "
+                                            f"{problem}")
         else:
             for rank, rng in enumerate(plan_rows([r[name][1] for r in requests], var.shape[0], name)):
                 ranges[rank][name] = rng
@@ -279,7 +325,7 @@ def _read_local(directory: str, meta: Metadata, targets: dict, shared: dict, ran
                 for dest, lo, hi in parts:
                     part = chunk[tuple(slice(a - c, b - c) for a, b, c in zip(lo, hi, c0))]
                     if dest == rank:
-                        copy_into(out[tuple(slice(a - s, b - s) for a, b, s in zip(lo, hi, start))], part)
+                        copy_into(out[_local_slices(lo, hi, start)], part)
                     else:
                         outgoing.append((dest, part.copy()))  # a copy: chunk is the reader's reused scratch
     return outgoing
@@ -296,7 +342,7 @@ def _exchange(comm, meta: Metadata, targets: dict, shared: dict, outgoing: list)
         for k, (reader_rank, parts) in sorted(shared[name].items()):
             for dest, lo, hi in parts:
                 if dest == rank and reader_rank != rank:
-                    sel = tuple(slice(a - s, b - s) for a, b, s in zip(lo, hi, start))
+                    sel = _local_slices(lo, hi, start)
                     dest_view = out[sel]
                     if (dest_view.flags.c_contiguous and not is_device_array(dest_view)  # straight in (row splits)
                             and dest_view.dtype == meta.variables[name].dtype):  # a cast goes through buf
@@ -315,3 +361,8 @@ def _exchange(comm, meta: Metadata, targets: dict, shared: dict, outgoing: list)
 
 
 _PART_TAG = 7311
+
+
+def _local_slices(lo, hi, start) -> tuple:
+    """The index of the global part ``[lo, hi)`` in a target whose box starts at ``start`` (a view, also 0-d)."""
+    return tuple(slice(a - s, b - s) for a, b, s in zip(lo, hi, start)) + (Ellipsis,)

@@ -16,16 +16,22 @@ import numpy as np
 
 from .encoding import dtype_from_json
 from .errors import TemplateMismatchError
-from .regions import even_rows, overlapping, tiling_problem, volume
+from .regions import covering_problem, even_rows, overlap_pair, overlapping, owned_parts, shared_regions, \
+    tiling_problem, volume
 
 
 @dataclass(frozen=True)
 class VariablePlan:
-    """A variable as it will be stored: kind, dtype (JSON descriptor) and global shape."""
+    """A variable as it will be stored: kind, dtype (JSON descriptor) and global shape.
+
+    ``replicated``: a Block declared ``replicated=True`` (copies on several
+    ranks; each element written once, by the lowest rank holding it).
+    """
 
     kind: str
     dtype: object
     shape: tuple[int, ...]
+    replicated: bool = False
 
     @property
     def nbytes(self) -> int:
@@ -36,52 +42,86 @@ class VariablePlan:
         return n
 
 
-def plan_save(summaries: list[dict[str, dict]]) -> tuple[dict[str, VariablePlan], list[dict[str, tuple]]]:
-    """From per-rank summaries, the stored variables and each rank's global box per variable.
+def plan_save(summaries: list[dict[str, dict]]) -> tuple[dict[str, VariablePlan], list[dict[str, tuple]], list]:
+    """From per-rank summaries, the stored variables, each rank's global box per variable, and replica parts.
 
-    ``summaries[r][name]`` is rank r's summary.  Returns ``(variables, boxes)``
-    with ``boxes[r][name] = (start, stop)``.
+    ``summaries[r][name]`` is rank r's summary.  Returns ``(variables, boxes,
+    replicas)`` with ``boxes[r][name] = (start, stop)`` and, for each
+    replicated Block, ``replicas[r][name] = (owned, shared)``: the boxes rank
+    r writes (:func:`hpcckpt.regions.owned_parts`) and the regions whose copy
+    it hashes for the equality check (:func:`hpcckpt.regions.shared_regions`).
     """
     names = common_names(summaries, "state")
     variables: dict[str, VariablePlan] = {}
     boxes: list[dict[str, tuple]] = [{} for _ in summaries]
+    replicas: list[dict[str, tuple]] = [{} for _ in summaries]
     for name in sorted(names):
         per_rank = [s[name] for s in summaries]
         kinds = {p["kind"] for p in per_rank}
         if len(kinds) != 1:
             raise TemplateMismatchError(f"variable {name!r} is a Block on some ranks and Ragged on others")
         if kinds == {"block"}:
-            variables[name] = _plan_block(name, per_rank, boxes)
+            variables[name] = _plan_block(name, per_rank, boxes, replicas)
         else:
             variables[name] = _plan_ragged(name, per_rank, boxes)
-    return variables, boxes
+    return variables, boxes, replicas
 
 
 def common_names(summaries: list[dict], what: str) -> set[str]:
+    """The names every rank gives; else a TemplateMismatchError naming one name, a rank that has it and one that lacks it."""
     names = set(summaries[0])
     for rank, s in enumerate(summaries):
         if set(s) != names:
-            diff = sorted(set(s) ^ names)
+            name = sorted(set(s) ^ names)[0]
+            has, lacks = (rank, 0) if name in s else (0, rank)
             raise TemplateMismatchError(
-                f"the {what} names differ between ranks: rank {rank} and rank 0 disagree on {diff[:5]}")
+                f"the {what} names differ between ranks: {name!r} is given on rank {has} but not on rank {lacks}")
     return names
 
 
-def _plan_block(name: str, per_rank: list[dict], boxes: list[dict]) -> VariablePlan:
+def _plan_block(name: str, per_rank: list[dict], boxes: list[dict], replicas: list[dict]) -> VariablePlan:
     dtype, shape = per_rank[0]["dtype"], per_rank[0]["shape"]
+    replicated = bool(per_rank[0].get("replicated"))
     for rank, p in enumerate(per_rank):
         if p["dtype"] != dtype:
             raise TemplateMismatchError(f"variable {name!r}: dtype differs between rank 0 ({dtype}) and rank {rank} ({p['dtype']})")
         if p["shape"] != shape:
             raise TemplateMismatchError(f"variable {name!r}: global shape differs between rank 0 {shape} and rank {rank} {p['shape']}")
+        if bool(p.get("replicated")) != replicated:
+            on, off = (0, rank) if replicated else (rank, 0)
+            raise TemplateMismatchError(f"variable {name!r} is declared Block(..., replicated=True) on rank {on} but "
+                                        f"not on rank {off}: every rank must declare it alike")
     starts = np.asarray([p["start"] for p in per_rank], np.int64).reshape(len(per_rank), len(shape))
     stops = np.asarray([p["stop"] for p in per_rank], np.int64).reshape(len(per_rank), len(shape))
-    problem = tiling_problem(starts, stops, shape, label="the block of rank")
+    if replicated:
+        problem = covering_problem(starts, stops, shape, label="the block of rank")
+    else:
+        problem = tiling_problem(starts, stops, shape, label="the block of rank")
+        pair = overlap_pair(starts, stops) if problem is not None else None
+        if pair is not None:
+            problem = overlap_text(name, starts, stops, pair)
     if problem is not None:
         raise TemplateMismatchError(f"variable {name!r}: blocks do not tile the global array: {problem}")
     for rank, p in enumerate(per_rank):
         boxes[rank][name] = (tuple(p["start"]), tuple(p["stop"]))
-    return VariablePlan("block", dtype, tuple(shape))
+    if replicated:
+        owned = owned_parts(starts, stops)
+        for rank, shared in enumerate(shared_regions(starts, stops, owned)):
+            replicas[rank][name] = (owned[rank], shared)
+    return VariablePlan("block", dtype, tuple(shape), replicated)
+
+
+def overlap_text(name: str, starts: np.ndarray, stops: np.ndarray, pair: tuple[int, int]) -> str:
+    """Why two ranks' blocks of an undeclared variable may not overlap, and what to do instead."""
+    i, j = pair
+    if not starts.shape[1]:
+        return (f"{name!r} is a 0-d Block, which is the whole array on every rank that holds one, and rank {i} and "
+                f"rank {j} both hold it: declare Block(..., replicated=True) if every rank holds the same value, or "
+                "save it as a plain value (hpcckpt.PerRank if it differs per rank)")
+    box = lambda r: ", ".join(f"{a}:{b}" for a, b in zip(starts[r].tolist(), stops[r].tolist()))  # noqa: E731
+    return (f"the block of rank {i} [{box(i)}] and the block of rank {j} [{box(j)}] overlap, and {name!r} is not declared replicated: "
+            "blocks of different ranks must be disjoint, unless every rank declares Block(..., replicated=True) "
+            "for copies that are equal (each element is then saved once and the copies are compared)")
 
 
 def _plan_ragged(name: str, per_rank: list[dict], boxes: list[dict]) -> VariablePlan:

@@ -57,14 +57,15 @@ def tiling_problem(starts: np.ndarray, stops: np.ndarray, shape: Sequence[int], 
     anywhere inside the bounds (a rank may hold nothing).  The overlap test is a
     sweep along axis 0, so the usual slab and grid decompositions cost
     O(n log n) rather than O(n^2).  ``label`` names a box in the message
-    ("the block of rank" gives "the block of rank 3 [0:5, 0:4] ...").
+    ("the block of rank" gives "the block of rank 3 [0:5, 0:4] ..."); a gap
+    is named by one missing box in global indices (:func:`missing_box`).
     """
     shape_arr = np.asarray(shape, dtype=np.int64)
     starts = _as_boxes(starts, len(shape_arr))
     stops = _as_boxes(stops, len(shape_arr))
-    if len(starts) and (np.any(starts < 0) or np.any(stops < starts) or np.any(stops > shape_arr)):
-        bad = int(np.nonzero(np.any((starts < 0) | (stops < starts) | (stops > shape_arr), axis=1))[0][0])
-        return f"{label} {bad} [{_fmt(starts[bad], stops[bad])}] lies outside the global shape {tuple(shape_arr.tolist())}"
+    problem = _bounds_problem(starts, stops, shape_arr, label)
+    if problem is not None:
+        return problem
     extents = stops - starts
     vols = np.prod(extents, axis=1) if len(shape_arr) else np.ones(len(starts), dtype=np.int64)
     nonempty = np.nonzero(vols > 0)[0]
@@ -80,8 +81,162 @@ def tiling_problem(starts: np.ndarray, stops: np.ndarray, shape: Sequence[int], 
     total = volume(shape_arr.tolist())
     covered = int(vols.sum())
     if covered != total:
-        return f"together they cover {covered} of {total} elements: there is a gap"
+        return _gap_text(starts, stops, shape_arr, covered, total)
     return None
+
+
+def _bounds_problem(starts: np.ndarray, stops: np.ndarray, shape_arr: np.ndarray, label: str) -> str | None:
+    if len(starts) and (np.any(starts < 0) or np.any(stops < starts) or np.any(stops > shape_arr)):
+        bad = int(np.nonzero(np.any((starts < 0) | (stops < starts) | (stops > shape_arr), axis=1))[0][0])
+        return f"{label} {bad} [{_fmt(starts[bad], stops[bad])}] lies outside the global shape {tuple(shape_arr.tolist())}"
+    return None
+
+
+def overlap_pair(starts: np.ndarray, stops: np.ndarray) -> tuple[int, int] | None:
+    """Indices of two non-empty boxes that share an element (the first found), or None."""
+    ndim = starts.shape[1] if starts.ndim == 2 else 0
+    starts, stops = _as_boxes(starts, ndim), _as_boxes(stops, ndim)
+    vols = np.prod(stops - starts, axis=1) if ndim else np.ones(len(starts), dtype=np.int64)
+    nonempty = np.nonzero(vols > 0)[0]
+    if ndim == 0:
+        return (int(nonempty[0]), int(nonempty[1])) if len(nonempty) > 1 else None
+    pair = _first_overlap(starts[nonempty], stops[nonempty])
+    return None if pair is None else (int(nonempty[pair[0]]), int(nonempty[pair[1]]))
+
+
+def covering_problem(starts: np.ndarray, stops: np.ndarray, shape: Sequence[int], label: str = "box") -> str | None:
+    """Why the boxes do not cover ``shape``, or None when they do; boxes may overlap (unlike :func:`tiling_problem`).
+
+    Every box must lie inside the shape and together they must cover every
+    element; the message of a gap names one missing box in global indices.
+    """
+    problem = tiling_problem(starts, stops, shape, label)
+    if problem is None:  # the usual case, at the cost of a tiling check
+        return None
+    shape_arr = np.asarray(shape, dtype=np.int64)
+    starts, stops = _as_boxes(starts, len(shape_arr)), _as_boxes(stops, len(shape_arr))
+    outside = _bounds_problem(starts, stops, shape_arr, label)
+    if outside is not None or overlap_pair(starts, stops) is None:
+        return outside or problem  # outside the shape, or a gap without any overlap
+    if missing_box(starts, stops, shape_arr) is None:
+        return None
+    owned = owned_parts(starts, stops)
+    covered = sum(volume(np.subtract(b, a).tolist()) for parts in owned for a, b in parts)
+    return _gap_text(starts, stops, shape_arr, covered, volume(shape_arr.tolist()))
+
+
+def _gap_text(starts, stops, shape_arr, covered: int, total: int) -> str:
+    gap = missing_box(starts, stops, shape_arr)
+    where = f" at [{_fmt(*gap)}], which is in none of them" if gap is not None and len(shape_arr) else ""
+    return f"together they cover {covered} of {total} elements: there is a gap{where}"
+
+
+def missing_box(starts: np.ndarray, stops: np.ndarray, shape: Sequence[int]) -> Box | None:
+    """A box of ``shape`` (global indices) that no box covers, or None when the boxes cover it all.
+
+    Boxes may overlap.  A sweep along axis 0 (then recursively along the
+    others over the boxes spanning each slab); used on the error path and for
+    overlapping load templates.
+    """
+    shape = tuple(int(s) for s in shape)
+    starts, stops = _as_boxes(starts, len(shape)), _as_boxes(stops, len(shape))
+    if volume(shape) == 0:
+        return None
+    return _uncovered(starts, stops, (0,) * len(shape), shape)
+
+
+def _uncovered(starts: np.ndarray, stops: np.ndarray, lo: tuple, hi: tuple) -> Box | None:
+    if not lo:
+        return None if len(starts) else ((), ())
+    keep = overlapping(starts, stops, lo, hi)
+    starts, stops = starts[keep], stops[keep]
+    if not len(starts):
+        return lo, hi
+    cuts = np.unique(np.clip(np.concatenate([starts[:, 0], stops[:, 0], [lo[0], hi[0]]]), lo[0], hi[0]))
+    for a, b in zip(cuts[:-1].tolist(), cuts[1:].tolist()):
+        span = (starts[:, 0] <= a) & (stops[:, 0] >= b)
+        sub = _uncovered(starts[span, 1:], stops[span, 1:], lo[1:], hi[1:])
+        if sub is not None:
+            return (a,) + sub[0], (b,) + sub[1]
+    return None
+
+
+def subtract(start, stop, cut_start, cut_stop) -> list[Box]:
+    """The box ``[start, stop)`` less ``[cut_start, cut_stop)``: disjoint boxes (at most two per axis)."""
+    inter = intersect(start, stop, cut_start, cut_stop)
+    if inter is None:
+        return [(tuple(int(x) for x in start), tuple(int(x) for x in stop))]
+    lo, hi = [int(x) for x in start], [int(x) for x in stop]
+    out = []
+    for axis, (a, b) in enumerate(zip(*inter)):
+        if lo[axis] < a:
+            out.append((tuple(lo), tuple(hi[:axis] + [a] + hi[axis + 1:])))
+            lo[axis] = a
+        if hi[axis] > b:
+            out.append((tuple(lo[:axis] + [b] + lo[axis + 1:]), tuple(hi)))
+            hi[axis] = b
+    return out
+
+
+def owned_parts(starts: np.ndarray, stops: np.ndarray) -> list[list[Box]]:
+    """For boxes that may overlap: the disjoint parts each box owns, every element owned by the lowest box holding it.
+
+    ``result[i]``: the parts of box i that no box before it holds.  Together
+    they cover the union of the boxes exactly once.  Identical boxes are
+    grouped first (an array replicated over part of a process grid: only the
+    first of each group owns anything), so the usual cases cost O(n log n).
+    """
+    ndim = starts.shape[1] if np.ndim(starts) == 2 else 0
+    starts, stops = _as_boxes(starts, ndim), _as_boxes(stops, ndim)
+    out: list[list[Box]] = [[] for _ in range(len(starts))]
+    leaders: list[int] = []
+    seen: set = set()
+    for i in range(len(starts)):
+        box = (tuple(starts[i].tolist()), tuple(stops[i].tolist()))
+        if volume(np.subtract(box[1], box[0]).tolist()) == 0 or box in seen:
+            continue
+        seen.add(box)
+        parts = [box]
+        earlier = np.asarray(leaders, dtype=np.int64)
+        for j in earlier[overlapping(starts[earlier], stops[earlier], *box)].tolist() if len(earlier) else []:
+            parts = [p for part in parts for p in subtract(*part, starts[j], stops[j])]
+            if not parts:
+                break
+        out[i] = parts
+        leaders.append(i)
+    return out
+
+
+def shared_regions(starts: np.ndarray, stops: np.ndarray, owned: list[list[Box]]) -> list[list[Box]]:
+    """For each box, the regions whose copies are compared: its intersections with the parts others own.
+
+    Region R = (box i) & (a part P owned by box o) is listed for box i and for
+    box o whenever two or more boxes hold it (i != o, or a box identical to
+    i).  Comparing each listed region's copies with the owner's compares every
+    copy of every element with the one that is saved.
+    """
+    ndim = starts.shape[1] if np.ndim(starts) == 2 else 0
+    starts, stops = _as_boxes(starts, ndim), _as_boxes(stops, ndim)
+    parts = [(o, p) for o, ps in enumerate(owned) for p in ps]
+    out: list[set] = [set() for _ in range(len(starts))]
+    if not parts:
+        return [[] for _ in out]
+    p_starts = np.asarray([p[0] for _, p in parts], np.int64).reshape(len(parts), ndim)
+    p_stops = np.asarray([p[1] for _, p in parts], np.int64).reshape(len(parts), ndim)
+    groups: dict = {}
+    for i in range(len(starts)):
+        box = (tuple(starts[i].tolist()), tuple(stops[i].tolist()))
+        if volume(np.subtract(box[1], box[0]).tolist()):
+            groups.setdefault(box, []).append(i)
+    for box, members in groups.items():
+        for k in overlapping(p_starts, p_stops, *box).tolist():
+            owner, (a, b) = parts[k]
+            region = intersect(box[0], box[1], a, b) if ndim else ((), ())
+            holders = set(members) | {owner}
+            if len(holders) > 1:
+                for h in holders:
+                    out[h].add(region)
+    return [sorted(s) for s in out]
 
 
 def _as_boxes(values, ndim: int) -> np.ndarray:

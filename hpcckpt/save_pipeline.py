@@ -26,6 +26,7 @@ import os
 from dataclasses import dataclass
 
 from . import chain_cache
+from .agreement import replica_mismatch
 from .codecs.pipeline import EncodedPieces
 from .collective import attempt, root_phase
 from .commit import commit_version, metadata_from_rows
@@ -68,8 +69,10 @@ def select(comm, what: str, local: dict, cache: PlanCache, options: SaveOptions,
     """The select stage: every array (full saves; ``starts`` default to the cached boxes) or the changed blocks."""
     if is_incremental(options):
         return select_changed(comm, what, local["arrays"], cache.boxes, cache.variables, cache.codecs, options,
-                              index, per_rank_files)
-    return select_full(local["arrays"], starts if starts is not None else {n: b[0] for n, b in cache.boxes.items()})
+                              index, per_rank_files, cache.replicas)
+    if starts is not None:  # a plan made locally (asynchronous saves): never one with replicated Blocks
+        return select_full(local["arrays"], starts)
+    return select_full(local["arrays"], {n: b[0] for n, b in cache.boxes.items()}, cache.replicas)
 
 
 def save_version(state, directory, comm, options: SaveOptions | dict, step: int | None = None, extra: dict | None = None,
@@ -135,6 +138,7 @@ def save_version(state, directory, comm, options: SaveOptions | dict, step: int 
                  "bytes": written.nbytes if written is not None else 0}
         with timer.phase("commit"):
             def on_root(msgs):
+                check_replicas([m[3] for m in msgs])
                 record = phase_record([m[0] for m in msgs])
                 values = with_per_rank(local["values"], [m[2] for m in msgs])
                 done = commit_on_root(path, cache.variables, cache.codecs, [m[1] for m in msgs], values,
@@ -142,7 +146,8 @@ def save_version(state, directory, comm, options: SaveOptions | dict, step: int 
                                       options.fsync, selection.info, storage)
                 return done.small() + (slowest(record), str(straggler(record)))  # small: broadcast to every rank
 
-            mine = (stats, selection.commit_part(written.rows) if written is not None else None, local["per_rank"])
+            mine = (stats, selection.commit_part(written.rows) if written is not None else None, local["per_rank"],
+                    selection.replicas)
             nbytes, nchunks, summary, chain, phases, straggler_text = root_phase(comm, what, failure, mine, on_root)
     except CheckpointError:
         cache.invalidate()
@@ -161,6 +166,14 @@ def save_version(state, directory, comm, options: SaveOptions | dict, step: int 
                       timings={**phases, "commit": timer.seconds["commit"]}, strategy=strategy, kind=selection.kind,
                       incremental=None if selection.info is None else {**selection.info, **summary},
                       this_rank={"bytes": stats["bytes"], "timings": dict(timer.seconds)})
+
+
+def check_replicas(per_rank: list) -> None:
+    """Rank 0, before a commit: every rank's copy of each shared region of a replicated Block equal, else the
+    CheckpointError naming the variable, the region and two ranks (``per_rank``: each rank's Selection.replicas)."""
+    error = replica_mismatch(per_rank)
+    if error is not None:
+        raise error
 
 
 def _options(options) -> tuple:

@@ -57,6 +57,12 @@ class PlanCache:
     summaries: list | None = None
     all_boxes: list | None = None
     expect_hit: bool = False  # agreed: whether the next save checks the cache first (see agree_plan)
+    replicas: dict | None = None  # this rank's {name: (owned boxes, shared regions)} of replicated Blocks
+
+    @property
+    def has_replicated(self) -> bool:
+        """Whether the plan holds a Block declared replicated (the same answer on every rank)."""
+        return any(v.replicated for v in (self.variables or {}).values())
 
     def invalidate(self) -> None:
         self.key = None
@@ -68,7 +74,7 @@ class PlanCache:
 
     def adopt(self, key: str, variables: dict, boxes: dict, codecs: dict, summaries=None, all_boxes=None) -> None:
         """Take a plan agreed elsewhere (a reconciled one, broadcast by the commit)."""
-        self.key, self.variables, self.boxes, self.codecs = key, variables, boxes, codecs
+        self.key, self.variables, self.boxes, self.codecs, self.replicas = key, variables, boxes, codecs, {}
         self.total_bytes = sum(v.nbytes for v in variables.values())
         self.summaries, self.all_boxes = summaries, all_boxes
 
@@ -104,7 +110,7 @@ def _plan(comm, what, local: dict | None, failure, options: SaveOptions, cache: 
     bad, root, payloads, variables, codecs, total = comm.bcast(shared, root=0)
     raise_if_failed(comm, what(root) if callable(what) else what, [bad])
     cache.variables, cache.codecs, cache.total_bytes = variables, codecs, total
-    cache.boxes = comm.scatter(plan[1] if plan else None, root=0)
+    cache.boxes, cache.replicas = comm.scatter(list(zip(plan[1], plan[4])) if plan else None, root=0)
     cache.summaries = [m[1] for m in msgs] if plan else None
     cache.all_boxes = plan[1] if plan else None
     cache.key = local["key"]
@@ -112,13 +118,14 @@ def _plan(comm, what, local: dict | None, failure, options: SaveOptions, cache: 
 
 
 def _plan_on_root(msgs: list, options: SaveOptions) -> tuple:
-    """Rank 0: ``(variables, boxes per rank, codecs, global bytes)``, or the ranks' own failures raised as one."""
+    """Rank 0: ``(variables, boxes per rank, codecs, global bytes, replica parts per rank)``, or the ranks' own
+    failures raised as one."""
     bad = {r: f for r, (f, _) in enumerate(msgs) if f is not None}
     if bad:
         raise collective_error("describing the state", bad, len(msgs))
     summaries = [m[1] for m in msgs]
-    variables, boxes, codecs = plan_variables(summaries, options)
-    return variables, boxes, codecs, sum(v.nbytes for v in variables.values())
+    variables, boxes, codecs, replicas = plan_variables(summaries, options)
+    return variables, boxes, codecs, sum(v.nbytes for v in variables.values()), replicas
 
 
 def agree_plan(comm, what, local: dict | None, failure, options: SaveOptions, cache: PlanCache,
@@ -245,7 +252,13 @@ def reconcile(cache: PlanCache, tables: list, owns: list) -> Reconciled:
     used_starts = [{n: b[0] for n, b in cache.all_boxes[r].items()} if o is None else o[1]
                    for r, o in enumerate(owns)]
     used_codecs = [cache.codecs if o is None else o[2] for o in owns]
-    variables, boxes = plan_save(summaries)
+    variables, boxes, replicas = plan_save(summaries)
+    for mine in replicas:  # without shared regions no two ranks' blocks overlap: each rank wrote its own
+        for name, (_, shared) in mine.items():
+            if shared:
+                raise CheckpointError(f"variable {name!r}: the replicated Blocks changed their layout in an "
+                                      "asynchronous save, which plans without a collective; this version was not "
+                                      "committed, and the next save plans collectively")
     codecs = {}
     for name in variables:
         specs = {json.dumps(s[name]["codec"].get("spec", AUTO), sort_keys=True) for s in summaries}

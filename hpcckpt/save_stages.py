@@ -43,7 +43,7 @@ def describe_state(state, rank: int, nranks: int, options: SaveOptions, measure:
                         for name, value in distributed.items()},
              "values": values if rank == 0 else None, "per_rank": per_rank,
              "key": layout_key(nranks, options, summaries, specs)}
-    kinds = {name: s["kind"] for name, s in summaries.items()}
+    kinds = {name: "replicated-block" if s.get("replicated") else s["kind"] for name, s in summaries.items()}
     kinds.update({name: "per-rank" if name in per_rank else "value" for name in replicated})
     local["details"] = agreement.entry_digests(step, options, kinds, values)
     local["digest"] = agreement.total(local["details"])
@@ -69,9 +69,10 @@ def measure_codecs(local: dict, options: SaveOptions) -> dict:
 
 
 def plan_variables(summaries: list[dict], options: SaveOptions) -> tuple:
-    """Rank 0: ``(variables, boxes per rank, codec configs)`` of a version from every rank's summaries (pure)."""
-    variables, boxes = plan_save(summaries)
-    return variables, boxes, decide_codecs(variables, summaries, options.codec_threads)
+    """Rank 0: ``(variables, boxes per rank, codec configs, replica parts per rank)`` of a version from every
+    rank's summaries (pure; planning.plan_save)."""
+    variables, boxes, replicas = plan_save(summaries)
+    return variables, boxes, decide_codecs(variables, summaries, options.codec_threads), replicas
 
 
 def create_version_directory(directory: str, storage: Storage = POSIX) -> None:

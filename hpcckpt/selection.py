@@ -16,9 +16,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import xxhash
+
 from . import blockhash
+from .agreement import HASH_FAILED
+from .arrays import byte_view, local_pieces
 from .checksum import checksum_from_xxh3_128
 from .collective import attempt, raise_if_failed
+from .devices import to_host
 from .encoding import dtype_from_json
 from .incremental import HASH_ALGORITHM, ChainIndex, choose_kind, duplicates, hash_pieces
 from .names import rank_file
@@ -34,7 +39,10 @@ class Selection:
     no hashes); ``hashes``: ``{(variable, start): content hash}`` of the items;
     ``refs``: rows into older versions; ``dups``: blocks identical to one
     written in this version; ``digests``: checksums known from the content
-    hash (uncompressed host blocks), by ``(variable, start)``.
+    hash (uncompressed host blocks), by ``(variable, start)``; ``replicas``:
+    this rank's digest of each region of a replicated Block that other ranks
+    hold too, by ``(variable, start, stop)`` (compared at the commit:
+    agreement.replica_mismatch).
     """
 
     items: list
@@ -43,6 +51,7 @@ class Selection:
     refs: list = field(default_factory=list)
     dups: list = field(default_factory=list)
     digests: dict = field(default_factory=dict)
+    replicas: dict = field(default_factory=dict)
 
     @property
     def kind(self) -> str:
@@ -56,17 +65,64 @@ class Selection:
 
     def with_items(self, items: list) -> "Selection":
         """The same selection over other arrays (the staged copies of these items)."""
-        return Selection(items, self.info, self.hashes, self.refs, self.dups, self.digests)
+        return Selection(items, self.info, self.hashes, self.refs, self.dups, self.digests, self.replicas)
 
 
-def select_full(arrays: dict, starts: dict) -> Selection:
-    """Every non-empty array of this rank, whole, at its box start (no MPI)."""
-    return Selection([(name, tuple(starts[name]), arr, True) for name, arr in sorted(arrays.items())
-                      if arr is not None and arr.size])
+def select_full(arrays: dict, starts: dict, replicas: dict | None = None) -> Selection:
+    """Every non-empty array of this rank, whole, at its box start (no MPI); of a replicated Block, the parts
+    this rank owns (``replicas``: the plan's ``{name: (owned, shared)}``), with the digests of its shared regions."""
+    replicas = replicas or {}
+    return Selection([(name, start, arr, True) for name, start, arr in written_parts(arrays, starts, replicas)],
+                     replicas=replica_digests(arrays, starts, replicas))
+
+
+def written_parts(arrays: dict, starts: dict, replicas: dict) -> list:
+    """``(variable, global start, array)`` this rank writes: each array whole, or for a replicated Block a view
+    of each box it owns (the lowest rank holding an element writes it: regions.owned_parts)."""
+    out = []
+    for name, arr in sorted(arrays.items()):
+        if arr is None or not arr.size:
+            continue
+        if name not in replicas:
+            out.append((name, tuple(starts[name]), arr))
+            continue
+        out.extend((name, tuple(lo), region_view(arr, starts[name], lo, hi)) for lo, hi in replicas[name][0])
+    return out
+
+
+def region_view(arr, start, lo, hi):
+    """The part ``[lo, hi)`` (global) of the local array ``arr`` whose box starts at ``start``: a view."""
+    return arr[tuple(slice(a - s, b - s) for a, b, s in zip(lo, hi, start)) + (Ellipsis,)]
+
+
+def replica_digests(arrays: dict, starts: dict, replicas: dict) -> dict:
+    """``{(variable, start, stop): digest}`` of this rank's copy of every shared region of its replicated Blocks.
+
+    Never raises: a copy that cannot be hashed gets ``HASH_FAILED`` and the
+    reason, which fails the commit on every rank (agreement.replica_mismatch).
+    """
+    out = {}
+    for name, (_, shared) in sorted(replicas.items()):
+        for lo, hi in shared:
+            try:
+                out[(name, tuple(lo), tuple(hi))] = region_digest(region_view(arrays[name], starts[name], lo, hi))
+            except Exception as exc:  # noqa: BLE001 - reported at the commit, on every rank alike
+                out[(name, tuple(lo), tuple(hi))] = f"{HASH_FAILED}{type(exc).__name__}: {exc}"
+    return out
+
+
+def region_digest(arr) -> str:
+    """xxh3_128 of an array's elements in C order, read in pieces (no copy of a C-contiguous host array; a
+    device array's pieces are copied to the host, so host and device copies of equal data agree)."""
+    h = xxhash.xxh3_128()
+    for _, _, piece in local_pieces(arr, 8 << 20):
+        h.update(byte_view(to_host(piece)))
+    return h.hexdigest()
 
 
 def select_changed(comm, what: str, arrays: dict, boxes: dict, variables: dict, codecs: dict,
-                   options: SaveOptions, index: ChainIndex | None, per_rank_files: bool = False) -> Selection:
+                   options: SaveOptions, index: ChainIndex | None, per_rank_files: bool = False,
+                   replicas: dict | None = None) -> Selection:
     """Collective: the blocks of this rank that the chain does not hold, and what the others point at.
 
     One allgather (every rank's changed and total bytes, and the keys of its
@@ -81,8 +137,10 @@ def select_changed(comm, what: str, arrays: dict, boxes: dict, variables: dict, 
         index = index.restricted(rank_file(rank))
     dedup = options.dedup and not per_rank_files
     dtypes = {n: dtype_from_json(v.dtype) for n, v in variables.items()}
-    entries, failure = attempt(lambda: hash_pieces(arrays, boxes, variables, dtypes, codecs, options.block_bytes,
-                                                   index))
+    replicas = replicas or {}
+    starts = {n: b[0] for n, b in boxes.items()}
+    entries, failure = attempt(lambda: hash_pieces(written_parts(arrays, starts, replicas), variables, dtypes,
+                                                   codecs, options.block_bytes, index))
     entries = entries or []
     new_keys = [e[4] for e in entries if e[6] is None] if dedup else None
     mine = (sum(e[5] for e in entries), sum(e[5] for e in entries if e[6] is None), new_keys,
@@ -114,4 +172,5 @@ def select_changed(comm, what: str, arrays: dict, boxes: dict, variables: dict, 
     return Selection(items=[(e[0], tuple(e[1]), e[3], False) for e in to_write], info=info,
                      hashes={(e[0], tuple(e[1])): e[4][0] for e in to_write},
                      refs=[(e[0], *e[6], e[1], e[2], e[4][0]) for e in entries if e[6] is not None],
-                     dups=[(e[0], e[4], e[1], e[2], e[4][0]) for e, d in zip(new, dup) if d], digests=digests)
+                     dups=[(e[0], e[4], e[1], e[2], e[4][0]) for e, d in zip(new, dup) if d], digests=digests,
+                     replicas=replica_digests(arrays, starts, replicas))

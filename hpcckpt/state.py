@@ -29,7 +29,7 @@ class Block:
     docs/compression.md, "GPU ranks"),
     ``offset`` the global index of its first element, ``global_shape`` the
     shape of the whole array.  Blocks of all ranks must tile the global array
-    without overlap; a rank may hold an empty block.  ``Block(a)`` alone means
+    without overlap (unless declared ``replicated``); a rank may hold an empty block.  ``Block(a)`` alone means
     the rank holds the whole array (for single-process use).  On load the
     block is filled in place.  ``codec`` compresses this variable (a name such
     as "lz4", "zstd", "auto", or ``hpcckpt.codecs.Lossy(...)``; see
@@ -39,11 +39,21 @@ class Block:
     it is called at every save and restore, so the Block follows an array the
     application rebinds (``u, un = un, u``); a plain Block keeps the array it
     was built with (see hpcckpt.stateful).
+
+    ``replicated=True`` declares copies: the blocks of this variable may
+    overlap (an array decomposed over part of the process grid and identical
+    on the other ranks, or an array every rank holds whole); every rank must
+    declare it alike.  Each element is saved once, by the lowest rank that
+    holds it, and every save compares the copies (a digest per shared region,
+    at the commit): copies that differ are a CheckpointError on every rank
+    naming the variable, two ranks and the region.  Load templates may overlap
+    without it.
     """
 
-    def __init__(self, local, offset=None, global_shape=None, codec=None):
+    def __init__(self, local, offset=None, global_shape=None, codec=None, replicated: bool = False):
         self.local = local
         self.codec = codec  # None: the save's default (see hpcckpt.codecs)
+        self.replicated = bool(replicated)
         if callable(local):  # a getter (hpcckpt.stateful): the defaults come from the array it returns
             self.offset = tuple(offset) if offset is not None else None
             self.global_shape = tuple(global_shape) if global_shape is not None else None
@@ -54,7 +64,8 @@ class Block:
 
     def __repr__(self) -> str:
         shape = getattr(self.local, "shape", None)
-        return f"Block(local shape {shape}, offset={self.offset}, global_shape={self.global_shape})"
+        rep = ", replicated=True" if self.replicated else ""
+        return f"Block(local shape {shape}, offset={self.offset}, global_shape={self.global_shape}{rep})"
 
 
 class Ragged:
@@ -149,8 +160,11 @@ def summarize_for_save(name: str, value) -> dict:
     """The small description of one distributed variable that rank 0 plans the save with."""
     if isinstance(value, Block):
         start, stop = block_box(name, value)
-        return {"kind": "block", "dtype": dtype_to_json(value.local.dtype), "shape": list(value.global_shape),
-                "start": list(start), "stop": list(stop)}
+        summary = {"kind": "block", "dtype": dtype_to_json(value.local.dtype), "shape": list(value.global_shape),
+                   "start": list(start), "stop": list(stop)}
+        if value.replicated:
+            summary["replicated"] = True
+        return summary
     local = value.local
     if local is None:
         return {"kind": "ragged", "dtype": None, "trailing": None, "rows": 0}

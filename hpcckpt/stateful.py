@@ -98,7 +98,7 @@ def _materialize(d: dict, where: str, depth: int) -> dict:
             value = _materialize(value, here, depth + 1) if _holds_distributed(value, 0) else value
         elif isinstance(value, Block) and callable(value.local):
             arr = _call(value.local, here, f"the Block's getter {_getter_name(value.local)}")
-            value = Block(arr, value.offset, value.global_shape, value.codec)
+            value = Block(arr, value.offset, value.global_shape, value.codec, value.replicated)
         elif isinstance(value, Ragged) and callable(value.local):
             arr = _call(value.local, here, f"the Ragged's getter {_getter_name(value.local)}")
             value = Ragged(arr, value.rows, value.codec)

@@ -100,7 +100,8 @@ def simulate_save(name, data, kinds, nranks, splits, index, store, max_chain=4, 
             lo, hi = splits[n][r]
             arrays[n] = a[lo:hi]
             boxes[n] = ((lo,) + (0,) * (a.ndim - 1), (hi,) + a.shape[1:])
-        per_rank.append(hash_pieces(arrays, boxes, variables, dtypes, codecs, BLOCK, index))
+        parts = [(n, boxes[n][0], arrays[n]) for n in sorted(arrays)]
+        per_rank.append(hash_pieces(parts, variables, dtypes, codecs, BLOCK, index))
     total = sum(e[5] for entries in per_rank for e in entries)
     changed = sum(e[5] for entries in per_rank for e in entries if e[6] is None)
     kind, _ = choose_kind(index.depth if index is not None and len(index) else None, changed, total, max_chain,

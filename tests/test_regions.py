@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hpcckpt.regions import contiguous_pieces, even_rows, intersect, overlapping, tiling_problem, volume
+from hpcckpt.regions import contiguous_pieces, covering_problem, even_rows, intersect, missing_box, overlap_pair, \
+    overlapping, owned_parts, shared_regions, subtract, tiling_problem, volume
 from decompositions import covered_count, decompositions, shapes
 
 SETTINGS = settings(max_examples=150, deadline=None)
@@ -93,6 +94,10 @@ def test_tiling_detects_gaps(dec, data):
     rest = [b for i, b in enumerate(boxes) if i != drop]
     problem = tiling_problem(*_arrays(rest, len(shape)), shape)
     assert problem is not None and "gap" in problem
+    if shape:  # the region named is one that the dropped box alone covered
+        gap = missing_box(*_arrays(rest, len(shape)), shape)
+        assert gap is not None and cells(gap) and cells(gap) <= cells(boxes[drop])
+        assert f"[{', '.join(f'{a}:{b}' for a, b in zip(*gap))}]" in problem
 
 
 @SETTINGS
@@ -135,7 +140,7 @@ def test_tiling_messages():
     msg = tiling_problem(*_arrays([((0, 0), (3, 4)), ((2, 0), (4, 4))], 2), shape, label="the block of rank")
     assert msg == "the block of rank 0 [0:3, 0:4] and the block of rank 1 [2:4, 0:4] overlap"
     assert tiling_problem(*_arrays([((0, 0), (2, 4))], 2), shape) == \
-        "together they cover 8 of 16 elements: there is a gap"
+        "together they cover 8 of 16 elements: there is a gap at [2:4, 0:4], which is in none of them"
     # empty boxes anywhere inside the bounds are fine, even "inside" another box
     assert tiling_problem(*_arrays([((0, 0), (4, 4)), ((2, 2), (2, 2)), ((4, 4), (4, 4))], 2), shape) is None
     # no boxes at all tile an empty array
@@ -198,3 +203,97 @@ def test_even_rows_partition(total, nparts):
 @pytest.mark.parametrize("extent", [(0,), (3, 0, 2), ()])
 def test_volume(extent):
     assert volume(extent) == int(np.prod(extent))
+
+
+# ---- overlapping boxes: replicated Blocks and overlapping load templates (issue 13)
+
+@SETTINGS
+@given(st.data())
+def test_subtract_matches_cell_sets(data):
+    shape = data.draw(shapes(min_ndim=0, max_ndim=3, max_side=5))
+    a, b = data.draw(box_in(shape)), data.draw(box_in(shape))
+    parts = subtract(a[0], a[1], b[0], b[1])
+    got = [cells(p) for p in parts]
+    union = set().union(*got)
+    assert union == cells(a) - cells(b)
+    assert sum(len(c) for c in got) == len(union)  # disjoint
+    assert len(parts) <= max(1, 2 * len(shape))
+
+
+@SETTINGS
+@given(st.data())
+def test_owned_parts_cover_the_union_once_and_the_lowest_holder_owns(data):
+    shape = data.draw(shapes(min_ndim=0, max_ndim=3, max_side=5))
+    boxes = data.draw(st.lists(box_in(shape), min_size=1, max_size=7))
+    if data.draw(st.booleans()):  # the replicated case: copies of the same boxes on several ranks
+        boxes = boxes + data.draw(st.lists(st.sampled_from(boxes), max_size=5))
+    starts, stops = _arrays(boxes, len(shape))
+    owned = owned_parts(starts, stops)
+    held = [cells(b) if volume(np.subtract(b[1], b[0])) else set() for b in boxes]
+    seen: set = set()
+    for i, parts in enumerate(owned):
+        mine = [cells(p) for p in parts]
+        assert all(c and c <= held[i] for c in mine)
+        for c in mine:
+            assert not (c & seen)  # every element owned once
+            seen |= c
+            for cell in c:  # by the lowest box that holds it
+                assert min(j for j, h in enumerate(held) if cell in h) == i
+    assert seen == set().union(*held)
+
+
+@SETTINGS
+@given(st.data())
+def test_shared_regions_compare_every_copy_with_the_saved_one(data):
+    shape = data.draw(shapes(min_ndim=0, max_ndim=2, max_side=5))
+    boxes = data.draw(st.lists(box_in(shape), min_size=1, max_size=5))
+    boxes = boxes + data.draw(st.lists(st.sampled_from(boxes), max_size=3))
+    starts, stops = _arrays(boxes, len(shape))
+    owned = owned_parts(starts, stops)
+    shared = shared_regions(starts, stops, owned)
+    held = [cells(b) if volume(np.subtract(b[1], b[0])) else set() for b in boxes]
+    owner = {cell: i for i, parts in enumerate(owned) for p in parts for cell in cells(p)}
+    for i, regions in enumerate(shared):
+        for reg in regions:
+            c = cells(reg)
+            assert c and c <= held[i]
+            o = {owner[cell] for cell in c}
+            assert len(o) == 1  # a region lies in one owner's part
+            o = o.pop()
+            assert reg in shared[o]  # the owner hashes the same region
+        # every element this box shares with another box is in one of its regions, compared with the owner's
+        others = set().union(*(h for j, h in enumerate(held) if j != i)) if len(held) > 1 else set()
+        covered = set().union(*(cells(r) for r in regions)) if regions else set()
+        assert held[i] & others <= covered
+    # an element held by one box only is never hashed
+    single = {c for c in set().union(*held) if sum(c in h for h in held) == 1}
+    assert not any(single & cells(r) for regions in shared for r in regions)
+
+
+@SETTINGS
+@given(st.data())
+def test_covering_problem_and_missing_box_match_cell_sets(data):
+    shape = data.draw(shapes(min_ndim=0, max_ndim=3, max_side=4))
+    boxes = data.draw(st.lists(box_in(shape), max_size=6))
+    if data.draw(st.booleans()):
+        boxes = boxes + [((0,) * len(shape), tuple(shape))]
+    starts, stops = _arrays(boxes, len(shape))
+    union = set().union(*(cells(b) for b in boxes)) if boxes else set()
+    everything = cells(((0,) * len(shape), tuple(shape)))
+    gap = missing_box(starts, stops, shape)
+    problem = covering_problem(starts, stops, shape, label="the block of rank")
+    if union >= everything:
+        assert gap is None and problem is None
+    else:
+        assert gap is not None and cells(gap) and not (cells(gap) & union) and cells(gap) <= everything
+        assert problem is not None and "gap" in problem
+    pair = overlap_pair(starts, stops)
+    nonempty = [cells(b) if volume(np.subtract(b[1], b[0])) else set() for b in boxes]
+    assert (pair is not None) == any(nonempty[i] & nonempty[j] for i in range(len(boxes))
+                                     for j in range(i + 1, len(boxes)))
+
+
+def test_covering_problem_refuses_boxes_outside_even_when_they_overlap():
+    msg = covering_problem(*_arrays([((0, 0), (4, 4)), ((0, 0), (5, 4))], 2), (4, 4), label="the block of rank")
+    assert msg == "the block of rank 1 [0:5, 0:4] lies outside the global shape (4, 4)"
+
