@@ -1,0 +1,81 @@
+"""Errors reach the user once: :func:`report_errors` around an MPI program's main code.
+
+Why: hpcckpt raises a failure of a collective call as the same
+``CheckpointError`` on every rank (collective.py), so an unhandled one prints
+as many interleaved tracebacks as there are ranks.  And an exception on one
+rank only (a bug in the application) leaves the other ranks waiting forever
+in their next collective.  ``report_errors`` turns the first case into one
+line from rank 0 and exit status 1 on every rank, and the second into the
+traceback of the rank(s) that raised it, each line prefixed with the rank,
+followed by ``MPI_Abort`` so that no rank hangs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import traceback
+
+from .collective import resolve_comm
+from .errors import CheckpointError
+from .watchdog import enabled as debug_enabled
+
+#: The exit status of every rank after an error.
+EXIT_STATUS = 1
+
+
+class report_errors(contextlib.ContextDecorator):
+    """``with hpcckpt.report_errors(comm): main()``, or ``@hpcckpt.report_errors()`` on the main function.
+
+    ``comm``: the communicator whose ranks run the code (default as for
+    every hpcckpt call: ``MPI.COMM_WORLD``, or one process without MPI).
+
+    * A ``CheckpointError`` (hpcckpt raises it on every rank alike): rank 0
+      prints one line, ``hpcckpt: error: <what happened>`` plus what to do, on
+      stderr (with ``HPCCKPT_DEBUG=1`` its traceback too); every rank exits
+      with status 1 (``SystemExit``).
+    * Any other exception (``KeyboardInterrupt`` included): the ranks that
+      raised it print its traceback, each line prefixed ``[rank N]``, and
+      abort the communicator (``MPI_Abort``, status 1), so that the ranks
+      waiting in a collective end too.  On one process the exception
+      propagates as usual.
+    * ``SystemExit`` passes through.
+    """
+
+    def __init__(self, comm=None):
+        self._comm = comm
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, cls, exc, tb):
+        if exc is None or isinstance(exc, (SystemExit, GeneratorExit)):
+            return False
+        comm = resolve_comm(self._comm)
+        rank, size = comm.Get_rank(), comm.Get_size()
+        if isinstance(exc, CheckpointError):
+            if rank == 0:
+                print(one_line(exc, size), file=sys.stderr, flush=True)
+                if debug_enabled():
+                    traceback.print_exception(cls, exc, tb, file=sys.stderr)
+                    sys.stderr.flush()
+            raise SystemExit(EXIT_STATUS) from None
+        if size == 1:
+            return False
+        print(prefixed(f"[rank {rank}] ", "".join(traceback.format_exception(cls, exc, tb))), end="",
+              file=sys.stderr, flush=True)
+        comm.Abort(EXIT_STATUS)
+        return False  # not reached: Abort ends the process
+
+
+def one_line(exc: CheckpointError, size: int) -> str:
+    """What rank 0 prints for an error every rank raised: the message on one line and what to do."""
+    text = " ".join(str(exc).split()).rstrip(".") or type(exc).__name__
+    where = f" (raised on all {size} ranks)" if size > 1 else ""
+    return (f"hpcckpt: error{where}: {text}. What to do: fix the cause named here and rerun (a failed save "
+            "commits nothing; `hpcckpt ls ROOT` lists the committed versions); HPCCKPT_DEBUG=1 adds the traceback")
+
+
+def prefixed(prefix: str, text: str) -> str:
+    """``text`` with ``prefix`` before every line: one rank's output stays readable among the others'."""
+    return "".join(prefix + line for line in text.splitlines(keepends=True))
