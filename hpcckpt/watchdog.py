@@ -111,9 +111,7 @@ def public_call() -> tuple[str, str]:
     if outer is None:
         return "an hpcckpt call", "an hpcckpt call"
     name = outer.f_code.co_qualname
-    if name.endswith(".__init__"):
-        name = name[:-len(".__init__")]
-    key = name if "." in name else f"hpcckpt.{name}"
+    key = name.removesuffix(".__init__") if "." in name else f"hpcckpt.{name}"  # Checkpointer(), hpcckpt.save()
     step = outer.f_locals.get("step")
     return key, f"{key}(step={step!r})" if step is not None else f"{key}()"
 
