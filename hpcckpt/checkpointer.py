@@ -9,7 +9,7 @@ import weakref
 
 from . import rootlock
 from .collective import agree, best_effort, on_root, resolve_comm
-from .catalog import check_step, current, list_versions, new_version_name, remove_versions, removable
+from .catalog import check_step, current, list_versions, new_version_name, remove_versions, removable, retained
 from .errors import CheckpointError, TemplateMismatchError
 from .loading import load_version
 from .pacing import Pacer
@@ -101,8 +101,8 @@ class Checkpointer:
         self._check_open()
         try:
             if self.engine is not None:
-                return self.engine.committed_here()
-            return current(list_versions(self.root))
+                return retained(self.engine.committed_here(), self.keep)
+            return retained(list_versions(self.root), self.keep)
         except OSError as exc:
             raise CheckpointError(f"listing {self.root!r} failed on rank {self.comm.Get_rank()}: "
                                   f"{type(exc).__name__}: {exc}") from exc
@@ -116,7 +116,8 @@ class Checkpointer:
         """Every committed step, oldest first; not collective: any subset of the ranks may call it.
 
         The calling rank reads the catalog from the file system (the root's
-        committed versions, and with ``local_dir`` its own node directory's), so
+        committed versions, and with ``local_dir`` its own node directory's,
+        less those ``keep`` retires: rank 0 may still be deleting them), so
         every rank sees what the collective :meth:`restore` would choose from.
         An asynchronous save still pending (its SaveResult says ``pending``) is
         not listed: it is committed by the next collective call (``save``,

@@ -341,6 +341,7 @@ def test_bookkeeping_failing_on_rank_0_is_a_warning_there_and_no_error_anywhere(
         warnings.simplefilter("always")
         for step in (1, 2, 3):
             ck.save({"u": Block(a, (comm.rank * N,), (comm.size * N,))}, step)
+        ck.wait()  # commits an asynchronous step 3: steps() lists committed versions only
         steps = ck.steps()
         ck.close()
     monkeypatch.undo()

@@ -102,3 +102,19 @@ def test_tags_that_differ_are_one_error_naming_both_calls_and_ranks():
         raise_if_calls_differ([same, same, ("hpcckpt.load", "bcast", "hpcckpt.load()")])
     with pytest.raises(CheckpointError, match="MPI gather"):  # same call, other MPI operation
         raise_if_calls_differ([same, ("Checkpointer.save", "gather", "Checkpointer.save(step=1)")])
+
+
+def test_a_listing_reports_what_retention_keeps(tmp_path):
+    """Rank 0 retires old versions after a save has returned elsewhere: a rank listing meanwhile (here: a
+    retired version still on disk) reports the versions kept, as rank 0 will once it is done."""
+    import shutil
+
+    import numpy as np
+
+    from hpcckpt import Block, Checkpointer
+
+    with Checkpointer(tmp_path, keep=1, track_failures=False) as ck:
+        ck.save({"u": Block(np.zeros(4))}, 1)
+        ck.save({"u": Block(np.ones(4))}, 2)
+        shutil.copytree(tmp_path / "step-000000000002", tmp_path / "step-000000000001")  # not yet deleted
+        assert ck.steps() == [2] and ck.latest() == 2
