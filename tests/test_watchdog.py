@@ -5,6 +5,7 @@ the job within the timeout, with one line naming the call, instead of hanging fo
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 
@@ -20,10 +21,10 @@ DEBUG = {"HPCCKPT_DEBUG": "1", "HPCCKPT_DEBUG_TIMEOUT": "3"}
 @pytest.mark.parametrize("nranks", [2, 3])
 def test_rank_0_alone_lists_the_steps_and_every_rank_goes_on(tmp_path, nranks):
     proc = run_mpi(nranks, SCRIPT, tmp_path / "root", "query", timeout=90)  # no debug mode: it would hang
-    out = proc.stdout.splitlines()
-    assert "STEPS [1, 2] LATEST 2" in out, proc.stdout
-    assert "PENDING [1] 1" in out and "COMMITTED [1, 2] 2" in out, proc.stdout  # pending: not yet committed
-    assert sorted(line for line in out if line.startswith("DONE")) == [f"DONE {r}" for r in range(nranks)]
+    out = proc.stdout
+    assert out.count("STEPS [1, 2] LATEST 2") == 1, out
+    assert out.count("PENDING [1] 1") == 1 and out.count("COMMITTED [1, 2] 2") == 1, out  # pending: not listed
+    assert sorted(re.findall(r"DONE \d+", out)) == [f"DONE {r}" for r in range(nranks)], out
 
 
 @pytest.mark.timeout(120)
@@ -39,12 +40,12 @@ def test_a_save_on_one_rank_aborts_with_its_name_in_debug_mode(tmp_path):
 @pytest.mark.parametrize("nranks", [2, 3])
 def test_ranks_in_different_calls_raise_one_error_naming_both(tmp_path, nranks):
     proc = run_mpi(nranks, SCRIPT, tmp_path / "root", "different-calls", timeout=90, env=DEBUG)
-    errors = sorted(line for line in proc.stdout.splitlines() if line.startswith("ERROR"))
-    assert len(errors) == nranks, proc.stdout
-    for rank, line in enumerate(errors):
-        assert line.startswith(f"ERROR {rank}: collective calls do not match"), line
-        assert "rank 0 is in Checkpointer.save(step=2)" in line and "rank 1 in Checkpointer.restore()" in line
-    assert proc.stdout.count("DONE") == nranks, proc.stdout
+    # mpiexec may join the ranks' long lines: count occurrences, not lines
+    raised = sorted(int(r) for r in re.findall(r"ERROR (\d+): collective calls do not match", proc.stdout))
+    assert raised == list(range(nranks)), proc.stdout  # every rank raised it
+    assert proc.stdout.count("rank 0 is in Checkpointer.save(step=2) (MPI allgather), rank 1 in "
+                             "Checkpointer.restore() (MPI allgather)") == nranks, proc.stdout
+    assert sorted(re.findall(r"DONE \d+", proc.stdout)) == [f"DONE {r}" for r in range(nranks)], proc.stdout
 
 
 def test_debug_mode_is_off_by_default_and_for_one_process(monkeypatch):
