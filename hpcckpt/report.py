@@ -13,6 +13,7 @@ followed by ``MPI_Abort`` so that no rank hangs.
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import traceback
 
@@ -64,8 +65,10 @@ class report_errors(contextlib.ContextDecorator):
             return False
         print(prefixed(f"[rank {rank}] ", "".join(traceback.format_exception(cls, exc, tb))), end="",
               file=sys.stderr, flush=True)
-        comm.Abort(EXIT_STATUS)
-        return False  # not reached: Abort ends the process
+        try:
+            comm.Abort(EXIT_STATUS)
+        finally:
+            os._exit(EXIT_STATUS)  # MPICH's MPI_Abort may return before the process is killed: never run on
 
 
 def one_line(exc: CheckpointError, size: int) -> str:

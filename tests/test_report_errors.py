@@ -35,6 +35,7 @@ def test_an_exception_on_one_rank_is_its_traceback_and_no_rank_hangs(tmp_path, n
     assert "[rank 1] Traceback (most recent call last):" in proc.stderr, proc.stderr
     assert "[rank 1] ValueError: a bug in the application on rank 1" in proc.stderr, proc.stderr
     assert "[rank 0] Traceback" not in proc.stderr, proc.stderr  # only the rank that raised it
+    assert proc.stderr.count("ValueError: a bug") == 1, proc.stderr  # once: nothing runs on after the abort
 
 
 def test_serial_checkpoint_error_is_one_line_and_exit_status_1(tmp_path, capsys, monkeypatch):
