@@ -23,6 +23,7 @@ def test_rank_0_alone_lists_the_steps_and_every_rank_goes_on(tmp_path, nranks):
     proc = run_mpi(nranks, SCRIPT, tmp_path / "root", "query", timeout=90)  # no debug mode: it would hang
     out = proc.stdout
     assert out.count("STEPS [1, 2] LATEST 2") == 1, out
+    assert out.count("LEVELS [1, 2, 3] 3") == 1, out  # step 3 from rank 0's node directory
     assert out.count("PENDING [1] 1") == 1 and out.count("COMMITTED [1, 2] 2") == 1, out  # pending: not listed
     assert sorted(re.findall(r"DONE \d+", out)) == [f"DONE {r}" for r in range(nranks)], out
 

@@ -2,8 +2,8 @@
 
     mpiexec -n N python subset_call.py ROOT MODE
 
-MODE ``query``: rank 0 alone asks ``steps()``/``latest()`` (not collective), of a blocking and of an
-asynchronous Checkpointer (a pending save is not listed until the next collective call commits it); every rank
+MODE ``query``: rank 0 alone asks ``steps()``/``latest()`` (not collective), of a blocking, an asynchronous
+and a multi-level Checkpointer (a pending save is not listed until the next collective call commits it); every rank
 then goes on.  ``save-on-one``: rank 0 alone calls the collective ``save``; the other ranks wait in the
 application's own Barrier: with HPCCKPT_DEBUG=1 the job ends within HPCCKPT_DEBUG_TIMEOUT seconds with one line
 naming the call (without it, it hangs).  ``different-calls``: rank 0 saves while the others restore: with
@@ -46,6 +46,13 @@ def query(root: str, comm) -> None:
     if comm.rank == comm.size - 1:
         print("COMMITTED", ack.steps(), ack.latest(), flush=True)
     ack.close()
+    lck = hpcckpt.Checkpointer(os.path.join(root, "levels"), comm=comm, local_dir=os.path.join(root, "local"),
+                               ranks_per_node=1, flush_every=2, track_failures=False)
+    for step in (1, 2, 3):  # 2 is flushed to the root; 3 lives on the node-local level only
+        lck.save(state(comm, float(step)), step)
+    if comm.rank == 0:
+        print("LEVELS", lck.steps(), lck.latest(), flush=True)
+    lck.close()
     comm.Barrier()
     print("DONE", comm.rank, flush=True)
 
