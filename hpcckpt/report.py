@@ -35,10 +35,11 @@ class report_errors(contextlib.ContextDecorator):
       prints one line, ``hpcckpt: error: <what happened>`` plus what to do, on
       stderr (with ``HPCCKPT_DEBUG=1`` its traceback too); every rank exits
       with status 1 (``SystemExit``).
-    * Any other exception (``KeyboardInterrupt`` included): the ranks that
-      raised it print its traceback, each line prefixed ``[rank N]``, and
-      abort the communicator (``MPI_Abort``, status 1), so that the ranks
-      waiting in a collective end too.  On one process the exception
+    * Any other exception: the ranks that raised it print its traceback,
+      each line prefixed ``[rank N]``, and abort the communicator
+      (``MPI_Abort``, status 1), so that the ranks waiting in a collective end
+      too; a ``KeyboardInterrupt`` (Ctrl-C, which reaches every rank) is one
+      line per rank instead of a traceback.  On one process the exception
       propagates as usual.
     * ``SystemExit`` passes through.
     """
@@ -63,8 +64,11 @@ class report_errors(contextlib.ContextDecorator):
             raise SystemExit(EXIT_STATUS) from None
         if size == 1:
             return False
-        print(prefixed(f"[rank {rank}] ", "".join(traceback.format_exception(cls, exc, tb))), end="",
-              file=sys.stderr, flush=True)
+        if isinstance(exc, KeyboardInterrupt):  # Ctrl-C reaches every rank: one line each, not N tracebacks
+            text = f"[rank {rank}] interrupted (KeyboardInterrupt): aborting the job\n"
+        else:
+            text = prefixed(f"[rank {rank}] ", "".join(traceback.format_exception(cls, exc, tb)))
+        print(text, end="", file=sys.stderr, flush=True)
         try:
             comm.Abort(EXIT_STATUS)
         finally:

@@ -68,3 +68,59 @@ def test_the_line_and_the_prefix():
     text = one_line(hpcckpt.CheckpointError("save failed\non 2 of 4 ranks: rank 1: OSError."), 4)
     assert "\n" not in text and "save failed on 2 of 4 ranks: rank 1: OSError. What to do:" in text
     assert prefixed("[rank 3] ", "a\nb\n") == "[rank 3] a\n[rank 3] b\n"
+
+
+class _Stop(Exception):
+    """What the stand-in os._exit raises: the process would end here."""
+
+
+def _two_ranks(monkeypatch, rank=1):
+    """A stand-in two-rank communicator whose Abort is recorded, and an os._exit that does not end pytest."""
+    from hpcckpt.collective import SerialComm
+
+    aborted = []
+
+    class Two(SerialComm):
+        def Get_rank(self):
+            return rank
+
+        def Get_size(self):
+            return 2
+
+        def Abort(self, code):
+            aborted.append(code)
+
+    def no_exit(code):
+        raise _Stop(code)
+
+    monkeypatch.setattr("hpcckpt.report.os._exit", no_exit)
+    return Two(), aborted
+
+
+def test_an_exception_is_the_prefixed_traceback_then_abort(monkeypatch, capsys):
+    comm, aborted = _two_ranks(monkeypatch)
+    with pytest.raises(_Stop):
+        with hpcckpt.report_errors(comm):
+            raise KeyError("missing")
+    err = capsys.readouterr().err
+    assert aborted == [1] and err.startswith("[rank 1] Traceback") and "[rank 1] KeyError: 'missing'" in err
+    assert all(line.startswith("[rank 1] ") for line in err.splitlines()), err
+
+
+def test_ctrl_c_is_one_line_per_rank_then_abort(monkeypatch, capsys):
+    comm, aborted = _two_ranks(monkeypatch)
+    with pytest.raises(_Stop):
+        with hpcckpt.report_errors(comm):
+            raise KeyboardInterrupt
+    assert aborted == [1]
+    assert capsys.readouterr().err == "[rank 1] interrupted (KeyboardInterrupt): aborting the job\n"
+
+
+def test_a_checkpoint_error_prints_on_rank_0_only(monkeypatch, capsys):
+    for rank, lines in ((0, 1), (1, 0)):
+        comm, aborted = _two_ranks(monkeypatch, rank)
+        with pytest.raises(SystemExit) as stop:
+            with hpcckpt.report_errors(comm):
+                raise hpcckpt.CheckpointError("save of step 3 failed")
+        assert stop.value.code == 1 and aborted == []  # agreed: every rank exits, nothing to abort
+        assert len(capsys.readouterr().err.splitlines()) == lines
