@@ -15,14 +15,17 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import time
 import traceback
 
 from .collective import resolve_comm
 from .errors import CheckpointError
-from .watchdog import enabled as debug_enabled
+from .watchdog import enabled as debug_enabled, unwrapped
 
 #: The exit status of every rank after an error.
 EXIT_STATUS = 1
+#: How long a rank with a CheckpointError waits for the others to have it too (they do within moments).
+AGREE_SECONDS = 10.0
 
 
 class report_errors(contextlib.ContextDecorator):
@@ -34,7 +37,10 @@ class report_errors(contextlib.ContextDecorator):
     * A ``CheckpointError`` (hpcckpt raises it on every rank alike): rank 0
       prints one line, ``hpcckpt: error: <what happened>`` plus what to do, on
       stderr (with ``HPCCKPT_DEBUG=1`` its traceback too); every rank exits
-      with status 1 (``SystemExit``).
+      with status 1 (``SystemExit``).  The ranks check that they all have it
+      (a non-blocking barrier, error path only): a CheckpointError raised on
+      some ranks only (the application's own) is one line from each of them,
+      prefixed with the rank, and an abort after ``AGREE_SECONDS``.
     * Any other exception: the ranks that raised it print its traceback,
       each line prefixed ``[rank N]``, and abort the communicator
       (``MPI_Abort``, status 1), so that the ranks waiting in a collective end
@@ -55,7 +61,8 @@ class report_errors(contextlib.ContextDecorator):
             return False
         comm = resolve_comm(self._comm)
         rank, size = comm.Get_rank(), comm.Get_size()
-        if isinstance(exc, CheckpointError):
+        agreed = isinstance(exc, CheckpointError) and (size == 1 or every_rank_raised(comm))
+        if agreed:
             if rank == 0:
                 print(one_line(exc, size), file=sys.stderr, flush=True)
                 if debug_enabled():
@@ -64,7 +71,9 @@ class report_errors(contextlib.ContextDecorator):
             raise SystemExit(EXIT_STATUS) from None
         if size == 1:
             return False
-        if isinstance(exc, KeyboardInterrupt):  # Ctrl-C reaches every rank: one line each, not N tracebacks
+        if isinstance(exc, CheckpointError):  # raised on some ranks only (the application's own): not lost
+            text = f"[rank {rank}] {one_line(exc, 1)}; the other ranks did not raise it: aborting the job\n"
+        elif isinstance(exc, KeyboardInterrupt):  # Ctrl-C reaches every rank: one line each, not N tracebacks
             text = f"[rank {rank}] interrupted (KeyboardInterrupt): aborting the job\n"
         else:
             text = prefixed(f"[rank {rank}] ", "".join(traceback.format_exception(cls, exc, tb)))
@@ -73,6 +82,24 @@ class report_errors(contextlib.ContextDecorator):
             comm.Abort(EXIT_STATUS)
         finally:
             os._exit(EXIT_STATUS)  # MPICH's MPI_Abort may return before the process is killed: never run on
+
+
+def every_rank_raised(comm) -> bool:
+    """Whether every rank of ``comm`` reaches this error path within ``AGREE_SECONDS``: a non-blocking barrier.
+
+    hpcckpt raises a CheckpointError on every rank within moments of each
+    other; one the application raises on some ranks only would leave the
+    others waiting.  MPI never matches a non-blocking barrier with a blocking
+    collective another rank waits in, so this ends in time either way (the
+    barrier left pending is moot: the process ends next).
+    """
+    request = unwrapped(comm).Ibarrier()
+    deadline = time.monotonic() + AGREE_SECONDS
+    while not request.Test():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+    return True
 
 
 def one_line(exc: CheckpointError, size: int) -> str:

@@ -38,6 +38,14 @@ def test_an_exception_on_one_rank_is_its_traceback_and_no_rank_hangs(tmp_path, n
     assert proc.stderr.count("ValueError: a bug") == 1, proc.stderr  # once: nothing runs on after the abort
 
 
+@pytest.mark.timeout(120)
+def test_a_checkpoint_error_on_one_rank_only_is_its_line_and_no_rank_hangs(tmp_path):
+    proc = run_mpi(3, SCRIPT, tmp_path / "root", "checkpoint-error-on-one", timeout=90, check=False)
+    assert proc.returncode != 0 and "NOT REACHED" not in proc.stdout, (proc.returncode, proc.stdout)
+    assert proc.stderr.count("hpcckpt: error") == 1, proc.stderr
+    assert "[rank 1] hpcckpt: error: the application's own check failed on rank 1." in proc.stderr, proc.stderr
+
+
 def test_serial_checkpoint_error_is_one_line_and_exit_status_1(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("HPCCKPT_NO_MPI", "1")
     with pytest.raises(SystemExit) as stop:
@@ -74,11 +82,16 @@ class _Stop(Exception):
     """What the stand-in os._exit raises: the process would end here."""
 
 
-def _two_ranks(monkeypatch, rank=1):
-    """A stand-in two-rank communicator whose Abort is recorded, and an os._exit that does not end pytest."""
+def _two_ranks(monkeypatch, rank=1, others_raise=True):
+    """A stand-in two-rank communicator whose Abort is recorded, and an os._exit that does not end pytest;
+    ``others_raise``: whether the other rank reaches the error path too (the non-blocking barrier completes)."""
     from hpcckpt.collective import SerialComm
 
     aborted = []
+
+    class Request:
+        def Test(self):
+            return others_raise
 
     class Two(SerialComm):
         def Get_rank(self):
@@ -89,6 +102,9 @@ def _two_ranks(monkeypatch, rank=1):
 
         def Abort(self, code):
             aborted.append(code)
+
+        def Ibarrier(self):
+            return Request()
 
     def no_exit(code):
         raise _Stop(code)
@@ -124,3 +140,14 @@ def test_a_checkpoint_error_prints_on_rank_0_only(monkeypatch, capsys):
                 raise hpcckpt.CheckpointError("save of step 3 failed")
         assert stop.value.code == 1 and aborted == []  # agreed: every rank exits, nothing to abort
         assert len(capsys.readouterr().err.splitlines()) == lines
+
+
+def test_a_checkpoint_error_on_some_ranks_only_is_their_line_then_abort(monkeypatch, capsys):
+    monkeypatch.setattr("hpcckpt.report.AGREE_SECONDS", 0.05)
+    comm, aborted = _two_ranks(monkeypatch, 1, others_raise=False)
+    with pytest.raises(_Stop):
+        with hpcckpt.report_errors(comm):
+            raise hpcckpt.CheckpointError("my own check failed")
+    err = capsys.readouterr().err
+    assert aborted == [1] and len(err.splitlines()) == 1, err
+    assert err.startswith("[rank 1] hpcckpt: error: my own check failed.") and "did not raise it" in err

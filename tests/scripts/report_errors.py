@@ -4,7 +4,8 @@
 
 MODE ``checkpoint-error``: every rank restores from an empty root (a CheckpointError on every rank), in the
 ``with`` form; ``decorated``: the same through ``@hpcckpt.report_errors()``; ``crash-one``: rank 1 raises a
-ValueError while the other ranks enter a collective save, which would wait for it forever.
+ValueError while the other ranks enter a collective save, which would wait for it forever;
+``checkpoint-error-on-one``: rank 1 alone raises a CheckpointError while the others wait in a Barrier.
 """
 
 from __future__ import annotations
@@ -30,6 +31,13 @@ def decorated(root: str) -> None:
     restore_from_empty(root)
 
 
+def checkpoint_error_on_one(root: str) -> None:
+    if comm.rank == 1:
+        raise hpcckpt.CheckpointError("the application's own check failed on rank 1")
+    comm.Barrier()  # the other ranks wait for rank 1
+    print("NOT REACHED", flush=True)
+
+
 def crash_one(root: str) -> None:
     ck = hpcckpt.Checkpointer(root, comm=comm, track_failures=False)
     if comm.rank == 1:
@@ -44,4 +52,5 @@ if __name__ == "__main__":
         decorated(root)
     else:
         with hpcckpt.report_errors(comm):
-            {"checkpoint-error": restore_from_empty, "crash-one": crash_one}[mode](root)
+            {"checkpoint-error": restore_from_empty, "crash-one": crash_one,
+             "checkpoint-error-on-one": checkpoint_error_on_one}[mode](root)
