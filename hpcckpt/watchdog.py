@@ -110,8 +110,11 @@ def public_call() -> tuple[str, str]:
         frame = frame.f_back
     if outer is None:
         return "an hpcckpt call", "an hpcckpt call"
-    name = outer.f_code.co_qualname
-    key = name.removesuffix(".__init__") if "." in name else f"hpcckpt.{name}"  # Checkpointer(), hpcckpt.save()
+    name, module = outer.f_code.co_qualname, outer.f_globals.get("__name__", "hpcckpt")
+    if "." in name:  # a method: Checkpointer.save, Checkpointer (the constructor)
+        key = name.removesuffix(".__init__")
+    else:  # a function: hpcckpt.save (the public api module's), hpcckpt.hdf5.export...
+        key = f"{'hpcckpt' if module == 'hpcckpt.api' else module}.{name}"
     step = outer.f_locals.get("step")
     return key, f"{key}(step={step!r})" if step is not None else f"{key}()"
 

@@ -120,3 +120,25 @@ def test_a_listing_reports_what_retention_keeps(tmp_path):
         ck.save({"u": Block(np.ones(4))}, 2)
         shutil.copytree(tmp_path / "step-000000000002", tmp_path / "step-000000000001")  # not yet deleted
         assert ck.steps() == [2] and ck.latest() == 2
+
+
+def test_the_tag_of_a_function_call_names_its_module(tmp_path, monkeypatch):
+    import numpy as np
+
+    import hpcckpt
+    from hpcckpt.collective import SerialComm
+
+    seen = []
+
+    class Two(SerialComm):
+        def Get_size(self):
+            return 2
+
+        def allgather(self, obj):
+            if isinstance(obj, tuple) and len(obj) == 3:
+                seen.append(obj[0])
+            return [obj]
+
+    monkeypatch.setenv("HPCCKPT_DEBUG", "1")
+    hpcckpt.save({"u": hpcckpt.Block(np.zeros(4))}, tmp_path / "one", comm=Two(), strategy="file-per-rank")
+    assert seen and set(seen) == {"hpcckpt.save"}, seen
