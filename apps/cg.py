@@ -284,9 +284,5 @@ def restarts(args, g, b, cks, params, say, shape) -> int:
 
 
 if __name__ == "__main__":
-    try:
+    with hpcckpt.report_errors(MPI.COMM_WORLD):  # a CheckpointError: one line from rank 0; else traceback + Abort
         sys.exit(main())
-    except hpcckpt.CheckpointError as exc:
-        if MPI.COMM_WORLD.Get_rank() == 0:
-            print(f"[cg] error: {exc}", file=sys.stderr, flush=True)
-        sys.exit(1)

@@ -266,4 +266,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    with hpcckpt.report_errors():  # one process: a CheckpointError is one line, anything else its traceback
+        sys.exit(main())

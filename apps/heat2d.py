@@ -327,9 +327,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    try:
+    with hpcckpt.report_errors(MPI.COMM_WORLD):  # a CheckpointError: one line from rank 0; else traceback + Abort
         sys.exit(main())
-    except hpcckpt.CheckpointError as exc:  # raised on every rank alike: one line, from rank 0
-        if MPI.COMM_WORLD.Get_rank() == 0:
-            print(f"[heat2d] error: {exc}", file=sys.stderr, flush=True)
-        sys.exit(1)

@@ -131,7 +131,7 @@ def main() -> None:
                 comm.Barrier()
                 ck.save(state(), 100 + i)
                 during_write += stencil_loop(u, v, until=lambda: not eng.pending.writer.done)
-                ck.latest()  # commits (partner copies over MPI) and starts the flush
+                ck.engine.sync()  # commits (partner copies over MPI) and starts the flush
                 during_flush += stencil_loop(u, v, until=lambda: eng.node.flush is not None and not eng.node.flush.thread.done)
                 ck.wait()
             mean = lambda xs: statistics.fmean(xs) if xs else float("nan")  # noqa: E731

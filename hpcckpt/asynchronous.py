@@ -12,9 +12,10 @@ save_pipeline.py split in two:
 * background (one thread per rank, no MPI call in it, background.py): the
   transform stage and the file-per-rank write, into the root's version
   directory or, with ``local_dir``, into the node-local level L1.
-* the commit, at the next call into the Checkpointer (``save``, ``wait``,
-  ``latest``, ``steps``, ``restore``, ``close``; and ``should_save``/``poll``
-  when every rank's writer is already done): every rank waits for its writer,
+* the commit, at the next collective call into the Checkpointer (``save``,
+  ``wait``, ``restore``, ``close``; and ``should_save``/``poll`` when every
+  rank's writer is already done; ``latest``/``steps`` are not collective and
+  list committed versions only): every rank waits for its writer,
   all agree on failures (one rank's failure is a CheckpointError on every
   rank, and the version is removed, never committed), the levels protect it
   (partner copies, parity: levels/node.py), rank 0 writes the metadata, and
@@ -476,6 +477,19 @@ class Engine:
         root = bcast_checked(self.comm, f"listing {self.ckpt.root!r}", lambda: [
             e.name for e in list_versions(self.ckpt.root) if e.committed])
         return current([_entry(n, True, self._path(n)) for n in sorted(names | set(root))])
+
+    def committed_here(self) -> list[VersionEntry]:
+        """Committed versions this rank reads now, without MPI: the root's and its own node directory's.
+
+        The pending save is not among them (it is committed by the next
+        collective call).  With ``local_dir``, a version held only in other
+        nodes' directories (a node replaced after a failure) is missing here
+        but found by :meth:`live`.
+        """
+        names = {e.name for e in list_versions(self.ckpt.root) if e.committed}
+        if self.node is not None:
+            names |= {e.name for e in list_versions(self.node.node_dir) if e.committed}
+        return current([_entry(n, True, self._path(n)) for n in sorted(names)])
 
     def restore(self, state, step=None, strict=True, cast=False):
         from .levels.restore import restore_levels

@@ -103,6 +103,17 @@ def removable(entries: list[VersionEntry], keep: int | None) -> list[VersionEntr
     return [e for e in entries if e.name not in kept]
 
 
+def retained(entries: list[VersionEntry], keep: int | None) -> list[VersionEntry]:
+    """The committed versions retention keeps (``current`` less what :func:`removable` takes), oldest first.
+
+    What a rank's own listing reports: rank 0 applies retention after a save
+    has returned on the other ranks, so a rank listing meanwhile still finds
+    versions about to go; this answer is the same before and after.
+    """
+    gone = {e.name for e in removable(entries, keep)}
+    return [e for e in current(entries) if e.name not in gone]
+
+
 def remove_versions(entries: list[VersionEntry]) -> list[str]:
     """Delete the given version directories; warn (do not fail) for any that resist.
 

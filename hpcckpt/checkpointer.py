@@ -10,7 +10,7 @@ import weakref
 
 from . import rootlock
 from .collective import agree, best_effort, on_root, resolve_comm
-from .catalog import check_step, current, list_versions, new_version_name, remove_versions, removable
+from .catalog import check_step, current, list_versions, new_version_name, remove_versions, removable, retained
 from .errors import CheckpointError, TemplateMismatchError
 from .loading import load_version
 from .pacing import Pacer
@@ -113,16 +113,37 @@ class Checkpointer:
         live = agree(self.comm, f"listing {self.root!r}", lambda: on_root(self.comm, lambda: current(list_versions(self.root))))
         return self.comm.bcast(live, root=0)
 
+    def _committed_here(self) -> list:
+        """The committed versions as this rank reads them now, without MPI (see :meth:`steps`)."""
+        self._check_open()
+        try:
+            if self.engine is not None:
+                return retained(self.engine.committed_here(), self.keep)
+            return retained(list_versions(self.root), self.keep)
+        except OSError as exc:
+            raise CheckpointError(f"listing {self.root!r} failed on rank {self.comm.Get_rank()}: "
+                                  f"{type(exc).__name__}: {exc}") from exc
+
     @_shielded
     def latest(self) -> int | None:
-        """The newest committed step, or None (the same answer on every rank)."""
-        live = self._live()
+        """The newest committed step, or None; not collective (see :meth:`steps`)."""
+        live = self._committed_here()
         return live[-1].step if live else None
 
     @_shielded
     def steps(self) -> list[int]:
-        """Every committed step, oldest first."""
-        return [e.step for e in self._live()]
+        """Every committed step, oldest first; not collective: any subset of the ranks may call it.
+
+        The calling rank reads the catalog from the file system (the root's
+        committed versions, and with ``local_dir`` its own node directory's,
+        less those ``keep`` retires: rank 0 may still be deleting them), so
+        every rank sees what the collective :meth:`restore` would choose from.
+        An asynchronous save still pending (its SaveResult says ``pending``) is
+        not listed: it is committed by the next collective call (``save``,
+        ``should_save``/``maybe_save`` once written, ``wait``, ``restore``,
+        ``close``); call :meth:`wait` on every rank first to see it.
+        """
+        return [e.step for e in self._committed_here()]
 
     def register(self, state) -> "Checkpointer":
         """Keep ``state`` for every later :meth:`save`, :meth:`maybe_save` and :meth:`restore` called without one.

@@ -110,6 +110,8 @@ def test_serial_asynchronous_round_trip(tmp_path):
         res = ck.save({"a": Block(a), "t": 1}, 1)
         assert res.pending and res.bytes_written == 0 and res.strategy == "file-per-rank"
         a[:] = -1
+        assert ck.latest() is None  # pending: not committed yet (latest() is not collective, commits nothing)
+        ck.wait()
         assert ck.latest() == 1
         b = np.zeros(1000)
         ck.restore({"a": Block(b), "t": None})
@@ -184,8 +186,9 @@ def test_save_blocks_only_for_the_copy_and_skip_if_busy(comm, mpi_tmp, monkeypat
         assert time.perf_counter() - t < 0.4
         assert ck.save({"u": _block(comm, a)}, 2) is None  # busy: skipped, counted
         assert ck.skipped == 1
-        assert ck.latest() == 1  # waits for and commits step 1
-        assert ck.steps() == [1]
+        assert ck.latest() is None  # step 1 is pending: latest() lists committed versions only
+        ck.wait()
+        assert ck.steps() == [1] and ck.latest() == 1
     assert blocking and blocking[0] < 0.4  # the pacer sees the foreground part only
 
 
@@ -204,6 +207,7 @@ def test_failure_in_background_is_every_ranks_error_and_not_committed(comm, mpi_
     assert not os.path.exists(os.path.join(mpi_tmp, "step-000000000001"))
     monkeypatch.undo()
     ck.save({"u": _block(comm, a)}, 2)
+    ck.wait()
     assert ck.steps() == [2]
     ck.close()
 
@@ -258,4 +262,5 @@ def test_layout_change_on_one_rank_is_reconciled_at_the_commit(comm, mpi_tmp):
             ck.wait()
         assert not ck.engine.plan_cache.valid
         ck.save({"p": Ragged(rows(3, comm.rank)), "u": _block(comm, a)}, 5)
+        ck.wait()
         assert ck.steps() == [1, 2, 3, 5]

@@ -114,8 +114,9 @@ class CheckpointerMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.committed)
     @rule(data=st.data())
     def restore(self, data):
-        steps = self.ck.steps()
+        self.ck.wait()  # steps() lists committed versions only: commit the pending save first
         self._commit_pending()
+        steps = self.ck.steps()
         step = data.draw(st.sampled_from(steps))
         u, p = self.committed[step]
         got = self.ck.restore({"u": Block(np.zeros(N)), "p": Ragged(rows=p.shape[0]), "step": None}, step=step)

@@ -211,7 +211,7 @@ def test_ls_shows_levels_and_a_flush_in_progress(tmp_path, capsys):
     with _serial_ck(tmp_path, asynchronous=True, flush_every=2) as ck:
         for step in (1, 2, 3):
             ck.save({"u": Block(a)}, step)
-        ck.latest()  # commits step 3: due for a flush (count 2)
+        ck.engine.sync()  # commits step 3: due for a flush (count 2)
         assert ck.engine.node.flushing == "step-000000000003"
         assert (tmp_path / "root" / "flush-in-progress.json").exists()
         ck.engine.node.flush.thread.join()

@@ -23,6 +23,7 @@ def write_shared_file(ctx: TransportContext, pieces) -> Written:
     from mpi4py import MPI
 
     from ..collective import SerialComm
+    from ..watchdog import unwrapped
 
     comm = MPI.COMM_SELF if isinstance(ctx.comm, SerialComm) else ctx.comm
     failure = None
@@ -41,7 +42,7 @@ def write_shared_file(ctx: TransportContext, pieces) -> Written:
     for key, value in ctx.mpiio_hints.items():
         info.Set(str(key), str(value))
     path = os.path.join(ctx.directory, SHARED_FILE)
-    fh = MPI.File.Open(comm, path, MPI.MODE_WRONLY | MPI.MODE_CREATE | MPI.MODE_EXCL, info)
+    fh = MPI.File.Open(unwrapped(comm), path, MPI.MODE_WRONLY | MPI.MODE_CREATE | MPI.MODE_EXCL, info)
     info.Free()
     out = Written()
     empty = np.empty(0, np.uint8)

@@ -74,7 +74,7 @@ def flushkill(root, local, opts):
     ck.wait()  # step 1 committed on L1 and flushed to the root
     a[:] = values(2, rank)
     ck.save({"u": Block(a, (rank * N,), (size * N,)), "step": 2}, 2)
-    ck.latest()  # commits step 2 on L1 and starts its (throttled) flush
+    ck.engine.sync()  # commits step 2 on L1 and starts its (throttled) flush
     assert ck.engine.node.flushing is not None
     time.sleep(0.3)
     comm.Barrier()
@@ -96,7 +96,7 @@ def failwrite(root, local, opts):
     ck.save({"u": Block(a, (rank * N,), (size * N,)), "step": 1}, 1)  # returns: the failure is in the background
     print(f"rank {rank}: OK save returned", flush=True)
     try:
-        ck.latest()
+        ck.engine.sync()  # commits the pending save: the background failure surfaces
     except CheckpointError as exc:
         assert "rank 1" in str(exc) and "injected" in str(exc), str(exc)
         print(f"rank {rank}: OK CheckpointError at the next call: {exc}", flush=True)
@@ -109,6 +109,7 @@ def failwrite(root, local, opts):
         assert not os.path.exists(os.path.join(d, "metadata.json")), d
     a[:] = values(2, rank)  # the next save works
     ck.save({"u": Block(a, (rank * N,), (size * N,)), "step": 2}, 2)
+    ck.engine.sync()
     assert ck.latest() == 2
     ck.close()
     print(f"rank {rank}: OK next save committed", flush=True)
@@ -121,7 +122,7 @@ def failclose(root, local, opts):
     ck = make(root, local, opts)
     a[:] = values(1, rank)
     ck.save({"u": Block(a, (rank * N,), (size * N,)), "step": 1}, 1)
-    ck.latest()  # commits step 1 on L1 and starts its (throttled) flush
+    ck.engine.sync()  # commits step 1 on L1 and starts its (throttled) flush
     assert ck.engine.node.flushing == "step-000000000001"
 
     def full(self, buffer):
