@@ -101,11 +101,13 @@ def public_call() -> tuple[str, str]:
 
     ``key`` (``"Checkpointer.save"``) is what the ranks must agree on;
     ``shown`` adds the step when the call has one (``"Checkpointer.save(step=10)"``).
+    Nested functions (decorators' wrappers, such as the Checkpointer's signal
+    shield) are never the call itself: the function they wrap is.
     """
     frame, outer = sys._getframe(1), None
     while frame is not None:
         path = os.path.abspath(frame.f_code.co_filename)
-        if path.startswith(_PACKAGE + os.sep) and path != _SELF:
+        if path.startswith(_PACKAGE + os.sep) and path != _SELF and "<locals>" not in frame.f_code.co_qualname:
             outer = frame
         frame = frame.f_back
     if outer is None:
