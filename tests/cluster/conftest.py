@@ -80,7 +80,7 @@ def cluster(node_cluster, request):
         if name not in c.holders:
             c.add_node(i)
     for name in list(c.holders):  # spares of an earlier test
-        if name not in c.names:
+        if name not in c.names and name not in c.service:
             c.lose(name)
     for name in c.names:  # node-local storage starts empty for every test
         c.run(name, "sh", "-c", f"rm -rf {c.local}/* {c.local}/.[!.]*", check=False)
@@ -153,11 +153,54 @@ def job(cluster):
     yield start
     for j in jobs:
         j.kill()
-    for name in list(cluster.holders):  # ranks that outlived their mpiexec (found by namespace)
-        holder = cluster.holders[name].pid
-        for pid in cluster.processes(name):
-            if pid != holder:
-                try:
-                    os.kill(pid, 9)
-                except ProcessLookupError:
-                    pass
+    for name in cluster.names:  # ranks and proxies that outlived their mpiexec (by namespace, then by name)
+        if name in cluster.holders:
+            for pid in cluster.processes(name):
+                if is_job_process(pid):
+                    try:
+                        os.kill(pid, 9)
+                    except ProcessLookupError:
+                        pass
+
+
+def is_job_process(pid: int) -> bool:
+    """A process of an MPI job (a rank of this Python, a hydra proxy), not a daemon or a holder."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv0 = f.read().split(b"\0")[0].decode(errors="replace")
+    except OSError:
+        return False
+    return argv0 == sys.executable or os.path.basename(argv0) in ("hydra_pmi_proxy", "mpiexec", "mpiexec.hydra")
+
+
+@pytest.fixture(scope="session")
+def slurm_nodes(node_cluster, request):
+    """slurmctld on a head node, a slurmd on every compute node, munged (slurmcluster.py), once a session."""
+    import slurmcluster
+
+    why = slurmcluster.ensure_installed()
+    if why:
+        pytest.skip(f"no SLURM for the cluster tests: {why}")
+    s = slurmcluster.ClusterSlurm(node_cluster, os.path.join(node_cluster.dir, "slurm"))
+
+    def finish():
+        s.stop()
+        assert not s.alive(), f"SLURM daemons still running after stop: {s.alive()}"
+
+    request.addfinalizer(finish)
+    t0 = time.monotonic()
+    try:
+        s.start()
+    except RuntimeError as exc:
+        pytest.fail(f"could not bring up SLURM on the nodes: {exc}")
+    s.up_seconds = time.monotonic() - t0
+    print(f"\n[cluster] SLURM up in {s.up_seconds:.2f} s on {node_cluster.names}")
+    return s
+
+
+@pytest.fixture
+def slurm(slurm_nodes, cluster):
+    """The SLURM of the nodes with a slurmd on every compute node (nodes a previous test lost are back)."""
+    slurm_nodes.revive()
+    yield slurm_nodes
+    slurm_nodes.cancel_all()

@@ -117,6 +117,7 @@ class NodeCluster:
         self.launcher = os.path.join(self.dir, "nsrsh")
         self.holders: dict[str, subprocess.Popen] = {}  # node name -> holder process (this object's children)
         self.index: dict[str, int] = {}  # node name -> i (its address 10.77.0.<i+1>, its veth)
+        self.service: set[str] = set()  # nodes that are not compute nodes (a SLURM head node)
         self.up_seconds = None
 
     def name(self, i: int) -> str:
@@ -136,9 +137,7 @@ class NodeCluster:
             with open(self.launcher, "w") as f:
                 f.write(LAUNCHER.format(nodes=self.nodes_dir))
             os.chmod(self.launcher, 0o755)
-            with open(os.path.join(self.dir, "hosts"), "w") as f:
-                f.write("127.0.0.1 localhost\n")
-                f.write("".join(f"{SUBNET}.{i + 1} {self.name(i)}\n" for i in range(self.k + 4)))  # + spares
+            self.write_hosts()
             _sh("ip", "link", "add", self.bridge, "type", "bridge")
             _sh("ip", "link", "set", self.bridge, "up")
             for i in range(self.k):
@@ -149,12 +148,21 @@ class NodeCluster:
         self.up_seconds = time.monotonic() - t0
         return self
 
-    def add_node(self, i: int) -> str:
-        """Start node i (also a spare or a replacement: a fresh node with an empty tmpfs)."""
-        name = self.name(i)
+    def write_hosts(self) -> None:
+        """The nodes' /etc/hosts: every node ever started (rewritten in place: the nodes bind-mount it)."""
+        with open(os.path.join(self.dir, "hosts"), "w") as f:
+            f.write("127.0.0.1 localhost\n" + "".join(f"{SUBNET}.{i + 1} {n}\n" for n, i in self.index.items()))
+
+    def address(self, node: str) -> str:
+        return f"{SUBNET}.{self.index[node] + 1}"
+
+    def add_node(self, i: int, name: str | None = None) -> str:
+        """Start node i (also a spare or a replacement: a fresh node with an empty tmpfs); address .i+1."""
+        name = name or self.name(i)
         holder = subprocess.Popen(["unshare", "--uts", "--mount", "--net", "--propagation", "private",
                                    "sleep", "infinity"], stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
         self.holders[name], self.index[name] = holder, i
+        self.write_hosts()
         deadline = time.monotonic() + 10
         while _ns_id(holder.pid, "uts") == _ns_id(os.getpid(), "uts"):  # until unshare has exec'd sleep
             if holder.poll() is not None or time.monotonic() > deadline:

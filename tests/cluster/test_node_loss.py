@@ -101,3 +101,27 @@ def test_two_lost_nodes_of_a_parity_group_fall_back_to_the_shared_root(cluster, 
     out = restore(cluster, job, survivors(cluster, [n[1], n[2]]), root, 1, "L4", opts)
     assert "rank(s) [1, 2] of parity group [0, 1, 2, 3] are lost together" in out, out
     assert "restoring step-000000000001 from the shared root (L4)" in out, out
+
+
+@pytest.mark.parametrize("partner", [True, False])
+def test_node_lost_during_the_flush_restores_a_complete_version_never_the_partial_one(cluster, job, partner):
+    """The flush of step 2 to the shared root is under way (throttled) when a node is lost.
+
+    With partner copies, step 2 is complete on the node-local levels (L2); without, it is complete
+    nowhere, and the restore takes step 1 from the root -- never the root's partial step 2."""
+    opts = {"asynchronous": True, "flush_every": 1, "flush_bandwidth": 4000,  # ~6 s per 24 KB file
+            "partner_every": 1 if partner else 0}
+    n = cluster.names
+    root = os.path.join(cluster.test_dir, "root")
+    j = job([(x, 1) for x in n], SCRIPT, "flushing", root, cluster.local, json.dumps(opts))
+    j.wait_for("OK running during the flush of step-000000000002", 4)
+    cluster.lose(n[2])
+    assert j.wait(timeout=60) != 0
+    assert os.path.exists(os.path.join(root, "step-000000000001", "metadata.json"))
+    assert not os.path.exists(os.path.join(root, STEP2, "metadata.json")), "the flush cannot have finished"
+    assert os.listdir(os.path.join(root, STEP2, "data")), "the root must hold a partial step 2"
+    step, level = (2, "L2") if partner else (1, "L4")
+    out = restore(cluster, job, survivors(cluster, [n[2]]), root, step, level, opts)
+    if not partner:
+        assert (f"{STEP2} cannot be restored from the node-local levels: the files of rank(s) [2] are on no "
+                "surviving node") in out, out
