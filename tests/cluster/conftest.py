@@ -54,7 +54,7 @@ def node_cluster(request):
     if why:
         pytest.skip(f"no namespace cluster for the tests: {why}")
     nodecluster.sweep()
-    c = nodecluster.NodeCluster(K)
+    c = nodecluster.NodeCluster(K, link_rate=os.environ.get("HPCCKPT_CLUSTER_LINK_RATE") or None)
 
     def finish():
         c.stop()

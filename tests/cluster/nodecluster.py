@@ -5,6 +5,8 @@ made with ``unshare``:
 
 * a network namespace with ``lo`` and an ``eth0`` (one end of a veth pair whose
   other end is a port of a private bridge), address ``10.77.0.<i+1>/24``;
+  optionally limited in bandwidth (``link_rate``: a ``tc`` token bucket;
+  this kernel has no ``netem`` for latency);
 * a UTS namespace: its own hostname (``<prefix>n<i>``), so MPI's processor
   name and ``COMM_TYPE_SHARED`` see distinct nodes without ``ranks_per_node``;
 * a mount namespace (propagation private) with a private tmpfs on
@@ -106,8 +108,9 @@ exec nsenter -t "$pid" -u -m -n --wd="$PWD" -- sh -c "$*"
 class NodeCluster:
     """K namespace nodes on a private bridge; see the module docstring."""
 
-    def __init__(self, k: int = 4, workdir: str | None = None):
+    def __init__(self, k: int = 4, workdir: str | None = None, link_rate: str | None = None):
         self.k = k
+        self.link_rate = link_rate  # e.g. "1gbit": a tbf bandwidth limit on every node's eth0 (egress)
         self.dir = workdir or tempfile.mkdtemp(prefix="hpcckpt-cluster-", dir="/tmp")
         self.prefix = f"hk{os.getpid()}"
         self.bridge = f"{self.prefix}b"
@@ -174,6 +177,8 @@ class NodeCluster:
         setup = (f"hostname {name} && ip link set lo up && ip addr add {SUBNET}.{i + 1}/24 dev eth0 && "
                  f"ip link set eth0 up && mount -t tmpfs -o size=512m,mode=0755 tmpfs {self.local} && "
                  f"mount -t tmpfs -o mode=1777 tmpfs /dev/shm && mount --bind {self.dir}/hosts /etc/hosts")
+        if self.link_rate:
+            setup += f" && tc qdisc add dev eth0 root tbf rate {self.link_rate} burst 64kb latency 50ms"
         _sh("nsenter", "-t", str(holder.pid), "-u", "-m", "-n", "--", "sh", "-c", setup)
         with open(os.path.join(self.nodes_dir, f"{name}.pid"), "w") as f:
             f.write(f"{holder.pid}\n")
@@ -228,7 +233,15 @@ class NodeCluster:
                     pass
             time.sleep(0.05)
         holder.wait(timeout=timeout)
-        subprocess.run(["ip", "link", "del", f"{self.prefix}v{self.index[node]}"], capture_output=True)
+        # The kernel removes the veth pair once the network namespace is freed.  Deleting it here
+        # instead could drop the last packets of the killed processes (their FINs) still queued on
+        # it, and then mpiexec would never learn that its proxy on this node is gone.
+        veth = f"{self.prefix}v{self.index[node]}"
+        while veth in link_names():
+            if time.monotonic() > deadline:
+                subprocess.run(["ip", "link", "del", veth], capture_output=True)
+                break
+            time.sleep(0.05)
         try:
             os.unlink(os.path.join(self.nodes_dir, f"{node}.pid"))
         except FileNotFoundError:
@@ -246,7 +259,9 @@ class NodeCluster:
                 self.lose(node)
             except (RuntimeError, subprocess.TimeoutExpired):
                 pass
-        subprocess.run(["ip", "link", "del", self.bridge], capture_output=True)
+        for name in link_names():  # by name: the bridge and any veth left behind
+            if name == self.bridge or name.startswith(f"{self.prefix}v"):
+                subprocess.run(["ip", "link", "del", name], capture_output=True)
 
     def leftovers(self) -> list[str]:
         """What of this cluster still exists (holders, interfaces): empty after a clean stop()."""

@@ -58,7 +58,8 @@ def restore(cluster, job, hosts, root, step, level, opts):
     return out
 
 
-def test_lost_node_restores_from_partner_copy_on_the_survivors(cluster, job):
+@pytest.mark.parametrize("relaunch", ["survivors", "spare"])
+def test_lost_node_restores_from_partner_copy(cluster, job, relaunch):
     opts = {"asynchronous": True, "partner_every": 1, "flush_every": 2}
     n = cluster.names
 
@@ -69,8 +70,14 @@ def test_lost_node_restores_from_partner_copy_on_the_survivors(cluster, job):
         assert len([x for x in n if x != n[2] and "part-000002.bin" in held[x]]) == 1, held
 
     root = run_and_lose(cluster, job, opts, [n[2]], partner_copy_crossed)
-    out = restore(cluster, job, survivors(cluster, [n[2]]), root, 2, "L2", opts)
-    assert out.count(f"on {n[0]}") == 2 and f"on {n[2]}" not in out, out
+    if relaunch == "survivors":
+        out = restore(cluster, job, survivors(cluster, [n[2]]), root, 2, "L2", opts)
+        assert out.count(f"on {n[0]}") == 2 and f"on {n[2]}" not in out, out
+    else:
+        spare = cluster.add_node(cluster.k)
+        out = restore(cluster, job, [(n[0], 1), (n[1], 1), (spare, 1), (n[3], 1)], root, 2, "L2", opts)
+        assert f"rank 2: OK restored step 2 from L2 on {spare}" in out, out
+        assert "part-000002.bin" in files_on(cluster, spare)  # copied onto the replacement node
 
 
 @pytest.mark.parametrize("relaunch", ["survivors", "spare"])
