@@ -76,18 +76,23 @@ def node_cluster(request):
 def cluster(node_cluster, request):
     """The session cluster with all K nodes alive, and ``cluster.test_dir`` fresh on the shared file system."""
     c = node_cluster
-    for i, name in enumerate(c.names):
-        if name not in c.holders:
-            c.add_node(i)
-    for name in list(c.holders):  # spares of an earlier test
-        if name not in c.names and name not in c.service:
-            c.lose(name)
+    all_compute_nodes_up(c)
     for name in c.names:  # node-local storage starts empty for every test
         c.run(name, "sh", "-c", f"rm -rf {c.local}/* {c.local}/.[!.]*", check=False)
     c.test_dir = os.path.join(c.shared, request.node.name)
     shutil.rmtree(c.test_dir, ignore_errors=True)
     os.makedirs(c.test_dir)
     yield c
+
+
+def all_compute_nodes_up(c) -> None:
+    """Replace the compute nodes an earlier test lost (fresh, empty tmpfs) and remove its spares."""
+    for i, name in enumerate(c.names):
+        if name not in c.holders:
+            c.add_node(i)
+    for name in list(c.holders):
+        if name not in c.names and name not in c.service:
+            c.lose(name)
 
 
 class Job:
@@ -181,6 +186,7 @@ def slurm_nodes(node_cluster, request):
     why = slurmcluster.ensure_installed()
     if why:
         pytest.skip(f"no SLURM for the cluster tests: {why}")
+    all_compute_nodes_up(node_cluster)  # a slurmd for each
     s = slurmcluster.ClusterSlurm(node_cluster, os.path.join(node_cluster.dir, "slurm"))
 
     def finish():

@@ -28,8 +28,9 @@ namespace, its tmpfs and the node's network interface vanish with them.
 made is named ``hk<pid>...`` (the creating process's pid), so ``sweep()``
 also removes the interfaces of a cluster whose creator died.
 
-By hand: ``python tests/cluster/nodecluster.py [K]`` brings a cluster up,
-prints how to enter a node and run an MPI job, and tears it down on Ctrl-C.
+By hand: ``python tests/cluster/nodecluster.py [K] [--slurm]`` brings a cluster
+up (with SLURM on it), prints how to enter a node and run an MPI job, and tears
+it down on Ctrl-C (docs/testing.md).
 """
 
 from __future__ import annotations
@@ -287,23 +288,44 @@ def sweep() -> list[str]:
     return removed
 
 
-if __name__ == "__main__":
+def main(argv: list[str]) -> None:
+    """Bring a cluster up by hand (``[K] [--slurm]``), print how to use it, tear it down on Ctrl-C."""
     why = unavailable()
     if why:
         sys.exit(why)
     signal.signal(signal.SIGTERM, lambda *a: (_ for _ in ()).throw(KeyboardInterrupt))
-    cluster = NodeCluster(int(sys.argv[1]) if len(sys.argv) > 1 else 4).start()
-    first = cluster.names[0]
-    print(f"{cluster.k} nodes up in {cluster.up_seconds:.2f} s under {cluster.dir}: {cluster.names}\n"
-          f"  enter a node:  {' '.join(cluster.enter(first))} bash\n"
-          f"  an MPI job:    {' '.join(cluster.mpiexec_cmd([(n, 1) for n in cluster.names], 'mpiexec', ['hostname']))}\n"
-          f"  lose a node:   kill -9 every pid whose /proc/PID/ns/uts is that of {cluster.nodes_dir}/NODE.pid\n"
-          "Ctrl-C stops it.", flush=True)
+    k = int(next((a for a in argv if a.isdigit()), 4))
+    cluster = NodeCluster(k, link_rate=os.environ.get("HPCCKPT_CLUSTER_LINK_RATE") or None).start()
+    slurm = None
     try:
+        first = cluster.names[0]
+        hosts = [(n, 1) for n in cluster.names]
+        print(f"{k} nodes up in {cluster.up_seconds:.2f} s under {cluster.dir}: {' '.join(cluster.names)}\n"
+              f"  node-local (L1) on every node: {cluster.local}; shared (L4): {cluster.shared}\n"
+              f"  enter a node:  {' '.join(cluster.enter(first))} bash\n"
+              f"  an MPI job:    {' '.join(cluster.mpiexec_cmd(hosts, 'mpiexec', ['hostname']))}\n"
+              f"  lose a node:   kill -9 every process whose /proc/PID/ns/uts is that of the pid in "
+              f"{cluster.nodes_dir}/NODE.pid", flush=True)
+        if "--slurm" in argv:
+            import slurmcluster
+
+            why = slurmcluster.ensure_installed()
+            if why:
+                sys.exit(why)
+            slurm = slurmcluster.ClusterSlurm(cluster, os.path.join(cluster.dir, "slurm")).start()
+            print(f"  SLURM: export SLURM_CONF={slurm.conf}; run sbatch/srun/sinfo on the head node: "
+                  f"{' '.join(cluster.enter(slurm.head))} sinfo", flush=True)
+        print("Ctrl-C stops it.", flush=True)
         signal.pause()
     except KeyboardInterrupt:
         pass
     finally:
+        if slurm is not None:
+            slurm.stop()
         cluster.stop()
-        print("stopped; left:", cluster.leftovers())
+        print("stopped; left:", cluster.leftovers(), flush=True)
         shutil.rmtree(cluster.dir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -107,7 +107,7 @@ def test_preempt_requeue_lose_a_node_resubmit_on_two_bitwise(cluster, slurm):
     text = job.text()
     assert job.field("ExitCode") == "0:0", text
     stop1 = stopped_at(text)
-    assert f"4 ranks on a 2 x 2 process grid" in text and f"start on {n[0]}" in text, text
+    assert "4 ranks on a 2 x 2 process grid" in text and f"start on {n[0]}" in text, text
     job.wait("the nodes to be idle", lambda: set(job.client("sinfo", "-h", "-N", "-o", "%t").stdout.split())
              == {"idle"}, 30)
     time.sleep(2)  # a rerun of the same job id within the second of its end gets a revoked credential
