@@ -47,18 +47,25 @@ import time
 
 PR_SET_PDEATHSIG = 1
 SUBNET = "10.77.0"
-REQUIRED = ("unshare", "nsenter", "ip", "mount")
+REQUIRED = ("unshare", "nsenter", "mount", "ip", "tc")
+#: Debian packages of those programs: installed with apt-get when missing (root, as the SLURM tests do).
+APT_PACKAGES = ("util-linux", "mount", "iproute2")
 
 
 def unavailable() -> str | None:
-    """Why this machine cannot make namespace nodes (None when it can): checked by trying once."""
+    """Why this machine cannot make namespace nodes (None when it can): checked by trying once.
+
+    Missing programs are installed first (apt-get, as root), as tests/slurm does for SLURM (tests/aptget.py)."""
     if not sys.platform.startswith("linux"):
         return "namespace nodes need Linux"
     if os.geteuid() != 0:
         return "namespace nodes need root (network namespaces, veth pairs, a bridge, tmpfs mounts)"
-    missing = [p for p in REQUIRED if shutil.which(p) is None]
-    if missing:
-        return f"missing programs: {', '.join(missing)}"
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/, for aptget.py
+    from aptget import apt_install
+
+    why = apt_install(APT_PACKAGES, lambda: [p for p in REQUIRED if shutil.which(p) is None])
+    if why:
+        return why
     probe = subprocess.run(["unshare", "--uts", "--mount", "--net", "--propagation", "private", "true"],
                            capture_output=True, text=True)
     if probe.returncode != 0:
