@@ -101,8 +101,9 @@ class Job:
     def __init__(self, cluster, hosts, script, *args, env=None, tag="job"):
         self.cluster = cluster
         self.out = os.path.join(cluster.test_dir, f"{tag}.out")
-        mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-        self.cmd = cluster.mpiexec_cmd(hosts, mpiexec, [sys.executable, script, *map(str, args)])
+        from mpitools import mpiexec_path
+
+        self.cmd = cluster.mpiexec_cmd(hosts, mpiexec_path(), [sys.executable, script, *map(str, args)])
         full_env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), **(env or {}))
         full_env.pop("HPCCKPT_RANKS_PER_NODE", None)  # real nodes: MPI says which ranks share one
         with open(self.out, "w") as f:

@@ -90,8 +90,9 @@ def test_preempt_requeue_lose_a_node_resubmit_on_two_bitwise(cluster, slurm):
 
     # -- the reference: one uninterrupted 4-rank run (plain mpiexec on the host) -----------------
     ref = os.path.join(work, "ref")
-    mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-    subprocess.run([mpiexec, "-n", "4", sys.executable, APP, "--root", os.path.join(work, "ref-ckpt"), *APP_ARGS,
+    from mpitools import mpiexec_path
+
+    subprocess.run([mpiexec_path(), "-n", "4", sys.executable, APP, "--root", os.path.join(work, "ref-ckpt"), *APP_ARGS,
                     "--quiet", "--out", ref], env=env, check=True, capture_output=True, timeout=120)
     timings["reference"] = time.time() - t0
 
