@@ -1,9 +1,11 @@
-"""Multi-level checkpointing (issue 7): layouts and rebuild plans (pure), and node-loss scenarios under mpiexec.
+"""Multi-level checkpointing (issue 7): layouts and rebuild plans (pure), and failures of the levels under mpiexec.
 
-"Losing a node" = the run ends (every rank exits) and the node's local
-directory is deleted; the relaunched run must restore exact data from the
-partner copies (L2) or XOR parity (L3), or fall back to the shared root (L4)
-with a message that says why.  Simulated nodes: HPCCKPT_RANKS_PER_NODE.
+The node-loss scenarios (L2 from a partner copy, L3 from parity, L4 when two
+nodes of a parity group are lost, a node lost during the flush) run on real
+namespace nodes in tests/cluster/test_node_loss.py.  The scenarios here
+(background write failures, SIGKILL of every rank during the flush) need no
+distinct nodes: they use simulated nodes (HPCCKPT_RANKS_PER_NODE, one rank
+each, ``local_dir/node-<k>``), which also keeps that code path tested.
 """
 
 from __future__ import annotations
@@ -84,40 +86,6 @@ def _run(n, rpn, *args, check=True):
     from mpitools import run_mpi
 
     return run_mpi(n, SCRIPT, *args, env={"HPCCKPT_RANKS_PER_NODE": str(rpn)}, timeout=90, check=check)
-
-
-def _lose(local, *nodes):
-    for k in nodes:
-        shutil.rmtree(os.path.join(local, f"node-{k}"))
-
-
-def test_lose_one_node_restores_from_partner(tmp_path):
-    root, local = tmp_path / "root", tmp_path / "local"
-    opts = json.dumps({"asynchronous": True, "partner_every": 1, "flush_every": 2})
-    _run(4, 2, "save", root, local, 2, opts)  # step 1 reaches the root, step 2 only the node-local levels
-    assert not os.path.exists(root / "step-000000000002")
-    _lose(local, 1)
-    out = _run(4, 2, "restore", root, local, 2, "L2", opts)
-    assert out.stdout.count("OK restored step 2 from L2") == 4
-    assert sorted(os.listdir(local / "node-1" / "step-000000000002" / "data")) == [
-        "part-000002.bin", "part-000003.bin"]  # rebuilt on the replacement node
-
-
-def test_lose_nodes_parity_rebuilds_one_and_falls_back_for_two(tmp_path):
-    root, local, saved = tmp_path / "root", tmp_path / "local", tmp_path / "saved"
-    opts = json.dumps({"asynchronous": True, "parity_every": 1, "parity_group": 4, "flush_every": 2})
-    _run(4, 1, "save", root, local, 2, opts)
-    shutil.copytree(local, saved)
-    _lose(local, 2)
-    out = _run(4, 1, "restore", root, local, 2, "L3", opts)
-    assert out.stdout.count("OK restored step 2 from L3") == 4
-    shutil.rmtree(local)
-    shutil.copytree(saved, local)
-    _lose(local, 1, 2)  # two members of the one parity group
-    out = _run(4, 1, "restore", root, local, 1, "L4", opts)
-    assert out.stdout.count("OK restored step 1 from L4") == 4
-    assert "rank(s) [1, 2] of parity group [0, 1, 2, 3] are lost together" in out.stdout
-    assert "restoring step-000000000001 from the shared root (L4)" in out.stdout
 
 
 def test_background_write_failure_on_one_rank(tmp_path):

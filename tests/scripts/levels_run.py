@@ -2,6 +2,11 @@
 
     levels_run.py save ROOT LOCAL NSTEPS OPTIONS_JSON        save steps 1..NSTEPS, close
     levels_run.py restore ROOT LOCAL STEP LEVEL OPTIONS_JSON  restore, check exact data of STEP and the level
+    levels_run.py running ROOT LOCAL NSTEPS OPTIONS_JSON     save steps 1..NSTEPS (the first flushed), commit the
+                                                              last on the node-local levels, print "OK running",
+                                                              then go on computing until killed (a node is lost)
+    levels_run.py flushing ROOT LOCAL OPTIONS_JSON            save 1 (flushed), save 2 (committed on the node-local
+                                                              levels, its flush started), go on until killed
     levels_run.py flushkill ROOT LOCAL OPTIONS_JSON           save 1 (flushed), save 2, SIGKILL every rank mid-flush
     levels_run.py failwrite ROOT LOCAL OPTIONS_JSON           a background write fails on rank 1
     levels_run.py failclose ROOT LOCAL OPTIONS_JSON           save 1 (flush in progress), save 2 fails (node-local
@@ -63,7 +68,43 @@ def restore(root, local, step, level, opts):
     assert out["step"] == step, (out["step"], step)
     assert np.array_equal(a, values(step, rank)), "restored data differ"
     assert got_level == level, (got_level, level)
-    print(f"rank {rank}: OK restored step {step} from {got_level}", flush=True)
+    print(f"rank {rank}: OK restored step {step} from {got_level} on {MPI.Get_processor_name()}", flush=True)
+
+
+def running(root, local, nsteps, opts):
+    a = np.empty(N)
+    ck = make(root, local, opts)
+    for s in range(1, nsteps + 1):
+        a[:] = values(s, rank)
+        ck.save({"u": Block(a, (rank * N,), (size * N,)), "step": s}, s)
+        a[:] = np.nan
+        if s == 1:
+            ck.wait()  # the first version is committed on every level it is due for, the root included
+    ck.latest()  # commits the last save on the node-local levels (and its partner copies / parity)
+    print(f"rank {rank}: OK running after step {nsteps} on {MPI.Get_processor_name()}", flush=True)
+    compute_until_killed()
+
+
+def compute_until_killed():
+    """The application goes on (without calling the Checkpointer) until a node loss ends the job."""
+    while True:
+        comm.Barrier()
+        time.sleep(0.05)
+
+
+def flushing(root, local, opts):
+    a = np.empty(N)
+    ck = make(root, local, opts)
+    for s in (1, 2):
+        a[:] = values(s, rank)
+        ck.save({"u": Block(a, (rank * N,), (size * N,)), "step": s}, s)
+        a[:] = np.nan
+        if s == 1:
+            ck.wait()  # step 1 committed everywhere, the root included
+    ck.latest()  # commits step 2 on the node-local levels and starts its (throttled) flush
+    assert ck.engine.node.flushing == "step-000000000002", ck.engine.node.flushing
+    print(f"rank {rank}: OK running during the flush of step-000000000002", flush=True)
+    compute_until_killed()
 
 
 def flushkill(root, local, opts):
@@ -150,6 +191,10 @@ if __name__ == "__main__":
         save(root, local, int(rest[0]), opts)
     elif cmd == "restore":
         restore(root, local, int(rest[0]), rest[1], opts)
+    elif cmd == "running":
+        running(root, local, int(rest[0]), opts)
+    elif cmd == "flushing":
+        flushing(root, local, opts)
     elif cmd == "flushkill":
         flushkill(root, local, opts)
     elif cmd == "failwrite":

@@ -76,7 +76,6 @@ class LocalSlurm:
 
     # -- configuration -------------------------------------------------------------------------
     def write_config(self) -> None:
-        ctld_port, slurmd_port = free_ports(2)
         for d in ("state", "spool", "log"):
             os.makedirs(self.path(d), exist_ok=True)
         key = self.path("munge.key")
@@ -84,7 +83,15 @@ class LocalSlurm:
             with open(key, "wb") as f:
                 f.write(os.urandom(1024))
             os.chmod(key, 0o400)
-        settings = {
+        lines = [f"{k}={v}" for k, v in self.settings(*free_ports(2)).items()] + self.node_lines()
+        with open(self.conf, "w") as f:
+            f.write(f"# written by {type(self).__name__} (tests/)\n" + "\n".join(lines) + "\n")
+        # cgroup.conf is read by some plugins even when unused; an empty one silences the lookup.
+        open(self.path("cgroup.conf"), "a").close()
+
+    def settings(self, ctld_port: int, slurmd_port: int) -> dict:
+        """slurm.conf's settings but the node and partition lines."""
+        return {
             "ClusterName": "hpcckpt",
             # Job ids unlike those of other private clusters on this machine (a precaution: with
             # srun --mpi=pmi2 the PMI job name is "<jobid>.<step>"; once, a job 3 failed in MPI_Init
@@ -128,13 +135,19 @@ class LocalSlurm:
             "MessageTimeout": 30,
             "PropagateResourceLimitsExcept": "MEMLOCK",
         }
-        lines = [f"{k}={v}" for k, v in settings.items()]
-        lines.append(f"NodeName=localhost NodeAddr=127.0.0.1 CPUs={self.cpus} State=UNKNOWN")
-        lines.append("PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO")
-        with open(self.conf, "w") as f:
-            f.write("# written by tests/slurm/localslurm.py\n" + "\n".join(lines) + "\n")
-        # cgroup.conf is read by some plugins even when unused; an empty one silences the lookup.
-        open(self.path("cgroup.conf"), "a").close()
+
+    def node_lines(self) -> list[str]:
+        """slurm.conf's NodeName and PartitionName lines: the one node ``localhost``."""
+        return [f"NodeName=localhost NodeAddr=127.0.0.1 CPUs={self.cpus} State=UNKNOWN",
+                "PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO"]
+
+    def slurmds(self) -> list[tuple[str, list[str], str]]:
+        """(name, command, pid file) of each slurmd to start."""
+        return [("slurmd", ["slurmd", "-f", self.conf, "-N", "localhost"], self.path("slurmd.pid"))]
+
+    def where(self, name: str) -> list[str]:
+        """The command prefix that runs daemon ``name`` (or ``"client"``, the client commands): none here."""
+        return []
 
     def env(self) -> dict:
         """os.environ without the variables of any enclosing SLURM job, pointed at this cluster."""
@@ -148,8 +161,8 @@ class LocalSlurm:
         """Run a self-daemonising command and record the daemon's PID from its pid file."""
         out = self.path("log", f"{name}.out")
         with open(out, "ab") as f:
-            proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=self.env(), timeout=timeout,
-                                  stdin=subprocess.DEVNULL)
+            proc = subprocess.run(self.where(name) + cmd, stdout=f, stderr=subprocess.STDOUT, env=self.env(),
+                                  timeout=timeout, stdin=subprocess.DEVNULL)
         if proc.returncode != 0:
             raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}; {self.tail(out)}")
         deadline = time.time() + timeout
@@ -173,7 +186,8 @@ class LocalSlurm:
                                     f"--log-file={self.path('log', 'munged.log')}",
                                     f"--seed-file={self.path('munged.seed')}"], self.path("munged.pid"))
             self._daemon("slurmctld", ["slurmctld", "-f", self.conf], self.path("slurmctld.pid"))
-            self._daemon("slurmd", ["slurmd", "-f", self.conf, "-N", "localhost"], self.path("slurmd.pid"))
+            for name, cmd, pidfile in self.slurmds():
+                self._daemon(name, cmd, pidfile)
             self.wait_idle(timeout)
         except BaseException:
             self.stop()
@@ -181,7 +195,8 @@ class LocalSlurm:
         return self
 
     def run(self, *cmd: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess:
-        proc = subprocess.run(list(cmd), capture_output=True, text=True, env=self.env(), timeout=timeout)
+        proc = subprocess.run(self.where("client") + list(cmd), capture_output=True, text=True, env=self.env(),
+                              timeout=timeout)
         if check and proc.returncode != 0:
             raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}: {proc.stdout}{proc.stderr}")
         return proc
@@ -195,10 +210,11 @@ class LocalSlurm:
                     raise RuntimeError(f"{name} (pid {pid}) died during start-up; {self.logs()}")
             proc = self.run("sinfo", "-h", "-N", "-o", "%N %t", check=False, timeout=20)
             state = (proc.stdout + proc.stderr).strip()
-            if proc.returncode == 0 and state.split()[-1:] == ["idle"]:
+            states = [line.split()[-1] for line in state.splitlines() if line.split()]
+            if proc.returncode == 0 and len(states) == len(self.slurmds()) and set(states) == {"idle"}:
                 return
             time.sleep(0.5)
-        raise RuntimeError(f"node not idle after {timeout} s (sinfo: {state!r}); {self.logs()}")
+        raise RuntimeError(f"nodes not idle after {timeout} s (sinfo: {state!r}); {self.logs()}")
 
     def cancel_all(self, timeout: float = 60) -> None:
         """Cancel every job of this cluster and wait until none is left running or completing."""
@@ -239,7 +255,7 @@ class LocalSlurm:
             self.cancel_all()
         except (OSError, subprocess.SubprocessError):
             pass
-        for name in ("slurmd", "slurmctld", "munged"):
+        for name in reversed(list(self.procs)):  # the slurmds, slurmctld, munged
             pid = self.procs.get(name)
             if pid is None:
                 continue
@@ -276,7 +292,8 @@ class LocalSlurm:
             return f"{path}: (absent)"
 
     def logs(self) -> str:
-        return "\n".join(self.tail(self.path("log", f)) for f in ("munged.log", "slurmctld.log", "slurmd.log"))
+        logs = ["munged.log", "slurmctld.log"] + [f"{name}.log" for name, _, _ in self.slurmds()]
+        return "\n".join(self.tail(self.path("log", f)) for f in logs)
 
 
 def _alive(pid: int) -> bool:
