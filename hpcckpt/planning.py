@@ -16,7 +16,8 @@ import numpy as np
 
 from .encoding import dtype_from_json
 from .errors import TemplateMismatchError
-from .regions import even_rows, overlapping, tiling_problem, volume
+from .box_index import tiling_problem_indexed
+from .regions import even_rows, overlapping, volume
 
 
 @dataclass(frozen=True)
@@ -76,7 +77,7 @@ def _plan_block(name: str, per_rank: list[dict], boxes: list[dict]) -> VariableP
             raise TemplateMismatchError(f"variable {name!r}: global shape differs between rank 0 {shape} and rank {rank} {p['shape']}")
     starts = np.asarray([p["start"] for p in per_rank], np.int64).reshape(len(per_rank), len(shape))
     stops = np.asarray([p["stop"] for p in per_rank], np.int64).reshape(len(per_rank), len(shape))
-    problem = tiling_problem(starts, stops, shape, label="the block of rank")
+    problem = tiling_problem_indexed(starts, stops, shape, label="the block of rank")
     if problem is not None:
         raise TemplateMismatchError(f"variable {name!r}: blocks do not tile the global array: {problem}")
     for rank, p in enumerate(per_rank):
