@@ -15,10 +15,10 @@ Measured per rank:
   of the cache-hit allgather of agree_plan);
 * metadata: build (commit.metadata_from_rows), size, write (to_json_bytes) and
   parse (metadata.parse: seal, JSON, validation), per million chunks;
-* load plan: the old plan (every rank plans every rank's reads:
-  loading.plan_reads + planning.plan_shared_reads over all target boxes; above
-  ``--old-full-max`` ranks timed on a sample of the ranks' boxes and scaled to
-  all of them, marked "~") against the new one (read_plan.target_boxes +
+* load plan: the old plan (every rank plans every rank's reads: the tiling
+  sweep regions.tiling_problem + planning.plan_shared_reads over all target
+  boxes; run up to ``--old-full-max`` ranks only, its cost grows as Q^2)
+  against the new one (read_plan.target_boxes +
   rank_reads: this rank's part only, timed on ``--sample`` ranks spread over
   the job, worst reported); the bytes each rank receives to plan (the
   metadata broadcast, and the requests allgather in its old and new forms);
@@ -48,13 +48,15 @@ from benchutil import print_table  # noqa: E402
 
 from hpcckpt.commit import metadata_from_rows  # noqa: E402
 from hpcckpt.incremental import ChainIndex, duplicates, incremental_metadata  # noqa: E402
-from hpcckpt.loading import check_template, plan_reads  # noqa: E402
+from hpcckpt.loading import check_template  # noqa: E402
 from hpcckpt.metadata import parse  # noqa: E402
 from hpcckpt.names import rank_file, reference  # noqa: E402
 from hpcckpt.options import SaveOptions  # noqa: E402
 from hpcckpt.planning import plan_shared_reads  # noqa: E402
+from hpcckpt.box_index import BoxIndex  # noqa: E402
+from hpcckpt.read_directory import decide, directed, parts_for_directories, shared_from_assignments  # noqa: E402
 from hpcckpt.read_plan import encode_requests, rank_reads, target_boxes  # noqa: E402
-from hpcckpt.regions import overlapping  # noqa: E402
+from hpcckpt.regions import tiling_problem  # noqa: E402
 from hpcckpt.save_stages import describe_state, plan_variables  # noqa: E402
 from hpcckpt.state import Block  # noqa: E402
 
@@ -140,13 +142,16 @@ def save_case(p: int, nvars: int, sample: list[int]) -> tuple[dict, object, list
         rows.append([(n, rank_file(r), i * nb, nb, "0123456789abcdef", s0, cnt) for i, n in enumerate(names(nvars))])
     t_build, (meta, _, nchunks) = timed(lambda: metadata_from_rows(variables, rows, codecs, {}, p, 1, {}))
     t_write, raw = timed(meta.to_json_bytes)
+    cpu = time.process_time()
     t_parse, parsed = timed(lambda: parse(raw))
+    cpu = time.process_time() - cpu
     out = {"ranks": p, "chunks": nchunks, "shape": shape,
            "save_describe_s_max": max(describe), "save_plan_root_s": t_plan, "save_plan_root_peak_bytes": m_plan,
            "save_gather_bytes_root": gather_bytes, "save_bcast_scatter_bytes_rank": bcast_bytes,
            "save_hit_allgather_bytes_rank": hit_bytes,
            "meta_build_s": t_build, "meta_bytes": len(raw), "meta_write_s": t_write, "meta_parse_s": t_parse,
-           "meta_parse_s_per_million": t_parse / nchunks * 1e6, "meta_pickle_bytes": psize(parsed)}
+           "meta_parse_s_per_million": t_parse / nchunks * 1e6,
+           "meta_parse_cpu_s_per_million": cpu / nchunks * 1e6, "meta_pickle_bytes": psize(parsed)}
     return out, parsed, rows
 
 
@@ -161,38 +166,92 @@ def load_case(meta, q: int, nvars: int, nsample: int, old_full_max: int) -> dict
     t_check = timed(lambda: check_template(flat, meta, True))[0]
     encoded = [encode_requests(r) for r in requests]
     old_bytes = q * psize((None, requests[-1]))
-    new_bytes = q * psize((None, encoded[-1]))
-    # new: one rank's part (the chunk indexes are built on first use: cleared so that each sampled rank pays them)
-    times, peaks, touched = [], [], []
+    gathered_bytes = q * psize((None, encoded[-1]))
+    # the allgather way (Ragged tables): one rank's part of the plan from every rank's compact requests
+    gathered = []
+    for r in sample[:3]:
+        clear_indexes(meta)
+        gathered.append(timed(lambda: rank_reads(meta, target_boxes(encoded, meta), r))[0])
+    # the directory way (Blocks only): the chunk indexes (built once per process), then this rank's own work
+    clear_indexes(meta)
+    t_index = timed(lambda: [v.chunks.index() for v in meta.variables.values()])[0]
+    targets = BoxIndex(starts, stops)
+    times, peaks, touched, received = [], [], [], []
+    signature = tuple((n, "block") for n in names(nvars))
     for r in sample:
-        for v in meta.variables.values():
-            v.chunks._index = None
-        t, (b, sh) = timed(lambda: rank_reads(meta, target_boxes(encoded, meta), r))
-        times.append(t)
-        touched.append(sum(len(overlapping(meta.variables[n].chunks.start, meta.variables[n].chunks.stop, *b[n]))
-                           for n in b))
-    for v in meta.variables.values():
-        v.chunks._index = None
-    peaks.append(traced(lambda: rank_reads(meta, target_boxes(encoded, meta), sample[-1])))
+        box = {n: (tuple(starts[r].tolist()), tuple(stops[r].tolist())) for n in names(nvars)}
+        inbox = directory_inbox(meta, targets, starts, stops, r, q)
+        if r == 0:
+            inbox = [dict(m or {}, signature=signature) for m in inbox]
+        t1, routed = timed(lambda: parts_for_directories(meta, box, q))
+        t2, (problem, _) = timed(lambda: decide(meta, names(nvars), [m.get("parts") for m in inbox], r, q))
+        assert problem is None
+        dirs = sorted({d for d in routed})
+        replies = [None] * q
+        for d in dirs:
+            replies[d] = decide(meta, names(nvars), [m.get("parts") for m in directory_inbox(
+                meta, targets, starts, stops, d, q)], d, q)[1].get(r)
+        t3, shared = timed(lambda: shared_from_assignments(replies, names(nvars)))
+        times.append(t1 + t2 + t3)
+        touched.append(sum(len(p) for p in routed.values()))
+        empty = psize(None)
+        received.append(sum(psize({"parts": m["parts"]}) if m.get("parts") else empty for m in inbox)
+                        + (q - 1) * (psize({"signature": signature}) if r == 0 else 0)
+                        + sum(empty if x is None else psize({"assigned": x}) for x in replies))
+    clear_indexes(meta)
+    r = sample[len(sample) // 2]
+    box = {n: (tuple(starts[r].tolist()), tuple(stops[r].tolist())) for n in names(nvars)}
+    inbox = directory_inbox(meta, targets, starts, stops, r, q)
+    peaks.append(traced(lambda: ([v.chunks.index() for v in meta.variables.values()],
+                                 parts_for_directories(meta, box, q),
+                                 decide(meta, names(nvars), [m.get("parts") for m in inbox], r, q))))
     # old: every rank plans every rank's reads
-    full = q <= old_full_max
-    k = q if full else max(256, q // 64)
+    full, k = q <= old_full_max, q
+
+    def old_tiling():  # loading.plan_reads before this issue: the sweep of regions.tiling_problem
+        for n in names(nvars):
+            problem = tiling_problem(starts, stops, shape, label="the block of rank")
+            assert problem is None
 
     def old():
-        plan_reads(requests, meta)
+        old_tiling()
         for n in names(nvars):
             c = meta.variables[n].chunks
             plan_shared_reads(c.start, c.stop, [(tuple(starts[r].tolist()), tuple(stops[r].tolist()))
                                                 for r in range(k)] + [None] * (q - k))
-    t_old, _ = timed(old)
-    t_tiling, _ = timed(lambda: plan_reads(requests, meta))
-    t_old_est = t_old if full else t_tiling + (t_old - t_tiling) * q / k
-    m_old = traced(old) if q <= min(old_full_max, 4096) else None
-    return {"ranks": q, "check_template_s": t_check, "new_plan_s_max": max(times), "new_plan_s_median":
-            float(np.median(times)), "new_plan_peak_bytes": max(peaks), "chunks_touched_max": max(touched),
-            "old_plan_s": t_old_est, "old_plan_exact": full, "old_plan_peak_bytes": m_old,
-            "requests_allgather_old_bytes": old_bytes, "requests_allgather_new_bytes": new_bytes,
+    if full:
+        t_old, _ = timed(old)
+        m_old = traced(old) if q <= 4096 else None
+    else:  # the sweep alone is O(q^2 / px): too slow to run here
+        t_old, m_old = None, None
+    return {"ranks": q, "check_template_s": t_check, "chunk_index_s": t_index, "new_plan_s_max": max(times),
+            "new_plan_s_median": float(np.median(times)), "new_plan_peak_bytes": max(peaks),
+            "parts_touched_max": max(touched), "directory_received_bytes_max": max(received),
+            "directory_received_bytes_median": float(np.median(received)), "gathered_plan_s_max": max(gathered),
+            "requests_allgather_gathered_bytes": gathered_bytes, "agree_allgather_bytes": q * psize((None, None)),
+            "old_plan_s": t_old, "old_plan_peak_bytes": m_old,
+            "requests_allgather_old_bytes": old_bytes,
             "metadata_bcast_bytes": psize(meta), "sampled_ranks": sample}
+
+
+def clear_indexes(meta) -> None:
+    """Forget the chunk indexes (a fresh process builds them on first use)."""
+    for v in meta.variables.values():
+        v.chunks._index = None
+
+
+def directory_inbox(meta, targets, starts, stops, d: int, q: int) -> list:
+    """What directory rank ``d`` receives in the first exchange, by sender (the parts of the chunks it directs)."""
+    inbox = [None] * q
+    for name in sorted(meta.variables):
+        c = meta.variables[name].chunks
+        for k in directed(d, len(c), q):
+            for u in targets.query(c.start[k], c.stop[k]).tolist():
+                lo = tuple(np.maximum(starts[u], c.start[k]).tolist())
+                hi = tuple(np.minimum(stops[u], c.stop[k]).tolist())
+                inbox[u] = inbox[u] or {"parts": []}
+                inbox[u]["parts"].append((name, k, lo, hi))
+    return [m or {} for m in inbox]
 
 
 def incremental_case(meta, rows: list, p: int, nvars: int) -> dict:
@@ -261,20 +320,25 @@ def main() -> None:
     print("\nSave plan and metadata (per rank; rank 0 plans)\n")
     print_table(["P", "chunks", "describe ms", "plan rank0 s", "plan rank0 MiB", "gather rank0 MiB",
                  "bcast+scatter MiB/rank", "hit allgather MiB/rank", "meta MiB", "write s", "parse s",
-                 "parse s/M chunks"],
+                 "parse s/M chunks", "parse CPU s/M"],
                 [[s["ranks"], s["chunks"], f"{s['save_describe_s_max'] * 1e3:.2f}", f"{s['save_plan_root_s']:.3f}",
                   mib(s["save_plan_root_peak_bytes"]), mib(s["save_gather_bytes_root"]),
                   mib(s["save_bcast_scatter_bytes_rank"]), mib(s["save_hit_allgather_bytes_rank"]),
                   mib(s["meta_bytes"]), f"{s['meta_write_s']:.3f}", f"{s['meta_parse_s']:.3f}",
-                  f"{s['meta_parse_s_per_million']:.3f}"] for s in results["save"]])
-    print("\nLoad plan per rank (old: every rank plans all ranks; new: its own part)\n")
-    print_table(["P -> Q", "touched", "old s", "old MiB", "new ms (max)", "new MiB", "meta bcast MiB",
-                 "requests old MiB", "requests new MiB"],
-                [[f"{r['saved_on']} -> {r['ranks']}", r["chunks_touched_max"],
-                  ("" if r["old_plan_exact"] else "~") + f"{r['old_plan_s']:.2f}", mib(r["old_plan_peak_bytes"]),
-                  f"{r['new_plan_s_max'] * 1e3:.1f}", mib(r["new_plan_peak_bytes"]), mib(r["metadata_bcast_bytes"]),
-                  mib(r["requests_allgather_old_bytes"]), mib(r["requests_allgather_new_bytes"])]
-                 for r in results["load"]])
+                  f"{s['meta_parse_s_per_million']:.3f}", f"{s['meta_parse_cpu_s_per_million']:.3f}"]
+                 for s in results["save"]])
+    print("\nLoad plan per rank (old: every rank plans all ranks; directory: Blocks, this rank's part; "
+          "gathered: the Ragged way)\n")
+    print_table(["P -> Q", "parts", "old s", "old MiB", "index ms", "directory ms (max)", "directory MiB",
+                 "gathered ms", "meta bcast MiB", "recv old MiB", "recv directory KiB (max / median)", "recv gathered MiB",
+                 "agree KiB"],
+                [[f"{r['saved_on']} -> {r['ranks']}", r["parts_touched_max"],
+                  "-" if r["old_plan_s"] is None else f"{r['old_plan_s']:.2f}", mib(r["old_plan_peak_bytes"]),
+                  f"{r['chunk_index_s'] * 1e3:.1f}", f"{r['new_plan_s_max'] * 1e3:.1f}",
+                  mib(r["new_plan_peak_bytes"]), f"{r['gathered_plan_s_max'] * 1e3:.0f}",
+                  mib(r["metadata_bcast_bytes"]), mib(r["requests_allgather_old_bytes"]),
+                  f"{r['directory_received_bytes_max'] / 1024:.1f} / {r['directory_received_bytes_median'] / 1024:.1f}", mib(r["requests_allgather_gathered_bytes"]),
+                  f"{r['agree_allgather_bytes'] / 1024:.1f}"] for r in results["load"]])
     print("\nIncremental version on the P-rank base (10% of the blocks changed)\n")
     print_table(["P", "chunks", "base index s", "index bcast MiB", "keys allgather MiB/rank", "dedup last rank s",
                  "meta rank0 s", "meta MiB", "parse s"],

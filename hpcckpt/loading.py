@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .collective import agree, allgather_checked, bcast_checked
+from .collective import agree, attempt, bcast_checked
 from .arrays import byte_view
 from .devices import copy_into, is_device_array
 from .encoding import PerRankEntries, decode_value
@@ -22,7 +22,7 @@ from .errors import CorruptCheckpointError, TemplateMismatchError
 from .metadata import Metadata, Variable
 from .monitor import PhaseTimer
 from .planning import common_names, plan_rows
-from .read_plan import encode_requests, rank_reads, target_boxes
+from .load_plan import plan_load
 from .metadata_file import read_metadata
 from .reader import ChunkReader, allocate
 from .box_index import tiling_problem_indexed
@@ -52,13 +52,9 @@ def load_version(state, directory: str, comm, strict: bool = True, timer: PhaseT
         meta = bcast_checked(comm, what, lambda: _step_checked(read_metadata(directory, storage), expect_step,
                                                                     directory))
     with timer.phase("plan"):
-        local = agree(comm, what, lambda: _template(state, meta, strict, cast))
-        encoded = allgather_checked(comm, what, lambda: encode_requests(local["requests"]))
         rank = comm.Get_rank()
-        try:  # the same inputs on every rank: the same checks pass or fail everywhere; then this rank's part
-            boxes, shared = rank_reads(meta, target_boxes(encoded, meta), rank)
-        except TemplateMismatchError as exc:
-            raise TemplateMismatchError(f"{what} failed: {exc}") from None
+        local, failure = attempt(lambda: _template(state, meta, strict, cast))
+        boxes, shared = plan_load(comm, what, meta, local, failure)
     with timer.phase("read"):
         targets, outgoing, values = agree(comm, what, lambda: _read(directory, meta, local, boxes, shared, rank,
                                                                     storage))

@@ -49,7 +49,8 @@ def overlapping(starts: np.ndarray, stops: np.ndarray, q_start, q_stop) -> np.nd
     return np.nonzero(hit)[0]
 
 
-def tiling_problem(starts: np.ndarray, stops: np.ndarray, shape: Sequence[int], label: str = "box") -> str | None:
+def tiling_problem(starts: np.ndarray, stops: np.ndarray, shape: Sequence[int], label: str = "box",
+                   ids: Sequence[int] | None = None, origin: Sequence[int] | None = None) -> str | None:
     """Why the boxes do not tile ``shape`` exactly, or None when they do.
 
     Tiling means: every box lies inside the shape, no two non-empty boxes share
@@ -57,26 +58,30 @@ def tiling_problem(starts: np.ndarray, stops: np.ndarray, shape: Sequence[int], 
     anywhere inside the bounds (a rank may hold nothing).  The overlap test is a
     sweep along axis 0, so the usual slab and grid decompositions cost
     O(n log n) rather than O(n^2).  ``label`` names a box in the message
-    ("the block of rank" gives "the block of rank 3 [0:5, 0:4] ...").
+    ("the block of rank" gives "the block of rank 3 [0:5, 0:4] ...").  ``ids``:
+    the number the message gives box i (default i); ``origin``: added to the
+    coordinates it prints (boxes given relative to a part of a larger array).
     """
     shape_arr = np.asarray(shape, dtype=np.int64)
     starts = _as_boxes(starts, len(shape_arr))
     stops = _as_boxes(stops, len(shape_arr))
+    ids = list(range(len(starts))) if ids is None else [int(i) for i in ids]
+    shift = np.zeros(len(shape_arr), np.int64) if origin is None else np.asarray(origin, np.int64)
     if len(starts) and (np.any(starts < 0) or np.any(stops < starts) or np.any(stops > shape_arr)):
         bad = int(np.nonzero(np.any((starts < 0) | (stops < starts) | (stops > shape_arr), axis=1))[0][0])
-        return f"{label} {bad} [{_fmt(starts[bad], stops[bad])}] lies outside the global shape {tuple(shape_arr.tolist())}"
+        return f"{label} {ids[bad]} [{_fmt(starts[bad] + shift, stops[bad] + shift)}] lies outside the global shape {tuple(shape_arr.tolist())}"
     extents = stops - starts
     vols = np.prod(extents, axis=1) if len(shape_arr) else np.ones(len(starts), dtype=np.int64)
     nonempty = np.nonzero(vols > 0)[0]
     if len(shape_arr) == 0:
         if len(nonempty) > 1:
-            return f"{label} {int(nonempty[0])} and {label} {int(nonempty[1])} overlap"
+            return f"{label} {ids[int(nonempty[0])]} and {label} {ids[int(nonempty[1])]} overlap"
     else:
         pair = _first_overlap(starts[nonempty], stops[nonempty])
         if pair is not None:
             i, j = (int(nonempty[k]) for k in pair)
-            return (f"{label} {i} [{_fmt(starts[i], stops[i])}] and {label} {j} "
-                    f"[{_fmt(starts[j], stops[j])}] overlap")
+            return (f"{label} {ids[i]} [{_fmt(starts[i] + shift, stops[i] + shift)}] and {label} {ids[j]} "
+                    f"[{_fmt(starts[j] + shift, stops[j] + shift)}] overlap")
     total = volume(shape_arr.tolist())
     covered = int(vols.sum())
     if covered != total:
