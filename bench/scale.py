@@ -219,6 +219,8 @@ def load_case(meta, q: int, nvars: int, nsample: int, old_full_max: int) -> dict
             c = meta.variables[n].chunks
             plan_shared_reads(c.start, c.stop, [(tuple(starts[r].tolist()), tuple(stops[r].tolist()))
                                                 for r in range(k)] + [None] * (q - k))
+    clear_indexes(meta)  # never broadcast: each rank builds its own
+    meta_bcast = psize((None, meta))
     if full:
         t_old, _ = timed(old)
         m_old = traced(old) if q <= 4096 else None
@@ -231,7 +233,7 @@ def load_case(meta, q: int, nvars: int, nsample: int, old_full_max: int) -> dict
             "requests_allgather_gathered_bytes": gathered_bytes, "agree_allgather_bytes": q * psize((None, None)),
             "old_plan_s": t_old, "old_plan_peak_bytes": m_old,
             "requests_allgather_old_bytes": old_bytes,
-            "metadata_bcast_bytes": psize(meta), "sampled_ranks": sample}
+            "metadata_bcast_bytes": meta_bcast, "sampled_ranks": sample}
 
 
 def clear_indexes(meta) -> None:
