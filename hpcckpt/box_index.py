@@ -72,6 +72,7 @@ class BoxIndex:
         if np.any(cells < 0):
             return  # two boxes in one cell, so another cell is empty
         self.planes, self.cells = planes, cells.reshape(shape)
+        self.starts = self.stops = None  # a grid query needs only the planes and the cells
 
     @property
     def is_grid(self) -> bool:

@@ -50,7 +50,7 @@ def load_version(state, directory: str, comm, strict: bool = True, timer: PhaseT
     what = f"load of {directory!r}"
     with timer.phase("metadata"):
         meta = bcast_checked(comm, what, lambda: _step_checked(read_metadata(directory, storage), expect_step,
-                                                                    directory))
+                                                                    directory).indexed())
     with timer.phase("plan"):
         rank = comm.Get_rank()
         local, failure = attempt(lambda: _template(state, meta, strict, cast))

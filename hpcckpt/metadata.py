@@ -140,6 +140,13 @@ class Metadata:
     created: str
     extra: dict = field(default_factory=dict)  # room for later features (strategy, incremental base...)
 
+    def indexed(self) -> "Metadata":
+        """This metadata with every chunk table's index built (by the rank that broadcasts it: the others then
+        receive it instead of each building it, O(all chunks), for itself)."""
+        for var in self.variables.values():
+            var.chunks.index()
+        return self
+
     def to_json_bytes(self) -> bytes:
         """The committed bytes of ``metadata.json``: one JSON object, sealed by its own checksum."""
         doc = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "checksum": CHECKSUM_ALGORITHM,

@@ -113,11 +113,28 @@ def _chunk_problem(parts: list, c0: list, c1: list) -> str | None:
     extent = [b - a for a, b in zip(c0, c1)]
     if not parts:
         return None if volume(extent) == 0 else f"no block covers its {volume(extent)} elements: there is a gap"
+    if len(parts) <= _FEW and _tile_few(parts, volume(extent)):
+        return None
     origin = np.asarray(c0, np.int64)
     starts = np.asarray([lo for _, lo, _ in parts], np.int64).reshape(len(parts), len(c0)) - origin
     stops = np.asarray([hi for _, _, hi in parts], np.int64).reshape(len(parts), len(c0)) - origin
     return tiling_problem(starts, stops, extent, label="the block of rank", ids=[r for r, _, _ in parts],
                           origin=c0)
+
+
+_FEW = 16  # parts of one chunk checked pairwise in plain Python (faster than numpy for a handful)
+
+
+def _tile_few(parts: list, total: int) -> bool:
+    """Whether a few parts inside a chunk of ``total`` elements tile it: no two overlap and they cover it."""
+    if sum(volume(b - a for a, b in zip(lo, hi)) for _, lo, hi in parts) != total:
+        return False
+    for i, (_, lo, hi) in enumerate(parts):
+        for _, lo2, hi2 in parts[i + 1:]:
+            if all(a < d and c < b for a, b, c, d in zip(lo, hi, lo2, hi2)) and all(
+                    a < b for a, b in zip(lo, hi)) and all(c < d for c, d in zip(lo2, hi2)):
+                return False
+    return True
 
 
 def shared_from_assignments(assignments: list, names) -> dict:

@@ -13,6 +13,7 @@ from hpcckpt.box_index import BoxIndex, tiling_problem_indexed
 from hpcckpt.errors import TemplateMismatchError
 from hpcckpt.metadata import ChunkTable, Metadata, Variable
 from hpcckpt.planning import plan_shared_reads
+from hpcckpt.read_directory import decide, parts_for_directories, shared_from_assignments
 from hpcckpt.read_plan import encode_requests, rank_reads, target_boxes
 from hpcckpt.regions import overlapping, tiling_problem
 
@@ -117,3 +118,45 @@ def test_ragged_rows_and_bad_templates_get_the_errors_of_the_whole_plan():
                                                     "of rank 1 .* overlap"):
         target_boxes([encode_requests({"u": ("block", (0, 0), (6, 2))}),
                       encode_requests({"u": ("block", (5, 0), (10, 2))})], meta)
+
+
+@st.composite
+def inside_boxes(draw, shape):
+    """A few boxes inside ``shape`` (overlapping, leaving gaps, or tiling by chance)."""
+    boxes = []
+    for _ in range(draw(st.integers(1, 5))):
+        lo = tuple(draw(st.integers(0, s)) for s in shape)
+        boxes.append((lo, tuple(draw(st.integers(a, s)) for a, s in zip(lo, shape))))
+    return boxes
+
+
+def _directory_plan(meta, targets, nranks):
+    """Both exchanges of the chunk directory, run here for every rank: (first problem, shared per rank)."""
+    sent = [parts_for_directories(meta, {"u": box}, nranks) for box in targets]
+    problems, replies = [], [[None] * nranks for _ in range(nranks)]
+    for d in range(nranks):
+        problem, out = decide(meta, ["u"], [s.get(d) for s in sent], d, nranks)
+        problems.append(problem)
+        for user, items in out.items():
+            replies[user][d] = items
+    problem = next((p for p in problems if p), None)
+    return problem, [shared_from_assignments(replies[r], ["u"])["u"] for r in range(nranks)]
+
+
+@settings(max_examples=200, deadline=None)
+@given(decompositions(max_ndim=2), st.data())
+def test_the_chunk_directory_finds_every_bad_template_and_plans_the_good_ones(saved, data):
+    shape, chunks = saved
+    targets = data.draw(st.one_of(decompositions(shape=shape).map(lambda d: d[1]), inside_boxes(shape)))
+    meta = _meta(shape, chunks)
+    problem, shared = _directory_plan(meta, targets, len(targets))
+    expected = tiling_problem(*_arrays(targets, len(shape)), shape)
+    assert (problem is None) == (expected is None), (problem, expected)
+    if problem is None:
+        whole = plan_shared_reads(meta.variables["u"].chunks.start, meta.variables["u"].chunks.stop, targets)
+        for rank in range(len(targets)):
+            mine = {k: v for k, v in whole.items() if rank in [p[0] for p in v[1]]}
+            assert shared[rank] == {k: (reader, parts if reader == rank else [p for p in parts if p[0] == rank])
+                                    for k, (reader, parts) in mine.items()}
+    else:
+        assert "do not tile the array" in problem and ("overlap" in problem or "gap" in problem)
