@@ -46,7 +46,8 @@ def plan_load(comm, what: str, meta: Metadata, local: dict | None, failure) -> t
     if any(m.get("ragged") for m in received):
         return _gathered(comm, what, meta, local, None)
     names = sorted(n for n, r in local["requests"].items() if r[0] == "block")
-    (problem, assignments), failure = attempt(lambda: _directory(meta, names, local, received, rank, size))
+    verdict, failure = attempt(lambda: _directory(meta, names, local, received, rank, size))
+    problem, assignments = verdict if verdict is not None else (None, {})
     if failure is not None or problem is not None:
         answer = [{"failure": failure, "problem": problem}] * size
     else:

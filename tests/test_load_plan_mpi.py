@@ -116,3 +116,17 @@ def test_a_load_makes_four_collectives(comm, mpi_tmp, ragged):
     assert np.array_equal(out["u"].local, np.full((2, 3), float(r)))
     if ragged:
         assert np.array_equal(out["p"].local, np.arange(r + 1.0))
+
+
+def test_a_failure_inside_the_directory_fails_the_load_on_every_rank(comm, mpi_tmp, monkeypatch):
+    from hpcckpt import CheckpointError, load_plan
+
+    path, shape = _saved(comm, mpi_tmp)
+    r = comm.rank
+    if r == comm.size - 1:
+        def broken(*args):
+            raise RuntimeError("directory broke")
+        monkeypatch.setattr(load_plan, "decide", broken)
+    template = {"u": Block(np.zeros((2, 3)), (2 * r, 0), shape), "v": Block(np.zeros((2, 3)), (2 * r, 0), shape)}
+    with pytest.raises(CheckpointError, match=f"rank {comm.size - 1}: RuntimeError: directory broke"):
+        hpcckpt.load(template, path, comm=comm)
