@@ -55,6 +55,9 @@ class SerialComm:
     def allreduce(self, obj, op=None):
         return obj
 
+    def alltoall(self, objs):
+        return list(objs)
+
     def exscan(self, obj, op=None):
         return None
 

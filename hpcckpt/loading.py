@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .collective import agree, allgather_checked, bcast_checked
+from .collective import agree, attempt, bcast_checked
 from .arrays import byte_view
 from .devices import copy_into, is_device_array
 from .encoding import PerRankEntries, decode_value, is_per_rank
@@ -21,10 +21,12 @@ from .log import logger
 from .errors import CorruptCheckpointError, TemplateMismatchError
 from .metadata import Metadata, Variable
 from .monitor import PhaseTimer
-from .planning import common_names, plan_rows, plan_shared_reads
+from .planning import common_names, plan_rows
+from .load_plan import plan_load
 from .metadata_file import read_metadata
 from .reader import ChunkReader, allocate
-from .regions import covering_problem, even_rows
+from .regions import even_rows
+from .box_index import covering_problem_indexed
 from .state import Block, PerRank, Ragged, block_box, split_state
 from .stateful import deliver, flatten, materialize, unflatten
 from .storage import POSIX, Storage
@@ -55,20 +57,13 @@ def load_version(state, directory: str, comm, strict: bool = True, timer: PhaseT
     what = f"load of {directory!r}"
     with timer.phase("metadata"):
         meta = bcast_checked(comm, what, lambda: _step_checked(read_metadata(directory, storage), expect_step,
-                                                                    directory))
+                                                                    directory).indexed())
     with timer.phase("plan"):
-        local = agree(comm, what, lambda: _template(state, meta, strict, cast, comm.Get_rank(), comm.Get_size()))
-        requests = allgather_checked(comm, what, lambda: local["requests"])
-        try:  # the same inputs on every rank: the same answer, or the same error everywhere
-            ranges = plan_reads(requests, meta)
-        except TemplateMismatchError as exc:
-            raise TemplateMismatchError(f"{what} failed: {exc}") from None
-        boxes = [_boxes(meta, req, rng) for req, rng in zip(requests, ranges)]
-        shared = {name: plan_shared_reads(meta.variables[name].chunks.start, meta.variables[name].chunks.stop,
-                                          [b[name] for b in boxes]) for name in sorted(boxes[0])}
-    with timer.phase("read"):
         rank = comm.Get_rank()
-        targets, outgoing, values = agree(comm, what, lambda: _read(directory, meta, local, boxes[rank], shared, rank,
+        local, failure = attempt(lambda: _template(state, meta, strict, cast, rank, comm.Get_size()))
+        boxes, shared = plan_load(comm, what, meta, local, failure)
+    with timer.phase("read"):
+        targets, outgoing, values = agree(comm, what, lambda: _read(directory, meta, local, boxes, shared, rank,
                                                                     storage))
         _exchange(comm, meta, targets, shared, outgoing)
     if comm.Get_rank() == 0:
@@ -272,7 +267,7 @@ def plan_reads(requests: list[dict], meta: Metadata) -> list[dict]:
         if kinds == {"block"}:
             starts = np.asarray([r[name][1] for r in requests], np.int64).reshape(len(requests), len(var.shape))
             stops = np.asarray([r[name][2] for r in requests], np.int64).reshape(len(requests), len(var.shape))
-            problem = covering_problem(starts, stops, var.shape, label="the block of rank")  # overlaps are fine
+            problem = covering_problem_indexed(starts, stops, var.shape, label="the block of rank")  # overlaps are fine
             if problem is not None:
                 raise TemplateMismatchError(f"variable {name!r}: the template's blocks do not cover the array: "
                                             f"{problem}")
@@ -280,19 +275,6 @@ def plan_reads(requests: list[dict], meta: Metadata) -> list[dict]:
             for rank, rng in enumerate(plan_rows([r[name][1] for r in requests], var.shape[0], name)):
                 ranges[rank][name] = rng
     return ranges
-
-
-def _boxes(meta: Metadata, requests: dict, rows: dict) -> dict:
-    """One rank's global target box per distributed variable, from its request and its Ragged rows."""
-    boxes = {}
-    for name, request in requests.items():
-        if request[0] == "block":
-            boxes[name] = (tuple(request[1]), tuple(request[2]))
-        else:
-            shape = meta.variables[name].shape
-            lo, hi = rows[name]
-            boxes[name] = ((lo,) + (0,) * (len(shape) - 1), (hi,) + shape[1:])
-    return boxes
 
 
 def _read(directory: str, meta: Metadata, local: dict, boxes: dict, shared: dict, rank: int, storage: Storage):

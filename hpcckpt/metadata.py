@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from . import blockhash
+from .box_index import BoxIndex
 from .checksum import checksum
 from .codecs.core import check_config as check_codec_config, max_stored_bytes
 from .encoding import MAX_VALUE_DEPTH, decode_value, dtype_from_json, dtype_to_json
@@ -62,9 +63,17 @@ class ChunkTable:
     count: np.ndarray  # (n, ndim)
     #: optional: xxh3_128 of each chunk's decoded bytes, 32 hex digits (incremental saves; docs/incremental.md)
     hash: list[str] | None = None
+    #: the spatial index of the chunks' boxes, built on first use by :meth:`index` (never stored)
+    _index: BoxIndex | None = field(default=None, repr=False, compare=False)
 
     def __len__(self) -> int:
         return len(self.file)
+
+    def index(self) -> BoxIndex:
+        """The chunks' boxes indexed for overlap queries (hpcckpt.box_index), built once per table."""
+        if self._index is None:
+            self._index = BoxIndex(self.start, self.stop)
+        return self._index
 
     @property
     def stop(self) -> np.ndarray:
@@ -130,6 +139,13 @@ class Metadata:
     nranks: int
     created: str
     extra: dict = field(default_factory=dict)  # room for later features (strategy, incremental base...)
+
+    def indexed(self) -> "Metadata":
+        """This metadata with every chunk table's index built (by the rank that broadcasts it: the others then
+        receive it instead of each building it, O(all chunks), for itself)."""
+        for var in self.variables.values():
+            var.chunks.index()
+        return self
 
     def to_json_bytes(self) -> bytes:
         """The committed bytes of ``metadata.json``: one JSON object, sealed by its own checksum."""

@@ -16,8 +16,8 @@ import numpy as np
 
 from .encoding import dtype_from_json
 from .errors import TemplateMismatchError
-from .regions import covering_problem, even_rows, overlap_pair, overlapping, owned_parts, shared_regions, \
-    tiling_problem, volume
+from .box_index import covering_problem_indexed, tiling_problem_indexed
+from .regions import even_rows, overlap_pair, overlapping, owned_parts, shared_regions, volume
 
 
 @dataclass(frozen=True)
@@ -94,9 +94,9 @@ def _plan_block(name: str, per_rank: list[dict], boxes: list[dict], replicas: li
     starts = np.asarray([p["start"] for p in per_rank], np.int64).reshape(len(per_rank), len(shape))
     stops = np.asarray([p["stop"] for p in per_rank], np.int64).reshape(len(per_rank), len(shape))
     if replicated:
-        problem = covering_problem(starts, stops, shape, label="the block of rank")
+        problem = covering_problem_indexed(starts, stops, shape, label="the block of rank")
     else:
-        problem = tiling_problem(starts, stops, shape, label="the block of rank")
+        problem = tiling_problem_indexed(starts, stops, shape, label="the block of rank")
         pair = overlap_pair(starts, stops) if problem is not None else None
         if pair is not None:
             problem = overlap_text(name, starts, stops, pair)

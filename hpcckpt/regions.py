@@ -49,7 +49,8 @@ def overlapping(starts: np.ndarray, stops: np.ndarray, q_start, q_stop) -> np.nd
     return np.nonzero(hit)[0]
 
 
-def tiling_problem(starts: np.ndarray, stops: np.ndarray, shape: Sequence[int], label: str = "box") -> str | None:
+def tiling_problem(starts: np.ndarray, stops: np.ndarray, shape: Sequence[int], label: str = "box",
+                   ids: Sequence[int] | None = None, origin: Sequence[int] | None = None) -> str | None:
     """Why the boxes do not tile ``shape`` exactly, or None when they do.
 
     Tiling means: every box lies inside the shape, no two non-empty boxes share
@@ -59,11 +60,15 @@ def tiling_problem(starts: np.ndarray, stops: np.ndarray, shape: Sequence[int], 
     O(n log n) rather than O(n^2).  ``label`` names a box in the message
     ("the block of rank" gives "the block of rank 3 [0:5, 0:4] ..."); a gap
     is named by one missing box in global indices (:func:`missing_box`).
+    ``ids``: the number the message gives box i (default i); ``origin``: added
+    to the coordinates it prints (boxes given relative to a part of a larger
+    array).
     """
     shape_arr = np.asarray(shape, dtype=np.int64)
     starts = _as_boxes(starts, len(shape_arr))
     stops = _as_boxes(stops, len(shape_arr))
-    problem = _bounds_problem(starts, stops, shape_arr, label)
+    ids, shift = _naming(len(starts), len(shape_arr), ids, origin)
+    problem = _bounds_problem(starts, stops, shape_arr, label, ids, shift)
     if problem is not None:
         return problem
     extents = stops - starts
@@ -71,24 +76,32 @@ def tiling_problem(starts: np.ndarray, stops: np.ndarray, shape: Sequence[int], 
     nonempty = np.nonzero(vols > 0)[0]
     if len(shape_arr) == 0:
         if len(nonempty) > 1:
-            return f"{label} {int(nonempty[0])} and {label} {int(nonempty[1])} overlap"
+            return f"{label} {ids[int(nonempty[0])]} and {label} {ids[int(nonempty[1])]} overlap"
     else:
         pair = _first_overlap(starts[nonempty], stops[nonempty])
         if pair is not None:
             i, j = (int(nonempty[k]) for k in pair)
-            return (f"{label} {i} [{_fmt(starts[i], stops[i])}] and {label} {j} "
-                    f"[{_fmt(starts[j], stops[j])}] overlap")
+            return (f"{label} {ids[i]} [{_fmt(starts[i] + shift, stops[i] + shift)}] and {label} {ids[j]} "
+                    f"[{_fmt(starts[j] + shift, stops[j] + shift)}] overlap")
     total = volume(shape_arr.tolist())
     covered = int(vols.sum())
     if covered != total:
-        return _gap_text(starts, stops, shape_arr, covered, total)
+        return _gap_text(starts, stops, shape_arr, covered, total, shift)
     return None
 
 
-def _bounds_problem(starts: np.ndarray, stops: np.ndarray, shape_arr: np.ndarray, label: str) -> str | None:
+def _naming(n: int, ndim: int, ids, origin) -> tuple[list, np.ndarray]:
+    """The numbers the messages give n boxes and the shift added to the coordinates they print."""
+    ids = list(range(n)) if ids is None else [int(i) for i in ids]
+    return ids, np.zeros(ndim, np.int64) if origin is None else np.asarray(origin, np.int64)
+
+
+def _bounds_problem(starts: np.ndarray, stops: np.ndarray, shape_arr: np.ndarray, label: str, ids: list,
+                    shift: np.ndarray) -> str | None:
     if len(starts) and (np.any(starts < 0) or np.any(stops < starts) or np.any(stops > shape_arr)):
         bad = int(np.nonzero(np.any((starts < 0) | (stops < starts) | (stops > shape_arr), axis=1))[0][0])
-        return f"{label} {bad} [{_fmt(starts[bad], stops[bad])}] lies outside the global shape {tuple(shape_arr.tolist())}"
+        return (f"{label} {ids[bad]} [{_fmt(starts[bad] + shift, stops[bad] + shift)}] lies outside the global "
+                f"shape {tuple(shape_arr.tolist())}")
     return None
 
 
@@ -104,30 +117,34 @@ def overlap_pair(starts: np.ndarray, stops: np.ndarray) -> tuple[int, int] | Non
     return None if pair is None else (int(nonempty[pair[0]]), int(nonempty[pair[1]]))
 
 
-def covering_problem(starts: np.ndarray, stops: np.ndarray, shape: Sequence[int], label: str = "box") -> str | None:
+def covering_problem(starts: np.ndarray, stops: np.ndarray, shape: Sequence[int], label: str = "box",
+                     ids: Sequence[int] | None = None, origin: Sequence[int] | None = None) -> str | None:
     """Why the boxes do not cover ``shape``, or None when they do; boxes may overlap (unlike :func:`tiling_problem`).
 
     Every box must lie inside the shape and together they must cover every
     element; the message of a gap names one missing box in global indices.
+    ``ids`` and ``origin`` as for :func:`tiling_problem`.
     """
-    problem = tiling_problem(starts, stops, shape, label)
+    problem = tiling_problem(starts, stops, shape, label, ids, origin)
     if problem is None:  # the usual case, at the cost of a tiling check
         return None
     shape_arr = np.asarray(shape, dtype=np.int64)
     starts, stops = _as_boxes(starts, len(shape_arr)), _as_boxes(stops, len(shape_arr))
-    outside = _bounds_problem(starts, stops, shape_arr, label)
+    ids, shift = _naming(len(starts), len(shape_arr), ids, origin)
+    outside = _bounds_problem(starts, stops, shape_arr, label, ids, shift)
     if outside is not None or overlap_pair(starts, stops) is None:
         return outside or problem  # outside the shape, or a gap without any overlap
     if missing_box(starts, stops, shape_arr) is None:
         return None
     owned = owned_parts(starts, stops)
     covered = sum(volume(np.subtract(b, a).tolist()) for parts in owned for a, b in parts)
-    return _gap_text(starts, stops, shape_arr, covered, volume(shape_arr.tolist()))
+    return _gap_text(starts, stops, shape_arr, covered, volume(shape_arr.tolist()), shift)
 
 
-def _gap_text(starts, stops, shape_arr, covered: int, total: int) -> str:
+def _gap_text(starts, stops, shape_arr, covered: int, total: int, shift: np.ndarray) -> str:
     gap = missing_box(starts, stops, shape_arr)
-    where = f" at [{_fmt(*gap)}], which is in none of them" if gap is not None and len(shape_arr) else ""
+    where = (f" at [{_fmt(np.add(gap[0], shift), np.add(gap[1], shift))}], which is in none of them"
+             if gap is not None and len(shape_arr) else "")
     return f"together they cover {covered} of {total} elements: there is a gap{where}"
 
 

@@ -1,0 +1,365 @@
+"""Planning and metadata at many ranks, simulated (issue 20): no rank is started.
+
+    python bench/scale.py [--ranks 1024 4096 16384 65536] [--vars 20] [--sample 8] [--json out.json]
+
+The planning and metadata code is pure, so it is driven here with what P ranks
+would hand it: a 3-D grid decomposition (P = px*py*pz, 4^3 float64 elements
+per rank on the save) of ``--vars`` variables, saved on P ranks and loaded on
+3P/4 and on 2P ranks (reshard both ways, other grids, so most chunks are
+shared), and an incremental version on top of it (10% of the blocks changed).
+Measured per rank:
+
+* save plan: rank 0's plan (plan_variables over P summaries) and every rank's
+  own description (describe_state), time and tracemalloc peak; the bytes each
+  rank receives to plan (pickled sizes of the messages of save_plan._plan and
+  of the cache-hit allgather of agree_plan);
+* metadata: build (commit.metadata_from_rows), size, write (to_json_bytes) and
+  parse (metadata.parse: seal, JSON, validation), per million chunks;
+* load plan: the old plan (every rank plans every rank's reads: the tiling
+  sweep regions.tiling_problem + planning.plan_shared_reads over all target
+  boxes; run up to ``--old-full-max`` ranks only, its cost grows as Q^2)
+  against the new one (read_plan.target_boxes +
+  rank_reads: this rank's part only, timed on ``--sample`` ranks spread over
+  the job, worst reported); the bytes each rank receives to plan (the
+  metadata broadcast, and the requests allgather in its old and new forms);
+* incremental: the base index rank 0 builds and broadcasts
+  (incremental.ChainIndex), the allgather of the new blocks' keys and the
+  deduplication (incremental.duplicates) on the last rank, which scans them all.
+
+Every rank's load plan is independent given the metadata and the requests, so
+sampled ranks give the per-rank figures without simulating all of them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import pickle
+import sys
+import time
+import tracemalloc
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchutil import print_table  # noqa: E402
+
+from hpcckpt.commit import metadata_from_rows  # noqa: E402
+from hpcckpt.incremental import ChainIndex, duplicates, incremental_metadata  # noqa: E402
+from hpcckpt.loading import check_template  # noqa: E402
+from hpcckpt.metadata import parse  # noqa: E402
+from hpcckpt.names import rank_file, reference  # noqa: E402
+from hpcckpt.options import SaveOptions  # noqa: E402
+from hpcckpt.planning import plan_shared_reads  # noqa: E402
+from hpcckpt.box_index import BoxIndex  # noqa: E402
+from hpcckpt.read_directory import decide, directed, parts_for_directories, shared_from_assignments  # noqa: E402
+from hpcckpt.read_plan import encode_requests, rank_reads, target_boxes  # noqa: E402
+from hpcckpt.regions import tiling_problem  # noqa: E402
+from hpcckpt.save_stages import describe_state, plan_variables  # noqa: E402
+from hpcckpt.state import Block  # noqa: E402
+
+EDGE = 4  # elements per rank and axis on the save
+ITEM = 8  # float64
+
+
+def grid(p: int) -> tuple[int, int, int]:
+    """A near-cubic factorisation px >= py >= pz of p."""
+    best = (p, 1, 1)
+    for a in range(1, round(p ** (1 / 3)) + 2):
+        if p % a:
+            continue
+        for b in range(a, round((p // a) ** 0.5) + 2):
+            if (p // a) % b == 0:
+                c = p // a // b
+                cand = tuple(sorted((a, b, c), reverse=True))
+                if max(cand) - min(cand) < max(best) - min(best):
+                    best = cand
+    return best
+
+
+def boxes_of(p: int, shape) -> tuple[np.ndarray, np.ndarray]:
+    """Every rank's box of a grid decomposition of ``shape`` on p ranks, rank-major (C order over the grid)."""
+    g = grid(p)
+    idx = np.indices(g).reshape(3, -1).T
+    n = np.asarray(shape, np.int64)
+    gs = np.asarray(g, np.int64)
+    return idx * n // gs, (idx + 1) * n // gs
+
+
+def timed(fn):
+    gc.collect()
+    t = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - t, out
+
+
+def timed_cpu(fn):
+    """``(wall s, CPU s of this process, result)``: the CPU time is what the loaded shared machine inflates least."""
+    gc.collect()
+    t, c = time.perf_counter(), time.process_time()
+    out = fn()
+    return time.perf_counter() - t, time.process_time() - c, out
+
+
+def traced(fn) -> int:
+    """Peak bytes tracemalloc sees while ``fn`` runs (a separate, untimed call)."""
+    gc.collect()
+    tracemalloc.start()
+    fn()
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    return peak
+
+
+def psize(obj) -> int:
+    return len(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def names(nvars: int) -> list[str]:
+    return [f"v{i:02d}" for i in range(nvars)]
+
+
+def save_case(p: int, nvars: int, sample: list[int]) -> tuple[dict, object, list]:
+    shape = tuple(int(g) * EDGE for g in grid(p))
+    starts, stops = boxes_of(p, shape)
+    local = np.zeros((EDGE,) * 3)
+    options = SaveOptions()
+
+    def state(r):
+        return {n: Block(local, offset=tuple(starts[r].tolist()), global_shape=shape) for n in names(nvars)}
+
+    describe = [timed(lambda: describe_state(state(r), r, p, options, measure=True, step=1))[0] for r in sample]
+    one = describe_state(state(0), 0, p, options, measure=True, step=1)
+    template = one["summaries"]
+    summaries = []
+    for r in range(p):
+        s0, s1 = starts[r].tolist(), stops[r].tolist()
+        summaries.append({n: {**v, "start": s0, "stop": s1} for n, v in template.items()})
+    t_plan, (variables, boxes, codecs) = timed(lambda: plan_variables(summaries, options))
+    m_plan = traced(lambda: plan_variables(summaries, options))
+    payload = (True, None, one["digest"])
+    gather_bytes = p * psize((None, summaries[-1], payload))  # what rank 0 receives
+    payloads = [(True, None, "".join(list(one["digest"]))) for _ in range(p)]  # distinct objects, as received
+    bcast_bytes = psize((None, None, payloads, variables, codecs, 0)) + psize(boxes[-1])
+    hit_bytes = p * psize((None, True, None, None, one["digest"]))  # the cache-hit allgather, every rank
+    rows = []
+    for r in range(p):
+        s0, cnt = tuple(starts[r].tolist()), tuple((stops[r] - starts[r]).tolist())
+        nb = int(np.prod(cnt)) * ITEM
+        rows.append([(n, rank_file(r), i * nb, nb, "0123456789abcdef", s0, cnt) for i, n in enumerate(names(nvars))])
+    t_build, (meta, _, nchunks) = timed(lambda: metadata_from_rows(variables, rows, codecs, {}, p, 1, {}))
+    t_write, raw = timed(meta.to_json_bytes)
+    cpu = time.process_time()
+    t_parse, parsed = timed(lambda: parse(raw))
+    cpu = time.process_time() - cpu
+    out = {"ranks": p, "chunks": nchunks, "shape": shape,
+           "save_describe_s_max": max(describe), "save_plan_root_s": t_plan, "save_plan_root_peak_bytes": m_plan,
+           "save_gather_bytes_root": gather_bytes, "save_bcast_scatter_bytes_rank": bcast_bytes,
+           "save_hit_allgather_bytes_rank": hit_bytes,
+           "meta_build_s": t_build, "meta_bytes": len(raw), "meta_write_s": t_write, "meta_parse_s": t_parse,
+           "meta_parse_s_per_million": t_parse / nchunks * 1e6,
+           "meta_parse_cpu_s_per_million": cpu / nchunks * 1e6, "meta_pickle_bytes": psize(parsed)}
+    return out, parsed, rows
+
+
+def load_case(meta, q: int, nvars: int, nsample: int, old_full_max: int) -> dict:
+    shape = meta.variables[names(nvars)[0]].shape
+    starts, stops = boxes_of(q, shape)
+    requests = [{n: ("block", tuple(starts[r].tolist()), tuple(stops[r].tolist())) for n in names(nvars)}
+                for r in range(q)]
+    sample = sorted({int(x) for x in np.linspace(0, q - 1, nsample)})
+    local = np.zeros(tuple((stops[0] - starts[0]).tolist()))
+    flat = {n: Block(local, offset=tuple(starts[0].tolist()), global_shape=shape) for n in names(nvars)}
+    t_check = timed(lambda: check_template(flat, meta, True))[0]
+    encoded = [encode_requests(r) for r in requests]
+    old_bytes = q * psize((None, requests[-1]))
+    gathered_bytes = q * psize((None, encoded[-1]))
+    # the allgather way (Ragged tables): one rank's part of the plan from every rank's compact requests
+    gathered = []
+    for r in sample[:3]:
+        clear_indexes(meta)
+        gathered.append(timed(lambda: rank_reads(meta, target_boxes(encoded, meta), r))[0])
+    # the directory way (Blocks only): the chunk indexes (built once per process), then this rank's own work
+    clear_indexes(meta)
+    t_index = timed(lambda: [v.chunks.index() for v in meta.variables.values()])[0]
+    targets = BoxIndex(starts, stops)
+    times, cpus, peaks, touched, received = [], [], [], [], []
+    signature = tuple((n, "block") for n in names(nvars))
+    for r in sample:
+        box = {n: (tuple(starts[r].tolist()), tuple(stops[r].tolist())) for n in names(nvars)}
+        inbox = directory_inbox(meta, targets, starts, stops, r, q)
+        if r == 0:
+            inbox = [dict(m or {}, signature=signature) for m in inbox]
+        t1, c1, routed = timed_cpu(lambda: parts_for_directories(meta, box, q))
+        t2, c2, (problem, _) = timed_cpu(lambda: decide(meta, names(nvars), [m.get("parts") for m in inbox], r, q))
+        assert problem is None
+        replies = [None] * q
+        for d in sorted(routed):
+            replies[d] = decide(meta, names(nvars), [m.get("parts") for m in directory_inbox(
+                meta, targets, starts, stops, d, q)], d, q)[1].get(r)
+        t3, c3, shared = timed_cpu(lambda: shared_from_assignments(replies, names(nvars)))
+        times.append(t1 + t2 + t3)
+        cpus.append(c1 + c2 + c3)
+        touched.append(sum(len(p) for p in routed.values()))
+        empty = psize(None)
+        received.append(sum(psize({"parts": m["parts"]}) if m.get("parts") else empty for m in inbox)
+                        + (q - 1) * (psize({"signature": signature}) if r == 0 else 0)
+                        + sum(empty if x is None else psize({"assigned": x}) for x in replies))
+    r = sample[len(sample) // 2]  # (the chunk indexes came with the metadata)
+    box = {n: (tuple(starts[r].tolist()), tuple(stops[r].tolist())) for n in names(nvars)}
+    inbox = directory_inbox(meta, targets, starts, stops, r, q)
+    peaks.append(traced(lambda: (parts_for_directories(meta, box, q),
+                                 decide(meta, names(nvars), [m.get("parts") for m in inbox], r, q))))
+    # old: every rank plans every rank's reads
+    full, k = q <= old_full_max, q
+
+    def old_tiling():  # loading.plan_reads before this issue: the sweep of regions.tiling_problem
+        for n in names(nvars):
+            problem = tiling_problem(starts, stops, shape, label="the block of rank")
+            assert problem is None
+
+    def old():
+        old_tiling()
+        for n in names(nvars):
+            c = meta.variables[n].chunks
+            plan_shared_reads(c.start, c.stop, [(tuple(starts[r].tolist()), tuple(stops[r].tolist()))
+                                                for r in range(k)] + [None] * (q - k))
+    meta.indexed()  # rank 0 builds the chunk indexes and broadcasts them with the metadata
+    meta_bcast = psize((None, meta))
+    t_unpickle = timed(lambda: pickle.loads(pickle.dumps((None, meta), protocol=pickle.HIGHEST_PROTOCOL)))[0]
+    if full:
+        t_old, _ = timed(old)
+        m_old = traced(old) if q <= 4096 else None
+    else:  # the sweep alone is O(q^2 / px): too slow to run here
+        t_old, m_old = None, None
+    return {"ranks": q, "check_template_s": t_check, "chunk_index_s": t_index, "new_plan_s_max": max(times),
+            "new_plan_cpu_s_max": max(cpus),
+            "new_plan_s_median": float(np.median(times)), "new_plan_peak_bytes": max(peaks),
+            "parts_touched_max": max(touched), "directory_received_bytes_max": max(received),
+            "directory_received_bytes_median": float(np.median(received)), "gathered_plan_s_max": max(gathered),
+            "requests_allgather_gathered_bytes": gathered_bytes, "agree_allgather_bytes": q * psize((None, None)),
+            "old_plan_s": t_old, "old_plan_peak_bytes": m_old,
+            "requests_allgather_old_bytes": old_bytes,
+            "metadata_bcast_bytes": meta_bcast, "metadata_unpickle_s": t_unpickle, "sampled_ranks": sample}
+
+
+def clear_indexes(meta) -> None:
+    """Forget the chunk indexes (a fresh process builds them on first use)."""
+    for v in meta.variables.values():
+        v.chunks._index = None
+
+
+def directory_inbox(meta, targets, starts, stops, d: int, q: int) -> list:
+    """What directory rank ``d`` receives in the first exchange, by sender (the parts of the chunks it directs)."""
+    inbox = [None] * q
+    for name in sorted(meta.variables):
+        c = meta.variables[name].chunks
+        for k in directed(d, len(c), q):
+            for u in targets.query(c.start[k], c.stop[k]).tolist():
+                lo = tuple(np.maximum(starts[u], c.start[k]).tolist())
+                hi = tuple(np.minimum(stops[u], c.stop[k]).tolist())
+                inbox[u] = inbox[u] or {"parts": []}
+                inbox[u]["parts"].append((name, k, lo, hi))
+    return [m or {} for m in inbox]
+
+
+def incremental_case(meta, rows: list, p: int, nvars: int) -> dict:
+    """A version on top of ``meta`` (as an incremental base) where every tenth block changed."""
+    variables = {n: _plan(v) for n, v in meta.variables.items()}
+    dtypes = {n: v.dtype for n, v in meta.variables.items()}
+    codecs = {n: v.codec for n, v in meta.variables.items()}
+    for v in meta.variables.values():
+        v.chunks.hash = [f"{k:032x}" for k in range(len(v.chunks))]
+    t_index, index = timed(lambda: ChainIndex.from_metadata(meta, "step-1"))
+    parts, keys = [], []
+    at = {n: 0 for n in names(nvars)}
+    for r in range(p):
+        written, refs, hashes, mine = [], [], {}, []
+        for (n, file, off, nb, dg, st, cnt) in rows[r]:
+            k = at[n]
+            at[n] += 1
+            if (r + k) % 10 == 0:
+                h = f"{(k + 1) << 64:032x}"
+                written.append((n, rank_file(r), len(written) * nb, nb, dg, st, cnt))
+                hashes[(n, st)] = h
+                mine.append((h, nb, "none"))
+            else:
+                refs.append((n, reference("step-1", file), off, nb, dg, st, cnt, f"{k:032x}"))
+        parts.append({"written": written, "hashes": hashes, "refs": refs, "dups": []})
+        keys.append(mine)
+    extra = {"incremental": {"kind": "incremental", "base": "step-1", "depth": 1}}
+    t_meta, (imeta, _, nchunks, _) = timed(lambda: incremental_metadata(variables, dtypes, codecs, parts, {}, p, 2,
+                                                                       extra))
+    raw = imeta.to_json_bytes()
+    t_parse, _ = timed(lambda: parse(raw))
+    t_dup, _ = timed(lambda: duplicates(keys, p - 1))
+    return {"ranks": p, "chunks": nchunks, "base_index_s": t_index, "base_index_bcast_bytes": psize(index),
+            "keys_allgather_bytes_rank": sum(psize((None, (0, 0, k, 0))) for k in keys),
+            "dedup_last_rank_s": t_dup, "meta_root_s": t_meta, "meta_bytes": len(raw), "meta_parse_s": t_parse}
+
+
+def _plan(var):
+    from hpcckpt.encoding import dtype_to_json
+    from hpcckpt.planning import VariablePlan
+
+    return VariablePlan(var.kind, dtype_to_json(var.dtype), var.shape)
+
+
+def mib(n) -> str:
+    return "-" if n is None else f"{n / 2**20:.2f}"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--ranks", type=int, nargs="+", default=[1024, 4096, 16384, 65536])
+    ap.add_argument("--vars", type=int, default=20)
+    ap.add_argument("--sample", type=int, default=8, help="ranks whose new load plan is timed, per case")
+    ap.add_argument("--old-full-max", type=int, default=4096, help="above this, the old load plan is sampled")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    results = {"save": [], "load": [], "incremental": []}
+    for p in args.ranks:
+        save, meta, rows = save_case(p, args.vars, sorted({0, p // 2, p - 1}))
+        results["save"].append(save)
+        for q in (3 * p // 4, 2 * p):
+            results["load"].append({"saved_on": p, **load_case(meta, q, args.vars, args.sample, args.old_full_max)})
+        results["incremental"].append(incremental_case(meta, rows, p, args.vars))
+        del meta, rows
+        print(f"P={p} done", file=sys.stderr, flush=True)
+    print("\nSave plan and metadata (per rank; rank 0 plans)\n")
+    print_table(["P", "chunks", "describe ms", "plan rank0 s", "plan rank0 MiB", "gather rank0 MiB",
+                 "bcast+scatter MiB/rank", "hit allgather MiB/rank", "meta MiB", "write s", "parse s",
+                 "parse s/M chunks", "parse CPU s/M"],
+                [[s["ranks"], s["chunks"], f"{s['save_describe_s_max'] * 1e3:.2f}", f"{s['save_plan_root_s']:.3f}",
+                  mib(s["save_plan_root_peak_bytes"]), mib(s["save_gather_bytes_root"]),
+                  mib(s["save_bcast_scatter_bytes_rank"]), mib(s["save_hit_allgather_bytes_rank"]),
+                  mib(s["meta_bytes"]), f"{s['meta_write_s']:.3f}", f"{s['meta_parse_s']:.3f}",
+                  f"{s['meta_parse_s_per_million']:.3f}", f"{s['meta_parse_cpu_s_per_million']:.3f}"]
+                 for s in results["save"]])
+    print("\nLoad plan per rank (old: every rank plans all ranks; directory: Blocks, this rank's part; "
+          "gathered: the Ragged way)\n")
+    print_table(["P -> Q", "parts", "old s", "old MiB", "index ms (rank 0)", "directory ms (max)", "CPU ms (max)", "directory MiB",
+                 "gathered ms", "meta bcast MiB", "recv old MiB", "recv directory KiB (max / median)", "recv gathered MiB",
+                 "agree KiB"],
+                [[f"{r['saved_on']} -> {r['ranks']}", r["parts_touched_max"],
+                  "-" if r["old_plan_s"] is None else f"{r['old_plan_s']:.2f}", mib(r["old_plan_peak_bytes"]),
+                  f"{r['chunk_index_s'] * 1e3:.1f}", f"{r['new_plan_s_max'] * 1e3:.1f}",
+                  f"{r['new_plan_cpu_s_max'] * 1e3:.1f}", mib(r["new_plan_peak_bytes"]), f"{r['gathered_plan_s_max'] * 1e3:.0f}",
+                  mib(r["metadata_bcast_bytes"]), mib(r["requests_allgather_old_bytes"]),
+                  f"{r['directory_received_bytes_max'] / 1024:.1f} / {r['directory_received_bytes_median'] / 1024:.1f}", mib(r["requests_allgather_gathered_bytes"]),
+                  f"{r['agree_allgather_bytes'] / 1024:.1f}"] for r in results["load"]])
+    print("\nIncremental version on the P-rank base (10% of the blocks changed)\n")
+    print_table(["P", "chunks", "base index s", "index bcast MiB", "keys allgather MiB/rank", "dedup last rank s",
+                 "meta rank0 s", "meta MiB", "parse s"],
+                [[i["ranks"], i["chunks"], f"{i['base_index_s']:.3f}", mib(i["base_index_bcast_bytes"]),
+                  mib(i["keys_allgather_bytes_rank"]), f"{i['dedup_last_rank_s']:.3f}", f"{i['meta_root_s']:.3f}",
+                  mib(i["meta_bytes"]), f"{i['meta_parse_s']:.3f}"] for i in results["incremental"]])
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

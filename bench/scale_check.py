@@ -1,0 +1,113 @@
+"""A real run of bench/scale.py's case, to check that the simulated figures and the real code agree (issue 20).
+
+    MPIR_CVAR_CH4_PROGRESS_THROTTLE=1 MPIR_CVAR_POLLS_BEFORE_YIELD=1 \\
+      mpiexec -n 32 python bench/scale_check.py [--vars 20] [--dir DIR] [--json out.json]
+
+P ranks save ``--vars`` variables, each rank a 4^3 float64 block of a 3-D grid
+(scale.grid), and the first 3P/4 ranks (a sub-communicator) load them on their
+own grid: the reshard of scale.py's ``P -> 3P/4`` case.  Measured on every
+rank, through a communicator wrapper that pickles what each collective hands
+back: the bytes received by the load's planning (the alltoalls of the chunk
+directory) and by its metadata broadcast, and the plan phase's time
+(loading.load_version's PhaseTimer).  Then rank 0 runs the simulation of the
+same case (scale.save_case / load_case) and prints both side by side, with
+the size of the real metadata.json against the simulated one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pickle
+import shutil
+import sys
+import tempfile
+
+import numpy as np
+from mpi4py import MPI
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import scale  # noqa: E402
+from benchutil import print_table  # noqa: E402
+
+import hpcckpt  # noqa: E402
+from hpcckpt.loading import load_version  # noqa: E402
+from hpcckpt.monitor import PhaseTimer  # noqa: E402
+from hpcckpt.names import METADATA_FILE  # noqa: E402
+
+COMM = MPI.COMM_WORLD
+
+
+class Received:
+    """A communicator wrapper that adds up the pickled size of what each collective returns to this rank."""
+
+    def __init__(self, comm):
+        self._comm, self.bytes = comm, {}
+
+    def __getattr__(self, name):
+        attr = getattr(self._comm, name)
+        if name not in ("bcast", "alltoall", "allgather"):
+            return attr
+
+        def counted(*a, **k):
+            out = attr(*a, **k)
+            items = out if name != "bcast" else [out]
+            self.bytes[name] = self.bytes.get(name, 0) + sum(len(pickle.dumps(x, protocol=5)) for x in items)
+            return out
+        return counted
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--vars", type=int, default=20)
+    ap.add_argument("--dir", default=None)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    p, rank = COMM.size, COMM.rank
+    q = 3 * p // 4
+    root = COMM.bcast(tempfile.mkdtemp(prefix="scale-", dir=args.dir) if rank == 0 else None)
+    path = os.path.join(root, "ck")
+    shape = tuple(int(g) * scale.EDGE for g in scale.grid(p))
+    starts, _ = scale.boxes_of(p, shape)
+    local = np.full((scale.EDGE,) * 3, float(rank))
+    hpcckpt.save({n: hpcckpt.Block(local, tuple(starts[rank].tolist()), shape) for n in scale.names(args.vars)},
+                 path, comm=COMM)
+    sub = COMM.Split(0 if rank < q else MPI.UNDEFINED, rank)
+    mine = None
+    if sub != MPI.COMM_NULL:
+        lo, hi = scale.boxes_of(q, shape)
+        box = (tuple(lo[sub.rank].tolist()), tuple(hi[sub.rank].tolist()))
+        template = {n: hpcckpt.Block(np.zeros(np.subtract(box[1], box[0])), box[0], shape)
+                    for n in scale.names(args.vars)}
+        load_version(template, path, sub)  # warm-up: imports and first-call costs
+        counting, timer = Received(sub), PhaseTimer()
+        load_version(template, path, counting, timer=timer)
+        mine = (timer.seconds["plan"], counting.bytes.get("alltoall", 0), counting.bytes.get("bcast", 0))
+        sub.Free()
+    everyone = COMM.gather(mine, root=0)
+    if rank == 0:
+        real = [m for m in everyone if m is not None]
+        meta_bytes = os.path.getsize(os.path.join(path, METADATA_FILE))
+        save, meta, _ = scale.save_case(p, args.vars, [0])
+        sim = scale.load_case(meta, q, args.vars, 6, 0)
+        plan = [m[0] for m in real]
+        recv = [m[1] for m in real]
+        rows = [["plan ms per rank (median / max)", f"{np.median(plan) * 1e3:.1f} / {max(plan) * 1e3:.1f}",
+                 f"{sim['new_plan_s_median'] * 1e3:.1f} / {sim['new_plan_s_max'] * 1e3:.1f} (+ index "
+                 f"{sim['chunk_index_s'] * 1e3:.1f})"],
+                ["planning bytes received per rank (median / max)", f"{np.median(recv):.0f} / {max(recv)}",
+                 f"{sim['directory_received_bytes_median']:.0f} / {sim['directory_received_bytes_max']}"],
+                ["metadata broadcast bytes", f"{real[0][2]}", f"{sim['metadata_bcast_bytes']}"],
+                ["metadata.json bytes", f"{meta_bytes}", f"{save['meta_bytes']}"]]
+        print(f"\n{p} ranks save, {q} load ({args.vars} variables)\n")
+        print_table(["", "real", "simulated"], rows)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"ranks": p, "load_ranks": q, "real": real, "metadata_bytes": meta_bytes,
+                           "simulated": sim}, f, indent=1)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
