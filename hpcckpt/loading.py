@@ -57,8 +57,11 @@ def load_version(state, directory: str, comm, strict: bool = True, timer: PhaseT
         meta = bcast_checked(comm, what, lambda: _step_checked(read_metadata(directory, storage), expect_step,
                                                                     directory))
     with timer.phase("plan"):
-        local = agree(comm, what, lambda: _template(state, meta, strict, cast, comm.Get_rank(), comm.Get_size()))
-        requests = allgather_checked(comm, what, lambda: local["requests"])
+        # the template's checks and its requests share one allgather (a bad template: the same error everywhere)
+        checked = []
+        requests = allgather_checked(comm, what, lambda: _keep(checked, _template(
+            state, meta, strict, cast, comm.Get_rank(), comm.Get_size()))["requests"])
+        local = checked[0]
         try:  # the same inputs on every rank: the same answer, or the same error everywhere
             ranges = plan_reads(requests, meta)
         except TemplateMismatchError as exc:
@@ -87,6 +90,12 @@ def load_version(state, directory: str, comm, strict: bool = True, timer: PhaseT
     restored = unflatten(out, local["tree"])
     deliver(state, restored)  # load_state_dict of Stateful objects, after every collective of the load
     return restored
+
+
+def _keep(store: list, value):
+    """Append ``value`` to ``store`` and return it (keeps a result computed inside a collective's callable)."""
+    store.append(value)
+    return value
 
 
 def _template(state, meta: Metadata, strict: bool, cast: bool = False, rank: int = 0, nranks: int = 1) -> dict:
