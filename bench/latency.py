@@ -163,7 +163,8 @@ def saves_worker(args) -> None:
                             os.unlink(os.path.join(dirs["raw"], f"index-{step - 2}.json"))
                     res = None
                 else:
-                    comm.calls.clear()
+                    if m == "hpcckpt":
+                        comm.calls.clear()
                     t, res = timed(world, lambda: cks[m].save(state, step))
                 if step == 0 and m == "hpcckpt":
                     rec["first"] = {"seconds": t, "phases": dict(res.timings)}
