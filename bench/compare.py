@@ -627,6 +627,13 @@ def report(results: dict, args) -> list[tuple]:
             check(f"[{scen}] auto save within 10% of best fixed", f"{r:.2f}x", r <= 1.10,
                   f"auto chose {chose}; best = {best} ({med(times[best]['save']):.3f} s); "
                   + ", ".join(f"{s.split(':')[1]} {med(times[s]['save']):.3f}" for s in have))
+        if "raw" in times:  # issue 20: every strategy's loads against the raw read of the same bytes, same ranks
+            for s in have + (["hpcckpt:auto"] if "hpcckpt:auto" in times else []):
+                for op, ceiling in (("load", 1.2), ("reshard", 1.2), ("load cold", 1.1), ("reshard cold", 1.1)):
+                    if op in times[s] and op in times["raw"]:
+                        r = paired(times[s][op], times["raw"][op])
+                        check(f"[{scen}] {s.split(':')[1]} {op} <= {ceiling}x raw", f"{r:.2f}x", r <= ceiling,
+                              f"{med(times[s][op]):.3f} s against raw {med(times['raw'][op]):.3f} s")
         if scen == "small" and "hpcckpt:aggregated" in times and "hpcckpt:file-per-rank" in times:
             r = paired(times["hpcckpt:file-per-rank"]["save"], times["hpcckpt:aggregated"]["save"])
             check(f"[{scen}] aggregated save beats file-per-rank", f"{r:.2f}x", r > 1.0,

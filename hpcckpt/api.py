@@ -1,18 +1,24 @@
-"""The one-call entry points: save, load and open a single checkpoint directory."""
+"""The one-call entry points: save, load and open a single checkpoint directory.
+
+The save and open machinery is imported when first called: a restart that only
+loads (a fresh process: ``import hpcckpt``, one ``load``) imports the load path
+alone (bench/latency.py, "restart").
+"""
 
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
-from .catalog import list_versions, resolve_version
 from .collective import agree, on_root, resolve_comm
 from .errors import CheckpointError
 from .loading import load_version
 from .names import DATA_DIR, METADATA_FILE
-from .view import CheckpointView
-from .options import SaveOptions, SaveResult
-from .save_pipeline import save_version
 from .storage import POSIX, PosixStorage, Storage
+
+if TYPE_CHECKING:
+    from .options import SaveResult
+    from .view import CheckpointView
 
 
 def save(state, path, comm=None, *, step: int | None = None, overwrite: bool = False, storage: Storage = POSIX,
@@ -29,6 +35,9 @@ def save(state, path, comm=None, *, step: int | None = None, overwrite: bool = F
     (hpcckpt.storage: POSIX directories by default; a MemoryStorage holds it
     in this process).  Other options: see SaveOptions.
     """
+    from .options import SaveOptions
+    from .save_pipeline import save_version
+
     comm = resolve_comm(comm)
     path = os.fspath(path)
     # agreed before anything is removed: an invalid option on one rank fails every rank alike (one allgather);
@@ -93,6 +102,9 @@ def open(path, storage: Storage = POSIX) -> CheckpointView:  # noqa: A001 - the 
     root (its newest committed version is opened, as the CLI does).
     ``view["u"]`` is a lazy array (hpcckpt.view.VariableView).
     """
+    from .catalog import list_versions, resolve_version
+    from .view import CheckpointView
+
     path = os.fspath(path)
     if isinstance(storage, PosixStorage):
         if os.path.basename(path) == METADATA_FILE and os.path.isfile(path):

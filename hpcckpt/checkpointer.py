@@ -9,7 +9,7 @@ import warnings
 import weakref
 
 from . import rootlock
-from .collective import agree, best_effort, on_root, resolve_comm
+from .collective import agree, bcast_checked, best_effort, on_root, resolve_comm
 from .catalog import check_step, current, list_versions, new_version_name, remove_versions, removable, retained
 from .errors import CheckpointError, TemplateMismatchError
 from .loading import load_version
@@ -110,8 +110,7 @@ class Checkpointer:
             live = self.engine.live()  # commits a pending asynchronous save first
             if live is not None:
                 return live
-        live = agree(self.comm, f"listing {self.root!r}", lambda: on_root(self.comm, lambda: current(list_versions(self.root))))
-        return self.comm.bcast(live, root=0)
+        return bcast_checked(self.comm, f"listing {self.root!r}", lambda: current(list_versions(self.root)))
 
     def _committed_here(self) -> list:
         """The committed versions as this rank reads them now, without MPI (see :meth:`steps`)."""
@@ -193,8 +192,10 @@ class Checkpointer:
         self.chain_base = result.path
         self._last_result = result
         self.pacer.record_save(step, time.perf_counter() - t0)
+        t1 = time.perf_counter()
         on_root(self.comm, lambda: best_effort(f"retention under {self.root!r}", lambda: remove_versions(
             removable(list_versions(self.root), self.keep))))
+        result.timings["retention"] = result.this_rank["timings"]["retention"] = time.perf_counter() - t1
         if self.should_exit():  # the final checkpoint is committed: now an application handler may stop us
             self.pacer.signals.raise_pending()
         return result
@@ -244,8 +245,10 @@ class Checkpointer:
     def _prepare(self, step: int) -> str:
         """Clear leftovers of interrupted saves (rank 0) and pick the new version's directory name."""
         entries = list_versions(self.root)
-        remove_versions([e for e in entries if not e.committed])
-        return new_version_name(list_versions(self.root), step)
+        leftovers = [e for e in entries if not e.committed]
+        removed = set(remove_versions(leftovers))
+        # one listing: the entries less the leftovers just removed (a leftover that resisted keeps its name taken)
+        return new_version_name([e for e in entries if e.name not in removed], step)
 
     @_shielded
     def restore(self, state=None, step: int | None = None, strict: bool | str = True, cast: bool = False) -> dict:

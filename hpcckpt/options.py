@@ -84,7 +84,8 @@ class SaveResult:
     version's index (an incremental version's referenced ones included);
     ``timings``: seconds per phase of the slowest rank (the maximum over the
     ranks of each phase, as stored in the version's ``extra.stats``), plus this
-    rank's ``commit``; ``strategy``: the transport used; ``kind``: ``"full"``
+    rank's ``commit`` (and, after a blocking ``Checkpointer.save``, this rank's
+    ``retention``: rank 0 removes the versions beyond ``keep``); ``strategy``: the transport used; ``kind``: ``"full"``
     or ``"incremental"``; ``levels``: where the version is committed,
     ``("root",)`` or the node-local levels it reached (``"L1"``, ``"L2"``
     partner copy, ``"L3"`` parity; the L4 flush commits later); ``incremental``:

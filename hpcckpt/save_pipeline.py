@@ -158,7 +158,8 @@ def save_version(state, directory, comm, options: SaveOptions | dict, step: int 
         chain_cache.remember(*chain)
     if rank == 0:
         write_seconds = phases.get("write", 0.0)
-        io_history.record(io_root, strategy, size, nbytes, write_seconds)
+        if options.strategy == "auto":  # its only reader: a fixed strategy's save skips the write of the file
+            io_history.record(io_root, strategy, size, nbytes, write_seconds)
         logger.info("saved %s (%s): %d bytes in %d chunks, %s, write %.3f s (%.2f GB/s); %s", path,
                     selection.kind, nbytes, nchunks, strategy, write_seconds,
                     nbytes / max(write_seconds, 1e-9) / 1e9, straggler_text)

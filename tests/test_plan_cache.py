@@ -126,3 +126,40 @@ def test_a_layout_that_keeps_changing_is_planned_at_once(world, mpi_tmp):
         target = _state(world, k=-1, rows=6)
         out = ck.restore(target)
     assert out["t"] == 5 and np.array_equal(target["u"].local, _state(world, k=5, rows=6)["u"].local)
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("reshard", [False, True])
+def test_a_load_makes_three_collectives(world, mpi_tmp, reshard):
+    """hpcckpt.load of a state with a Ragged table: the metadata broadcast, one allgather of the checked
+    template's requests, the agreement after the reads (the parts of chunks read by another rank come point to
+    point); Checkpointer.restore adds the broadcast of the version listing.  Reshard: the Block is split another
+    way than it was saved.  (Blocks alone plan through the chunk directory, two alltoalls in place of the
+    allgather: tests/test_load_plan_mpi.py.)"""
+    from hpcckpt import load
+
+    with Checkpointer(f"{mpi_tmp}/root", comm=world, strategy="file-per-rank", track_failures=False) as ck:
+        ck.save(_state(world, k=7), 1)
+        path = ck.last_result.path
+    n, size = 2000, world.size
+    lo, hi = (world.rank * n + (n // 2 if reshard and world.rank else 0),
+              (world.rank + 1) * n + (n // 2 if reshard and world.rank < size - 1 else 0))
+    want = np.arange(size * n, dtype=np.float64) + 7
+    comm = CountingComm(world)
+    for restore in (False, True):
+        target = np.zeros(hi - lo)
+        state = {"u": Block(target, offset=(lo,), global_shape=(size * n,)), "p": Ragged(), "t": 0.0}
+        if restore:
+            with Checkpointer(f"{mpi_tmp}/root", comm=comm, track_failures=False) as ck:
+                comm.calls.clear()  # from the restore on (the constructor agrees on its options)
+                out = ck.restore(state)
+                calls = [c for c in comm.calls if c in COLLECTIVES]
+        else:
+            comm.calls.clear()
+            out = load(state, path, comm=comm)
+            calls = [c for c in comm.calls if c in COLLECTIVES]
+        assert calls == (["bcast"] if restore else []) + ["bcast", "allgather", "allgather"], calls
+        assert out["t"] == 7 and np.array_equal(target, want[lo:hi])
+        rows = np.concatenate(world.allgather(out["p"].local))
+        assert np.array_equal(rows, np.concatenate([np.full(3 + r, r, np.int64) for r in range(size)]))
