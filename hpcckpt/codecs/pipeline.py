@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 
 from ..devices import as_local_array, is_device_array
-from . import auto, blosc2_codec
+from . import auto, auto_lossy, blosc2_codec
 from .core import AUTO, NAMES, NoneCodec, from_config, resolve, spec_to_json
 from .gpu import device_encode
 
@@ -103,6 +103,8 @@ def summary_for(spec, arr, dtype) -> dict:
     spec = spec_to_json(spec)
     if spec == AUTO:
         return {"auto": auto.measure(arr, dtype) if dtype is not None else {"bytes": 0, "sample": 0, "bw": 0}}
+    if auto_lossy.is_auto_lossy(spec):  # the spec too: the ranks must ask for the same bound
+        return {"spec": spec, "measure": auto_lossy.measure(arr if dtype is not None else None, dtype, spec)}
     return {"spec": spec}
 
 
@@ -118,6 +120,9 @@ def decide(name: str, dtype, per_rank: list[dict], threads: int) -> dict:
         for m in autos:
             m.setdefault("seconds", {})
         return resolve(auto.decide(autos, threads), dtype).config
+    if auto_lossy.is_auto_lossy(specs[0]):
+        chosen = auto_lossy.decide(specs[0], dtype, [s["measure"] for s in per_rank], threads)
+        return resolve(chosen, dtype).config
     return resolve(specs[0], dtype).config
 
 
