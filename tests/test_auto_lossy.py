@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import hpcckpt
-from hpcckpt.codecs import AutoLossy, auto, auto_lossy, resolve, spec_to_json
+from hpcckpt.codecs import AutoLossy, auto, auto_lossy, pipeline, resolve, spec_to_json
 from hpcckpt.errors import CheckpointError
 from test_lossy import check as check_quantized
 from test_lossy import rel_bound
@@ -130,3 +130,15 @@ def test_save_records_the_chosen_codec_and_open_reads_it(tmp_path, monkeypatch):
     view = hpcckpt.open(path)
     for k, v in fields.items():
         assert np.abs(view.read(k) - v).max() <= 1e-3
+
+
+def test_a_rank_planning_alone_keeps_the_agreed_choice_at_the_same_bound_else_takes_the_quantizer():
+    spec = AutoLossy(abs=1e-3).config()
+    summary = {"spec": spec, "measure": measurement(1 << 30, 100, {"sz3": 1e-9, "quantize": 1.0},
+                                                    {"sz3": 1, "quantize": 100}, bw=1e3)}
+    sz3 = auto_lossy.config_of("sz3", "abs", 1e-3)
+    quantize = resolve(hpcckpt.codecs.Lossy(abs=1e-3), np.float64).config
+    assert pipeline.decide_alone("u", np.float64, summary, 2, sz3) == sz3
+    assert pipeline.decide_alone("u", np.float64, summary, 2, None) == quantize  # not its own sample's sz3
+    assert pipeline.decide_alone("u", np.float64, summary, 2, auto_lossy.config_of("sz3", "abs", 1e-4)) == quantize
+    assert pipeline.decide("u", np.float64, [summary], 2) == sz3  # rank 0 with every rank's samples decides

@@ -49,6 +49,33 @@ def test_every_rank_encodes_with_rank_0s_choice_and_the_bound_holds(mpi_tmp, mon
     assert np.abs(got["v"] - local * 3).max(initial=0) <= 1e-5 * (full.max() - full.min())
 
 
+def test_an_asynchronous_save_after_a_layout_change_keeps_the_agreed_choice(mpi_tmp, monkeypatch):
+    """A rank that plans its changed part alone (asynchronous saves) keeps the ranks' choice, and takes the
+    quantizer for a variable that has none yet: the ranks never disagree, so every version commits."""
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    # rank 0 alone (slow storage) would pick SZ3 from its own sample; the ranks together (the mean) pick otherwise
+    monkeypatch.setattr(auto, "write_bandwidth", lambda: 1e4 if comm.rank == 0 else 1e11)
+    saved = {}
+    with hpcckpt.Checkpointer(mpi_tmp, comm=comm, codec=AutoLossy(abs=1e-4), asynchronous=True,
+                              track_failures=False, keep=None) as ck:
+        for step, rows, names in ((1, 64, ("u",)), (2, 48, ("u",)), (3, 40, ("u", "w"))):
+            local, offset, shape = smooth_rows(comm, rows)
+            saved[step] = (local, offset, shape, names)
+            ck.save({n: hpcckpt.Block(local * (1 + i), offset, shape) for i, n in enumerate(names)}, step)
+            ck.wait()
+        codecs = {step: {n: hpcckpt.open(os.path.join(mpi_tmp, f"step-{step:012d}")).variables[n].codec
+                         for n in saved[step][3]} for step in saved}
+        assert codecs[2]["u"] == codecs[3]["u"] == codecs[1]["u"]
+        assert codecs[3]["w"]["id"] == "hpcckpt.quantize"
+        for step, (local, offset, shape, names) in saved.items():
+            got = {n: np.zeros_like(local) for n in names}
+            ck.restore({n: hpcckpt.Block(a, offset, shape) for n, a in got.items()}, step=step)
+            for i, n in enumerate(names):
+                assert np.abs(got[n] - local * (1 + i)).max(initial=0) <= 1e-4
+
+
 def test_ranks_asking_for_different_bounds_fail_together(mpi_tmp):
     from mpi4py import MPI
 

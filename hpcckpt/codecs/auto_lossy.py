@@ -36,8 +36,8 @@ from .core import register_spec, resolve
 from .lossy import Lossy
 
 ID = "hpcckpt.auto-lossy"
-#: Bytes of a rank's sample (three blocks).  Larger than lossless auto's: SZ3 and ZFP need 2-D/3-D neighbourhoods.
-SAMPLE_BYTES = 192 << 10
+#: Bytes of a rank's sample (three blocks of the array's own axes: SZ3 and ZFP predict in 2-D/3-D neighbourhoods).
+SAMPLE_BYTES = 96 << 10
 #: Candidate names in the order ties are broken.
 CANDIDATES = ("quantize", "sz3", "zfp")
 
@@ -90,6 +90,12 @@ def config_of(name: str, mode: str, bound: float) -> dict:
     if name == "sz3":
         return {"id": sz3.ID, mode: bound}
     return {"id": zfp.ID, "accuracy": bound}
+
+
+def choices(spec: dict) -> list[dict]:
+    """The configs an AutoLossy spec may choose (CANDIDATES' order: the quantizer first)."""
+    mode, bound = check_spec(spec)
+    return [config_of(n, mode, bound) for n in CANDIDATES if n != "zfp" or mode == "abs"]
 
 
 def runnable(mode: str, device: bool = False) -> list[str]:

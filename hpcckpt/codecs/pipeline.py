@@ -126,6 +126,23 @@ def decide(name: str, dtype, per_rank: list[dict], threads: int) -> dict:
     return resolve(specs[0], dtype).config
 
 
+def decide_alone(name: str, dtype, summary: dict, threads: int, agreed: dict | None) -> dict:
+    """A rank's codec config of variable ``name`` when it plans its part alone (an asynchronous save after its
+    layout changed), from its own ``summary`` only; the commit then checks that every rank chose the same.
+
+    An automatic choice keeps ``agreed``, the ranks' earlier choice: always for ``"auto"``, for an AutoLossy
+    spec when ``agreed`` is one of its candidates at the same bound.  An AutoLossy variable without such a
+    choice takes the quantizer, as every rank does alike (a sample of one rank's part could differ).
+    """
+    spec = summary.get("spec")
+    if agreed is not None and ("auto" in summary or (
+            auto_lossy.is_auto_lossy(spec) and agreed in auto_lossy.choices(spec))):
+        return agreed
+    if auto_lossy.is_auto_lossy(spec):
+        return resolve(auto_lossy.choices(spec)[0], dtype).config
+    return decide(name, dtype, [summary], threads)
+
+
 def codecs_for(configs: dict, dtypes: dict) -> dict:
     """Codec objects from configs (already validated by rank 0)."""
     return {name: (NoneCodec() if cfg.get("id") == "none" else from_config(cfg, dtypes[name]))
