@@ -11,7 +11,7 @@ lossy.py, bounded.py), so the bound holds whatever is picked.
 Every rank encodes a sample of its part with each candidate it can run (at
 most ``SAMPLE_BYTES`` in three blocks of the array's own shape, from its start,
 middle and end, so that SZ3 and ZFP predict along every axis as they do on a
-chunk), timing it; rank 0 weighs the ranks' measurements as ``codec="auto"``
+chunk), timing it (the least of TIMED_RUNS runs); rank 0 weighs the ranks' measurements as ``codec="auto"``
 does (auto.estimate: compress time over the codec threads plus the stored
 bytes over the measured write bandwidth) and picks the candidate with the
 least estimated save time among those every rank measured.  The decision is
@@ -38,6 +38,9 @@ from .lossy import Lossy
 ID = "hpcckpt.auto-lossy"
 #: Bytes of a rank's sample (three blocks of the array's own axes: SZ3 and ZFP predict in 2-D/3-D neighbourhoods).
 SAMPLE_BYTES = 96 << 10
+#: Timed encodes of the sample per candidate (the least counts): the candidates' speeds differ by 2-10x, a
+#: scheduler hiccup in one run must not decide.
+TIMED_RUNS = 2
 #: Candidate names in the order ties are broken.
 CANDIDATES = ("quantize", "sz3", "zfp")
 
@@ -141,7 +144,7 @@ def measure(arr, dtype, spec: dict) -> dict:
     out["sample"] = int(sum(p.nbytes for p in parts))
     for name in runnable(mode, is_device_array(arr)):
         out["seconds"][name], out["stored"][name] = auto.timed_encode(resolve(config_of(name, mode, bound), dtype),
-                                                                      parts)
+                                                                      parts, TIMED_RUNS)
     return out
 
 
