@@ -22,7 +22,7 @@ abs 1e-3, rel 1e-4 and rel 1e-6 on the same fields, in 2-D chunks of 4 MiB
 (row blocks, as a save chunks a 2-D Block): ratio, compress and decompress
 MB/s with one thread (medians of ``--repeat`` runs) and the maximum error seen;
 then the codec AutoLossy picks at each bound for a writer of ``--bandwidth``
-and ``--threads`` codec threads.
+and ``--threads`` codec threads (``--part picks``: that table alone).
 """
 
 from __future__ import annotations
@@ -146,16 +146,17 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3,
                     help="runs per throughput cell and per lossy row (medians), per save (the fastest)")
     ap.add_argument("--codecs", default="", help="comma-separated row names of the throughput table (default all)")
-    ap.add_argument("--part", choices=("all", "throughput", "save", "lossy"), default="all",
-                    help="run only the codec throughput table or only the end-to-end saves")
+    ap.add_argument("--part", choices=("all", "throughput", "save", "lossy", "picks"), default="all",
+                    help="run only the codec throughput table, the end-to-end saves, the lossy table or "
+                         "only what AutoLossy picks at --bandwidth")
     ap.add_argument("--fields", default="", help="comma-separated fields (default all: smooth,constant,random,heat2d)")
     ap.add_argument("--heat-steps", type=int, default=200, help="steps of apps/heat2d.py for the heat2d field")
     args = ap.parse_args()
     fields = make_fields(args.mib, args.heat_steps)
     if args.fields:
         fields = {name: fields[name] for name in args.fields.split(",")}
-    if args.part == "lossy":
-        lossy_table(args, fields)
+    if args.part in ("lossy", "picks"):
+        (lossy_table if args.part == "lossy" else picks_table)(args, fields)
         return
     if args.part != "save":
         throughput_table(args, fields)
@@ -229,7 +230,12 @@ def lossy_table(args, fields) -> None:
             ratio = field.nbytes / sum(s.nbytes for s in stored)
             print(f"| {fname} | {label} | {cname} | {ratio:.2f} | {field.nbytes / np.median(tc) / 1e6:.0f} | "
                   f"{field.nbytes / np.median(td) / 1e6:.0f} | {err / bound:.2f} |", flush=True)
-    print(f"\n# what AutoLossy picks for a writer of {args.bandwidth:.0f} MB/s and {args.threads} codec threads\n")
+    picks_table(args, fields)
+
+
+def picks_table(args, fields) -> None:
+    """What AutoLossy picks per field and bound for a writer of ``--bandwidth`` (its sample, as a save does)."""
+    print(f"\n# what AutoLossy picks for a writer of {args.bandwidth:g} MB/s and {args.threads} codec threads\n")
     print("| field | abs 1e-3 | rel 1e-4 | rel 1e-6 |")
     print("|---|---|---|---|")
     for fname, field in fields.items():
