@@ -6,17 +6,23 @@
 
 Fields (float64): ``smooth`` (a smooth 2-D field plus noise at 1e-3 of its
 amplitude), ``constant`` (large constant regions plus a smooth part),
-``random`` (normal noise).  For each codec: compression ratio, compress and
+``random`` (normal noise), ``heat2d`` (a real state: apps/heat2d.py's
+temperature after ``--heat-steps`` steps from its initial field, on one
+square grid; ``--fields`` picks fields by name).  For each codec: compression ratio, compress and
 decompress MB/s (of raw bytes) with 1 thread and with the rank's codec
 threads (``--threads``, default min(4, cores) as a save; chunks of 4 MiB in a
 thread pool, as a save does; blosc2's own threads share that count), the
 median of ``--repeat`` runs.  ``--codecs`` picks rows by name (comma-separated).  Then the end-to-end time of hpcckpt.save to a
-writer throttled to ``--bandwidth`` MB/s (every write sleeps for its bytes /
-bandwidth, like a slow shared file system), with and without compression.
+writer throttled to ``--bandwidth`` MB/s (ThrottledStorage: every data write sleeps for its bytes /
+bandwidth, like a slow shared file system), with and without compression,
+for the lossless codecs (numcodecs and blosc2) and the lossy ones at every
+bound (own quantizer, SZ3, ZFP, AutoLossy: its row names what it picked).
 ``--part lossy``: the lossy codecs side by side (own quantizer, SZ3, ZFP) at
 abs 1e-3, rel 1e-4 and rel 1e-6 on the same fields, in 2-D chunks of 4 MiB
 (row blocks, as a save chunks a 2-D Block): ratio, compress and decompress
-MB/s with one thread (medians of ``--repeat`` runs) and the maximum error seen.
+MB/s with one thread (medians of ``--repeat`` runs) and the maximum error seen;
+then the codec AutoLossy picks at each bound for a writer of ``--bandwidth``
+and ``--threads`` codec threads (``--part picks``: that table alone).
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import os
 import sys
 import tempfile
 import time
+import types
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -33,14 +40,28 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import hpcckpt  # noqa: E402
-from hpcckpt.codecs import SZ3, ZFP, Blosc2, Lossy, blosc2_codec, resolve  # noqa: E402
+from hpcckpt.codecs import SZ3, ZFP, AutoLossy, Blosc2, Lossy, auto_lossy, blosc2_codec, resolve  # noqa: E402
 from hpcckpt.codecs.pipeline import default_threads  # noqa: E402
-from hpcckpt.transport import file_per_rank  # noqa: E402
+from hpcckpt.storage import PosixStorage  # noqa: E402
 
 CHUNK = 4 << 20
 
 
-def make_fields(mib: int) -> dict:
+def heat2d_state(side: int, steps: int) -> np.ndarray:
+    """apps/heat2d.py's temperature on a ``side`` x ``side`` grid after ``steps`` steps (one process, no MPI)."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "apps"))
+    import heat2d
+
+    grid = types.SimpleNamespace(ny=side, nx=side, y0=0, y1=side, x0=0, x1=side, shape=(side, side))
+    u = heat2d.with_halo(grid, heat2d.initial_field(grid))
+    out = u.copy()
+    for _ in range(steps):
+        heat2d.stencil(u, out)
+        u, out = out, u
+    return np.ascontiguousarray(u[1:-1, 1:-1])
+
+
+def make_fields(mib: int, heat_steps: int = 200) -> dict:
     n = (mib << 20) // 8
     side = int(np.sqrt(n))
     rng = np.random.default_rng(0)
@@ -49,7 +70,8 @@ def make_fields(mib: int) -> dict:
     noisy = smooth + rng.normal(scale=1e-3, size=smooth.shape)
     const = np.where(smooth > 0.2, 1.0, np.where(smooth < -0.5, -2.0, 0.0))
     const = np.where((smooth > -0.1) & (smooth < 0.0), smooth, const)
-    return {"smooth": noisy, "constant": const, "random": rng.normal(size=smooth.shape)}
+    return {"smooth": noisy, "constant": const, "random": rng.normal(size=smooth.shape),
+            "heat2d": heat2d_state(int(np.sqrt(n)), heat_steps)}
 
 
 CODECS = {"lz4": "lz4", "zstd": "zstd", "shuffle+zstd": "shuffle+zstd", "shuffle+lz4": "shuffle+lz4",
@@ -88,28 +110,30 @@ def throughput_once(field: np.ndarray, spec, threads: int) -> tuple[float, float
     return ratio, field.nbytes / tc / 1e6, field.nbytes / td / 1e6
 
 
-def throttle(bandwidth: float):
-    original = file_per_rank.write_all
+class ThrottledStorage(PosixStorage):
+    """POSIX storage whose every data write sleeps for its bytes / ``bandwidth`` (a slow shared file system)."""
 
-    def slow_write_all(fd, buffer, *args, **kwargs):  # (fd, buffer, hasher=None) in storage/posix.py
-        n = original(fd, buffer, *args, **kwargs)
-        time.sleep(n / bandwidth)
+    def __init__(self, bandwidth: float):
+        self.bandwidth = bandwidth
+
+    def append(self, handle: int, buffer, hasher=None) -> int:
+        n = super().append(handle, buffer, hasher)
+        time.sleep(n / self.bandwidth)
         return n
 
-    file_per_rank.write_all = slow_write_all
-    return original
 
-
-def save_seconds(field: np.ndarray, spec, root: str, repeat: int = 2, chunk_bytes: int = CHUNK) -> float:
+def save_seconds(field: np.ndarray, spec, root: str, storage, repeat: int = 2, chunk_bytes: int = CHUNK) -> tuple:
+    """(best seconds of ``repeat`` saves, the codec config the last one stored, its stored bytes)."""
     best = float("inf")
     for i in range(repeat):
         path = tempfile.mkdtemp(dir=root)
         os.rmdir(path)
         t = time.perf_counter()
         hpcckpt.save({"f": hpcckpt.Block(field)}, path, codec=spec, fsync=False, strategy="file-per-rank",
-                     codec_threads=2, chunk_bytes=chunk_bytes)
+                     codec_threads=2, chunk_bytes=chunk_bytes, storage=storage)
         best = min(best, time.perf_counter() - t)
-    return best
+    var = hpcckpt.open(path).variables["f"]
+    return best, var.codec, var.stored_bytes
 
 
 def main() -> None:
@@ -119,14 +143,20 @@ def main() -> None:
     ap.add_argument("--save-chunk-mib", type=int, default=CHUNK >> 20,
                     help="chunk_bytes of the end-to-end saves, MiB (small chunks let compression overlap writing)")
     ap.add_argument("--threads", type=int, default=default_threads(), help="the rank's codec threads")
-    ap.add_argument("--repeat", type=int, default=3, help="runs per throughput cell and per lossy row (medians)")
+    ap.add_argument("--repeat", type=int, default=3,
+                    help="runs per throughput cell and per lossy row (medians), per save (the fastest)")
     ap.add_argument("--codecs", default="", help="comma-separated row names of the throughput table (default all)")
-    ap.add_argument("--part", choices=("all", "throughput", "save", "lossy"), default="all",
-                    help="run only the codec throughput table or only the end-to-end saves")
+    ap.add_argument("--part", choices=("all", "throughput", "save", "lossy", "picks"), default="all",
+                    help="run only the codec throughput table, the end-to-end saves, the lossy table or "
+                         "only what AutoLossy picks at --bandwidth")
+    ap.add_argument("--fields", default="", help="comma-separated fields (default all: smooth,constant,random,heat2d)")
+    ap.add_argument("--heat-steps", type=int, default=200, help="steps of apps/heat2d.py for the heat2d field")
     args = ap.parse_args()
-    fields = make_fields(args.mib)
-    if args.part == "lossy":
-        lossy_table(args, fields)
+    fields = make_fields(args.mib, args.heat_steps)
+    if args.fields:
+        fields = {name: fields[name] for name in args.fields.split(",")}
+    if args.part in ("lossy", "picks"):
+        (lossy_table if args.part == "lossy" else picks_table)(args, fields)
         return
     if args.part != "save":
         throughput_table(args, fields)
@@ -200,24 +230,60 @@ def lossy_table(args, fields) -> None:
             ratio = field.nbytes / sum(s.nbytes for s in stored)
             print(f"| {fname} | {label} | {cname} | {ratio:.2f} | {field.nbytes / np.median(tc) / 1e6:.0f} | "
                   f"{field.nbytes / np.median(td) / 1e6:.0f} | {err / bound:.2f} |", flush=True)
+    picks_table(args, fields)
+
+
+def picks_table(args, fields) -> None:
+    """What AutoLossy picks per field and bound for a writer of ``--bandwidth`` (its sample, as a save does)."""
+    print(f"\n# what AutoLossy picks for a writer of {args.bandwidth:g} MB/s and {args.threads} codec threads\n")
+    print("| field | abs 1e-3 | rel 1e-4 | rel 1e-6 |")
+    print("|---|---|---|---|")
+    for fname, field in fields.items():
+        picks = []
+        for mode, b in (("abs", 1e-3), ("rel", 1e-4), ("rel", 1e-6)):
+            spec = AutoLossy(**{mode: b}).config()
+            m = auto_lossy.measure(field, field.dtype, spec)
+            m["bw"] = args.bandwidth * 1e6
+            picks.append(codec_label(auto_lossy.decide(spec, field.dtype, [m], args.threads)))
+        print(f"| {fname} | {' | '.join(picks)} |", flush=True)
+
+
+def codec_label(config: dict) -> str:
+    return {"hpcckpt.quantize": "quantize", "hpcckpt.sz3": "SZ3", "hpcckpt.zfp": "ZFP accuracy"}.get(
+        config["id"], config["id"])
 
 
 def save_table(args, fields) -> None:
     print(f"\n# end-to-end hpcckpt.save, writer throttled to {args.bandwidth:.0f} MB/s, 2 codec threads, "
-          f"chunks of {args.save_chunk_mib} MiB\n")
-    print("| field | codec | save s | speed-up vs none |")
-    print("|---|---|---:|---:|")
-    throttle(args.bandwidth * 1e6)
+          f"chunks of {args.save_chunk_mib} MiB, fastest of {args.repeat}\n")
+    print("| field | codec | ratio | save s | speed-up vs none |")
+    print("|---|---|---:|---:|---:|")
+    slow = ThrottledStorage(args.bandwidth * 1e6)
     with tempfile.TemporaryDirectory() as root:
-        save_seconds(fields["random"][:64], "none", root, 1)  # warm up; also gives auto a bandwidth measurement
+        save_seconds(fields[next(iter(fields))][:512], "none", root, slow, 1)  # warm up; gives auto a bandwidth measurement
         for fname, field in fields.items():
             cb = args.save_chunk_mib << 20
-            base = save_seconds(field, "none", root, chunk_bytes=cb)
-            print(f"| {fname} | none | {base:.3f} | 1.00 |", flush=True)
-            for cname, spec in [("auto", "auto"), ("lz4", "lz4"), ("zstd", "zstd"), ("shuffle+zstd", "shuffle+zstd"),
-                                ("lossy rel 1e-4", Lossy(rel=1e-4)), ("lossy rel 1e-6", Lossy(rel=1e-6))]:
-                t = save_seconds(field, spec, root, chunk_bytes=cb)
-                print(f"| {fname} | {cname} | {t:.3f} | {base / t:.2f} |", flush=True)
+            base = save_seconds(field, "none", root, slow, args.repeat, chunk_bytes=cb)[0]
+            print(f"| {fname} | none | 1.00 | {base:.3f} | 1.00 |", flush=True)
+            for cname, spec in save_specs(field):
+                t, config, stored = save_seconds(field, spec, root, slow, args.repeat, chunk_bytes=cb)
+                if cname == "auto" or cname.startswith("AutoLossy"):
+                    picked = config.get("cname", config["id"]) if cname == "auto" else codec_label(config)
+                    cname = f"{cname} (picked {picked})"
+                print(f"| {fname} | {cname} | {field.nbytes / stored:.2f} | {t:.3f} | {base / t:.2f} |", flush=True)
+
+
+def save_specs(field: np.ndarray) -> list:
+    """(row name, spec) of the end-to-end saves: lossless codecs, then every lossy codec at every bound."""
+    rows = [("auto", "auto"), ("lz4", "lz4"), ("zstd", "zstd"), ("shuffle+zstd", "shuffle+zstd")]
+    if blosc2_codec.available():
+        rows += [(n, CODECS[n]) for n in ("blosc2-lz4", "blosc2-zstd", "blosc2 zstd1 shuffle+bytedelta")]
+    for label, cname, spec, bound in lossy_specs(field):
+        rows.append((f"{cname} {label}", spec))
+        if cname == "ZFP accuracy":  # after the three codecs of a bound: AutoLossy at that bound
+            mode, b = label.split()
+            rows.append((f"AutoLossy {label}", AutoLossy(**{mode: float(b)})))
+    return rows
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from .agreement import check_digests
 from .codecs.core import AUTO
-from .codecs.pipeline import decide, default_threads
+from .codecs.pipeline import decide_alone, default_threads
 from .collective import attempt, collective_error, raise_if_failed
 from .encoding import dtype_from_json
 from .errors import CheckpointError, TemplateMismatchError
@@ -198,8 +198,8 @@ def plan_locally(local: dict, cache: PlanCache, options: SaveOptions) -> tuple[d
     With this rank's layout unchanged the cached plan stands (``own`` is None).
     Otherwise this rank plans its own part: Blocks start where they say,
     a Ragged keeps its cached row offset (the commit shifts it, see
-    :func:`reconcile`), and each variable's codec is decided from this rank's
-    sample (an automatic choice keeps the agreed one); ``own`` is
+    :func:`reconcile`), and each variable's codec is decided by this rank
+    alone (codecs.pipeline.decide_alone: an automatic choice keeps the agreed one); ``own`` is
     ``(summaries, starts, codecs)`` for the commit to check.
     """
     if local["key"] == cache.key:
@@ -214,11 +214,8 @@ def plan_locally(local: dict, cache: PlanCache, options: SaveOptions) -> tuple[d
             starts[name] = (int(old[0][0]) if old else 0,) + (0,) * len(s["trailing"] or ())
         if s.get("dtype") is None:
             continue
-        if "auto" in s["codec"] and name in cache.codecs:
-            codecs[name] = cache.codecs[name]  # keep the agreed automatic choice
-        else:
-            codecs[name] = decide(name, dtype_from_json(s["dtype"]), [s["codec"]],
-                                  options.codec_threads or default_threads())
+        codecs[name] = decide_alone(name, dtype_from_json(s["dtype"]), s["codec"],
+                                    options.codec_threads or default_threads(), cache.codecs.get(name))
     return starts, codecs, (summaries, starts, codecs)
 
 

@@ -1,4 +1,4 @@
-"""SZ3 and ZFP round-trip through save/load with resharding on 1 to 4 ranks, and hpcckpt.open reads them.
+"""SZ3, ZFP and AutoLossy round-trip through save/load with resharding on 1 to 4 ranks, and hpcckpt.open reads them.
 
 Run as a script under mpiexec by the tests below (as test_codecs_mpi.py): ``save N`` writes one 3-D
 variable per spec from an uneven N-rank decomposition, ``load`` reads it back on another number of
@@ -15,7 +15,9 @@ import numpy as np
 SHAPE = (19, 23, 17)
 SPECS = {"sz3_abs": ("SZ3", "abs", 1e-3), "sz3_rel": ("SZ3", "rel", 1e-4), "sz3_pw": ("SZ3", "pw_rel", 1e-3),
          "zfp_acc": ("ZFP", "accuracy", 1e-3), "zfp_rev": ("ZFP", "reversible", True),
-         "zfp_rate": ("ZFP", "rate", 16)}
+         "zfp_rate": ("ZFP", "rate", 16), "auto_abs": ("AutoLossy", "abs", 1e-3), "auto_rel": ("AutoLossy", "rel", 1e-4)}
+#: What AutoLossy may store (rank 0's choice, recorded once in the metadata: every rank used it).
+CHOSEN = {"hpcckpt.quantize", "hpcckpt.sz3", "hpcckpt.zfp"}
 
 
 def field(seed):
@@ -67,6 +69,8 @@ def main(mode, path, seed):
         state[name] = hpcckpt.Block(local, offset=start, global_shape=SHAPE, codec=spec_of(*spec))
         expect[name] = full[sel]
     if mode == "save":
+        from hpcckpt.codecs import auto
+        auto.observe_write(1 << 20, 10.0 * (1 + comm.rank))  # slow storage (ranks differ): AutoLossy weighs ratio
         hpcckpt.save(state, path, comm, chunk_bytes=4096)
         return
     hpcckpt.load(state, path, comm)
@@ -74,6 +78,8 @@ def main(mode, path, seed):
         check(name, want, state[name].local)
     if comm.rank == 0:
         view = hpcckpt.open(path)
+        for name in ("auto_abs", "auto_rel"):
+            assert view.variables[name].codec["id"] in CHOSEN, name
         for i, name in enumerate(sorted(SPECS)):
             check(name, field(i), view.read(name))
 
@@ -86,7 +92,7 @@ else:
     from mpitools import run_mpi
 
     @pytest.mark.parametrize("save_n,load_n", [(3, 2), (1, 4), (4, 1), (2, 3)])
-    def test_sz3_zfp_reshard_round_trip(tmp_path, save_n, load_n):
+    def test_sz3_zfp_auto_lossy_reshard_round_trip(tmp_path, save_n, load_n):
         pytest.importorskip("pysz")
         pytest.importorskip("zfpy")
         path = str(tmp_path / "ckpt")

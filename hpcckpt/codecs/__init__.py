@@ -6,7 +6,8 @@ Spellings accepted wherever a ``codec=`` keyword is (``Block``, ``Ragged``,
 ``"blosc2-zstd"``, ``"blosc2-lz4"``, ``"blosc2-lz4hc"``, ``"blosc2-blosclz"``), a
 :class:`Lossy` (``Lossy(abs=...)`` or ``Lossy(rel=...)``), a :class:`Blosc2`
 (C-Blosc2, needs the ``blosc2`` package), :class:`SZ3`
-(``SZ3(abs=|rel=|pw_rel=...)``), :class:`ZFP` (``ZFP(accuracy=|precision=|rate=|reversible=...)``), a numcodecs codec
+(``SZ3(abs=|rel=|pw_rel=...)``), :class:`ZFP` (``ZFP(accuracy=|precision=|rate=|reversible=...)``), :class:`AutoLossy`
+(``AutoLossy(abs=|rel=...)``: one of Lossy, SZ3, ZFP per variable, picked at save time), a numcodecs codec
 object of a whitelisted kind, or its config dict.  See docs/compression.md.
 """
 
@@ -15,5 +16,6 @@ from .blosc2_codec import Blosc2
 from .lossy import Lossy
 from .sz3 import SZ3  # SZ3 and ZFP families (issue 19): pysz / zfpy are imported when used
 from .zfp import ZFP
+from .auto_lossy import AutoLossy  # the lossy codec per variable, picked at save time at the user's bound
 
-__all__ = ["Lossy", "Blosc2", "SZ3", "ZFP", "Codec", "NAMES", "AUTO", "resolve", "from_config", "spec_to_json"]
+__all__ = ["Lossy", "AutoLossy", "Blosc2", "SZ3", "ZFP", "Codec", "NAMES", "AUTO", "resolve", "from_config", "spec_to_json"]

@@ -56,7 +56,7 @@ def write_bandwidth() -> float:
     return float(np.median(_bandwidth)) if _bandwidth else DEFAULT_WRITE_BANDWIDTH
 
 
-def _sample(arr) -> np.ndarray:
+def sample(arr) -> np.ndarray:
     """Up to SAMPLE_BYTES of ``arr`` from its start, middle and end, as one contiguous host array (small copy).
 
     A CuPy array is sampled on its device and only the sample crosses to the host.
@@ -83,16 +83,43 @@ def measure(arr, dtype) -> dict:
     out = {"bytes": nbytes, "bw": write_bandwidth(), "sample": 0, "seconds": {}, "stored": {}}
     if arr is None or nbytes == 0:
         return out
-    sample = _sample(arr)
-    out["sample"] = int(sample.nbytes)
+    part = sample(arr)
+    out["sample"] = int(part.nbytes)
     for name in candidates():
-        codec = resolve(name, dtype)
-        codec.encode(sample[:64])  # warm up (first-call costs are not the throughput)
-        t = time.perf_counter()
-        stored = codec.encode(sample)
-        out["seconds"][name] = time.perf_counter() - t
-        out["stored"][name] = int(stored.nbytes)
+        out["seconds"][name], out["stored"][name] = timed_encode(resolve(name, dtype), [part])
     return out
+
+
+def timed_encode(codec, parts, repeat: int = 1) -> tuple[float, int]:
+    """(seconds, stored bytes) of encoding every array of ``parts`` with ``codec``, after a small warm-up.
+
+    The seconds are the least of ``repeat`` runs (a run the scheduler interrupted is not the codec's speed).
+    """
+    codec.encode(parts[0].reshape(-1)[:64])  # warm up (first-call costs are not the throughput)
+    best = float("inf")
+    for _ in range(repeat):
+        t = time.perf_counter()
+        stored = sum(int(codec.encode(p).nbytes) for p in parts)
+        best = min(best, time.perf_counter() - t)
+    return best, stored
+
+
+def estimate(sampled: list[dict], name: str, total: int, bw: float, threads: int) -> float:
+    """Seconds to compress (``threads`` at once) and write ``total`` bytes with candidate ``name``.
+
+    From the ranks' sample measurements, each rank weighted by its bytes; compression is
+    assumed not to overlap writing (the estimate errs against compressing).
+    """
+    weight = sum(m["bytes"] for m in sampled)
+    sec_per_byte = sum(m["seconds"][name] / m["sample"] * m["bytes"] for m in sampled) / weight
+    inv_ratio = sum(m["stored"][name] / m["sample"] * m["bytes"] for m in sampled) / weight
+    return total * sec_per_byte / max(1, threads) + total * inv_ratio / bw
+
+
+def measured_by_all(sampled: list[dict], names) -> list[str]:
+    """The candidates of ``names`` (in that order) that every sampled rank measured."""
+    common = set.intersection(*(set(m["seconds"]) & set(m["stored"]) for m in sampled))
+    return [n for n in names if n in common]
 
 
 def decide(measurements: list[dict], threads: int) -> str:
@@ -102,13 +129,9 @@ def decide(measurements: list[dict], threads: int) -> str:
     if total < MIN_BYTES or not sampled:
         return "none"
     bw = float(np.mean([m["bw"] for m in measurements]))
-    weight = sum(m["bytes"] for m in sampled)
     best, best_time = "none", total / bw
-    measured = set.intersection(*(set(m["seconds"]) & set(m["stored"]) for m in sampled))
-    for name in [n for n in CANDIDATES + BLOSC2_CANDIDATES if n in measured]:  # what every rank measured
-        sec_per_byte = sum(m["seconds"][name] / m["sample"] * m["bytes"] for m in sampled) / weight
-        inv_ratio = sum(m["stored"][name] / m["sample"] * m["bytes"] for m in sampled) / weight
-        est = total * sec_per_byte / max(1, threads) + total * inv_ratio / bw
+    for name in measured_by_all(sampled, CANDIDATES + BLOSC2_CANDIDATES):
+        est = estimate(sampled, name, total, bw, threads)
         if est < MARGIN * best_time:
             best, best_time = name, est
     return best

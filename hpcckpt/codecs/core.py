@@ -311,6 +311,16 @@ def register_family(codec_id: str, family: CodecFamily) -> None:
     FAMILIES[codec_id] = family
 
 
+#: spec id -> a user-facing spec class whose ``config()`` names a choice made at save time, never a stored codec
+#: (``AutoLossy``, auto_lossy.py); filled by that module.
+SPEC_TYPES: dict[str, type] = {}
+
+
+def register_spec(spec_id: str, spec_type: type) -> None:
+    """Make ``spec_type`` a codec spelling of spec_to_json whose JSON form (id ``spec_id``) resolve refuses."""
+    SPEC_TYPES[spec_id] = spec_type
+
+
 def check_config(cfg, dtype, error=CorruptCheckpointError) -> dict:
     """Validate any variable codec config for a variable of ``dtype``; the normalised config."""
     _check(isinstance(cfg, dict), f"a codec config must be an object, got {type(cfg).__name__}", error)
@@ -357,7 +367,7 @@ def spec_to_json(spec):
     """The JSON-able form of a user's codec spec (a name, a Lossy, a numcodecs codec, a config dict, None)."""
     if spec is None or isinstance(spec, str):
         return spec
-    if any(isinstance(spec, family.spec_type) for family in FAMILIES.values()):
+    if any(isinstance(spec, t) for t in [f.spec_type for f in FAMILIES.values()] + list(SPEC_TYPES.values())):
         return spec.config()
     if isinstance(spec, dict):
         return dict(spec)
@@ -371,7 +381,7 @@ def spec_to_json(spec):
 def resolve(spec, dtype) -> Codec:
     """The codec object for a user's spec (JSON form) and a variable's dtype; CheckpointError if unusable.
 
-    ``"auto"`` is not resolved here (see auto.py).
+    ``"auto"`` and the SPEC_TYPES are not resolved here (see auto.py, auto_lossy.py).
     """
     dtype = np.dtype(dtype)
     spec = spec_to_json(spec)
@@ -381,4 +391,6 @@ def resolve(spec, dtype) -> Codec:
         if spec not in NAMES:
             raise CheckpointError(f"unknown codec {spec!r}; known: {sorted(NAMES) + [AUTO]}")
         spec = NAMES[spec](dtype.itemsize)
+    if isinstance(spec, dict) and spec.get("id") in SPEC_TYPES:
+        raise CheckpointError(f"codec {spec['id']!r} is chosen per variable by a save, it is not a codec itself")
     return from_config(spec, dtype, error=CheckpointError)

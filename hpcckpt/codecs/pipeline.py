@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 
 from ..devices import as_local_array, is_device_array
-from . import auto, blosc2_codec
+from . import auto, auto_lossy, blosc2_codec
 from .core import AUTO, NAMES, NoneCodec, from_config, resolve, spec_to_json
 from .gpu import device_encode
 
@@ -103,6 +103,8 @@ def summary_for(spec, arr, dtype) -> dict:
     spec = spec_to_json(spec)
     if spec == AUTO:
         return {"auto": auto.measure(arr, dtype) if dtype is not None else {"bytes": 0, "sample": 0, "bw": 0}}
+    if auto_lossy.is_auto_lossy(spec):  # the spec too: the ranks must ask for the same bound
+        return {"spec": spec, "measure": auto_lossy.measure(arr if dtype is not None else None, dtype, spec)}
     return {"spec": spec}
 
 
@@ -118,7 +120,27 @@ def decide(name: str, dtype, per_rank: list[dict], threads: int) -> dict:
         for m in autos:
             m.setdefault("seconds", {})
         return resolve(auto.decide(autos, threads), dtype).config
+    if auto_lossy.is_auto_lossy(specs[0]):
+        chosen = auto_lossy.decide(specs[0], dtype, [s["measure"] for s in per_rank], threads)
+        return resolve(chosen, dtype).config
     return resolve(specs[0], dtype).config
+
+
+def decide_alone(name: str, dtype, summary: dict, threads: int, agreed: dict | None) -> dict:
+    """A rank's codec config of variable ``name`` when it plans its part alone (an asynchronous save after its
+    layout changed), from its own ``summary`` only; the commit then checks that every rank chose the same.
+
+    An automatic choice keeps ``agreed``, the ranks' earlier choice: always for ``"auto"``, for an AutoLossy
+    spec when ``agreed`` is one of its candidates at the same bound.  An AutoLossy variable without such a
+    choice takes the quantizer, as every rank does alike (a sample of one rank's part could differ).
+    """
+    spec = summary.get("spec")
+    if agreed is not None and ("auto" in summary or (
+            auto_lossy.is_auto_lossy(spec) and agreed in auto_lossy.choices(spec))):
+        return agreed
+    if auto_lossy.is_auto_lossy(spec):
+        return resolve(auto_lossy.choices(spec)[0], dtype).config
+    return decide(name, dtype, [summary], threads)
 
 
 def codecs_for(configs: dict, dtypes: dict) -> dict:
