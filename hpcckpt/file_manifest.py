@@ -159,7 +159,7 @@ def manifest(records: list[Record]) -> dict:
 def parse_manifest(doc) -> list[Record]:
     """The records of a version's ``extra["files"]``, validated as untrusted input (CorruptCheckpointError)."""
     _expect(isinstance(doc, dict) and set(doc) == {"version", "blobs", "entries"}, "files: malformed manifest")
-    _expect(doc["version"] == MANIFEST_VERSION, f"files: unknown manifest version {doc['version']!r}")
+    _expect(_count(doc["version"], 2**31) and doc["version"] == MANIFEST_VERSION, f"files: unknown manifest version {doc['version']!r}")
     blobs, entries = doc["blobs"], doc["entries"]
     _expect(isinstance(blobs, list) and isinstance(entries, list), "files: blobs and entries must be arrays")
     for b in blobs:
@@ -180,7 +180,7 @@ _KEYS = {"absent": {"path", "rank", "mode"}, "append": {"path", "rank", "mode", 
 
 def _parse_entry(e: dict, blobs: list) -> Record:
     mode = e.get("mode")
-    _expect(mode in _KEYS and set(e) == _KEYS[mode], f"files: malformed entry {str(e)[:120]}")
+    _expect(isinstance(mode, str) and mode in _KEYS and set(e) == _KEYS[mode], f"files: malformed entry {str(e)[:120]}")
     path = e["path"]
     _expect(isinstance(path, str) and 0 < len(path) <= 4096 and "\x00" not in path, "files: bad path")
     _expect(_count(e["rank"], 2**31), f"files: bad rank of {path!r}")
