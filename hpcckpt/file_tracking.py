@@ -211,14 +211,13 @@ def _prepare_inplace(version_dir: str, fd: int, st, r: Record):
         return None
     tmp = os.path.join(os.path.dirname(r.path), "." + os.path.basename(r.path) + ROLLBACK_SUFFIX)
     out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, stat.S_IMODE(st.st_mode))
+    roots: dict = {}
+    sources: dict = {}  # blob -> open descriptor, for this file's rebuild
     try:
-        roots: dict = {}
         for (_, n), (h, blob, offset) in zip(spans, r.blocks):
-            src = open_regular(confined_path(version_dir, blob, roots))
-            try:
-                data = os.pread(src, n, offset)
-            finally:
-                os.close(src)
+            if blob not in sources:
+                sources[blob] = open_regular(confined_path(version_dir, blob, roots))
+            data = os.pread(sources[blob], n, offset)
             if len(data) != n or raw_hash(data) != h:
                 raise CorruptCheckpointError(f"a stored block of tracked file {r.path!r} in {blob} is damaged")
             write_all(out, data)
@@ -227,6 +226,9 @@ def _prepare_inplace(version_dir: str, fd: int, st, r: Record):
         os.close(out)
         os.unlink(tmp)
         raise
+    finally:
+        for fd in sources.values():
+            os.close(fd)
     os.close(out)
     return ("replace", tmp, r.path)
 
