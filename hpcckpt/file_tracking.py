@@ -209,7 +209,8 @@ def _prepare_inplace(version_dir: str, fd: int, st, r: Record):
     spans = [block_span(i, r.size, r.block_bytes) for i in range(len(r.blocks))]
     if st.st_size == r.size and all(raw_hash(os.pread(fd, n, o)) == h for (o, n), (h, _, _) in zip(spans, r.blocks)):
         return None
-    tmp = os.path.join(os.path.dirname(r.path), "." + os.path.basename(r.path) + ROLLBACK_SUFFIX)
+    target = os.path.realpath(r.path)  # a symbolic link stays one: the file it points to is rolled back
+    tmp = os.path.join(os.path.dirname(target), "." + os.path.basename(target) + ROLLBACK_SUFFIX)
     out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, stat.S_IMODE(st.st_mode))
     roots: dict = {}
     sources: dict = {}  # blob -> open descriptor, for this file's rebuild
@@ -230,7 +231,7 @@ def _prepare_inplace(version_dir: str, fd: int, st, r: Record):
         for fd in sources.values():
             os.close(fd)
     os.close(out)
-    return ("replace", tmp, r.path)
+    return ("replace", tmp, target)
 
 
 def _apply(action) -> None:

@@ -288,3 +288,18 @@ def test_a_damaged_stored_block_is_refused(tmp_path):
 def test_asynchronous_saves_refuse_tracked_files(tmp_path):
     with pytest.raises(CheckpointError, match="blocking saves"):
         hpcckpt.Checkpointer(str(tmp_path / "ck"), comm=SerialComm(), files=["x"], asynchronous=True)
+
+
+def test_a_tracked_symbolic_link_stays_a_link_and_its_target_is_rolled_back(tmp_path):
+    real, link = tmp_path / "real.bin", tmp_path / "link.bin"
+    real.write_bytes(b"a" * 3000)
+    link.symlink_to(real)
+    root = str(tmp_path / "ck")
+    ck = hpcckpt.Checkpointer(root, comm=SerialComm(), files={str(link): "inplace"})
+    ck.save(state(1), 1)
+    ck.close()
+    real.write_bytes(b"b" * 5000)
+    ck = hpcckpt.Checkpointer(root, comm=SerialComm(), files={str(link): "inplace"})
+    ck.restore(template())
+    ck.close()
+    assert link.is_symlink() and real.read_bytes() == b"a" * 3000
