@@ -197,7 +197,7 @@ class Checkpointer:
         # rank 0 clears leftovers and names the version inside the save's first collective
         result = save_version(state, lambda: os.path.join(self.root, self._prepare(check_step(step))), self.comm,
                               opts, step=step, io_root=self.root, cache=self._plan_cache, chain_base=self.chain_base,
-                              files=self._capture if self.files.patterns else None)
+                              files=self._capture(opts) if self.files.patterns else None)
         self.chain_base = result.path
         self.files.committed(os.path.basename(result.path))
         self._last_result = result
@@ -208,9 +208,10 @@ class Checkpointer:
             self.pacer.signals.raise_pending()
         return result
 
-    def _capture(self, directory: str) -> list:
-        """This rank's records of the tracked files for the save into ``directory`` (hpcckpt.file_tracking)."""
-        return self.files.capture(self.comm.Get_rank(), directory, self.options.fsync)
+    def _capture(self, opts: dict):
+        """What records this rank's tracked files for a save into a directory (hpcckpt.file_tracking), with the
+        save's ``fsync``."""
+        return lambda directory: self.files.capture(self.comm.Get_rank(), directory, opts.get("fsync", True) is not False)
 
     def _lock(self, what: str) -> None:
         """Collective, at the first save: rank 0 takes the root's writer lock, or every rank raises the same error.
