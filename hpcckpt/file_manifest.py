@@ -3,7 +3,7 @@
 A Checkpointer can track the application's output files (time series, logs:
 docs/files.md), so that a restart rolls them back to their content at the
 restored version.  Each version records, under ``extra["files"]`` of its
-metadata (docs/format.md section 8), one *record* per file:
+metadata (docs/format.md section 9), one *record* per file:
 
 * ``append``: the file only grows.  The record is its length and the checksum
   of its last ``tail_bytes`` bytes; the rollback is a truncation, and a tail
@@ -132,7 +132,7 @@ class Record:
     blocks: list | None = None  # [(hash, blob, offset)] for in-place files, blobs as the version names them
 
     def to_json(self, blobs: dict) -> dict:
-        """The record as docs/format.md section 8 writes it; ``blobs`` maps blob names to indices (grown here)."""
+        """The record as docs/format.md section 9 writes it; ``blobs`` maps blob names to indices (grown here)."""
         doc = {"path": self.path, "rank": self.rank, "mode": self.mode}
         if self.mode == "append":
             doc.update(size=self.size, tail_bytes=self.tail_bytes, tail=self.tail)

@@ -5,7 +5,7 @@ data and the commit: rank 0 records the shared files, each rank the files of
 its ``{rank}`` patterns; blocks of in-place files that changed since the
 previous save go into the version's ``tracked/`` files, and the records
 reach rank 0 with the other commit parts, so they commit with the state
-(docs/format.md section 8).  Nothing here writes to the tracked files during a
+(docs/format.md section 9).  Nothing here writes to the tracked files during a
 save: they are only read.
 
 A restore calls :func:`rollback`: rank 0 reads the records, each file is
