@@ -356,3 +356,19 @@ def test_format_section_9_alone_rebuilds_every_version(tmp_path):
             else:
                 assert got == snap[p], (k, p)
     ck.close()
+
+
+def test_a_literal_path_absent_at_the_version_is_removed_and_a_new_glob_match_is_kept(tmp_path):
+    late, early = tmp_path / "late.log", tmp_path / "out-1.csv"
+    early.write_text("1\n")
+    root = str(tmp_path / "ck")
+    files = [str(late), str(tmp_path / "out-*.csv")]
+    ck = hpcckpt.Checkpointer(root, comm=SerialComm(), files=files)
+    ck.save(state(1), 1)
+    ck.close()
+    late.write_text("written after the checkpoint\n")
+    (tmp_path / "out-2.csv").write_text("2\n")
+    ck = hpcckpt.Checkpointer(root, comm=SerialComm(), files=files)
+    ck.restore(template())
+    ck.close()
+    assert not late.exists() and early.read_text() == "1\n" and (tmp_path / "out-2.csv").read_text() == "2\n"
