@@ -39,6 +39,17 @@ Checkpointing
     and continues from its step.  ``--out DIR`` receives the final state as one
     checkpoint directory (``hpcckpt.open(DIR).read("u")`` reads it back).
 
+Output files
+    ``--log FILE`` appends one text line per step (the step, the hottest and
+    coldest cell, the temperature at the centre cell); ``--series FILE`` keeps
+    the same figures in a binary time series whose header (the record count)
+    is rewritten in place at every step (``SERIES_HEADER`` then one
+    ``SERIES_RECORD`` per step).  Rank 0 writes both.  The figures are a
+    maximum, a minimum and one cell, exact on any decomposition.  Both files
+    are tracked by the Checkpointer (``files=``, docs/files.md): a restart
+    rolls them back to the restored step, so after a crash and a restart
+    (on any number of ranks) they are bitwise those of an uninterrupted run.
+
 Stopping
     SIGUSR1, SIGTERM (a SLURM pre-emption or ``sbatch --signal``) or SIGINT
     (Ctrl-C of mpiexec) sets a flag, and ``hpcckpt halt ROOT`` writes a halt
@@ -73,6 +84,10 @@ from hpcckpt.policy import FixedSteps
 R = 0.2
 #: Fixed temperature outside the domain: above the top edge, and on the other three sides.
 TOP, OTHER = 1.0, 0.0
+
+#: The --series file: a header (magic, format version, number of records), rewritten at every step, then records.
+SERIES_HEADER = np.dtype([("magic", "S4"), ("version", "<u4"), ("records", "<u8")])
+SERIES_RECORD = np.dtype([("step", "<i8"), ("max", "<f8"), ("min", "<f8"), ("centre", "<f8")])
 
 TRACER_DTYPE = np.dtype([("id", "<i8"), ("i", "<i8"), ("j", "<i8"), ("di", "<i8"), ("dj", "<i8"),
                          ("dose", "<f8")])
@@ -196,6 +211,46 @@ def move_tracers(grid: Grid, tracers: np.ndarray, u: np.ndarray) -> np.ndarray:
     return tracers
 
 
+# --------------------------------------------------------------------------- output files
+
+def figures(grid: Grid, u: np.ndarray, step: int) -> np.ndarray:
+    """One SERIES_RECORD (on every rank): the hottest and coldest cell and the centre cell, exact on any grid."""
+    interior = u[1:-1, 1:-1]
+    ci, cj = grid.ny // 2, grid.nx // 2
+    mine = grid.y0 <= ci < grid.y1 and grid.x0 <= cj < grid.x1
+    centre = float(interior[ci - grid.y0, cj - grid.x0]) if mine else -np.inf
+    out = np.empty(3)
+    grid.cart.Allreduce(np.array([interior.max(), -interior.min(), centre]), out, op=MPI.MAX)
+    hi, lo, centre = out
+    return np.array([(step, hi, -lo, centre)], SERIES_RECORD)
+
+
+def start_outputs(args) -> None:
+    """Rank 0, a run from step 0: empty output files (a restart has its files rolled back instead)."""
+    if args.log:
+        open(args.log, "w").close()
+    if args.series:
+        with open(args.series, "wb") as f:
+            f.write(np.array([(b"H2DS", 1, 0)], SERIES_HEADER).tobytes())
+
+
+def write_outputs(args, record: np.ndarray) -> None:
+    """Rank 0: append the step's line to --log, its record to --series and update the series' header in place."""
+    r = record[0]
+    if args.log:
+        with open(args.log, "a") as f:
+            f.write(f"step {int(r['step'])} max {float(r['max'])!r} min {float(r['min'])!r} "
+                    f"centre {float(r['centre'])!r}\n")
+    if args.series:
+        with open(args.series, "r+b") as f:
+            header = np.frombuffer(f.read(SERIES_HEADER.itemsize), SERIES_HEADER).copy()
+            f.seek(SERIES_HEADER.itemsize + int(header["records"][0]) * SERIES_RECORD.itemsize)
+            f.write(record.tobytes())
+            header["records"] += 1
+            f.seek(0)
+            f.write(header.tobytes())
+
+
 # --------------------------------------------------------------------------- stopping cleanly
 
 def step_boundary(ck, done: int):
@@ -222,6 +277,8 @@ def parse_args(argv=None):
     p.add_argument("--keep", type=int, default=3, help="keep the newest this many checkpoints")
     p.add_argument("--tracers", type=int, default=64, help="number of tracer particles")
     p.add_argument("--out", help="write the final state here as one checkpoint directory")
+    p.add_argument("--log", help="append one line per step to this file (tracked: rolled back on restart)")
+    p.add_argument("--series", help="binary time series, header rewritten in place each step (tracked likewise)")
     p.add_argument("--kill-rank", type=int, default=None, help="this rank SIGKILLs itself ...")
     p.add_argument("--kill-step", type=int, default=None, help="... after this step (a crash, for demos and tests)")
     p.add_argument("--sleep", type=float, default=0.0, help="pause this many seconds per step (demos and tests)")
@@ -259,7 +316,11 @@ def main(argv=None) -> int:
 
     policy = FixedSteps(args.every) if args.every else FixedSteps(10**12)
     # signal handlers now, before the pids are printed: from then on a signal is never lost
-    ck = hpcckpt.Checkpointer(args.root, comm=comm, keep=args.keep, policy=policy, handle_signals=True)
+    ck = hpcckpt.Checkpointer(args.root, comm=comm, keep=args.keep, policy=policy, handle_signals=True,
+                              files=args.log)  # append-only
+    if args.series:  # rewritten in place: only its 4 KiB blocks that changed since the last save are stored
+        ck.track_files(args.series, mode="inplace", block_bytes=4096)
+    outputs = bool(args.log or args.series)
     ck.register(make_state)  # the safe form: the state is built when a save starts, never a stale buffer
     pids = comm.gather(os.getpid(), root=0)
     say(f"{grid.size} ranks on a {grid.dims[0]} x {grid.dims[1]} process grid, {args.ny} x {args.nx} cells, "
@@ -284,6 +345,8 @@ def main(argv=None) -> int:
             f"(saved by {saved_by} ranks, restored on {grid.size}: hpcckpt resharded it)")
     else:
         say(f"no checkpoint under {args.root}: starting from step 0")
+        if rank == 0:
+            start_outputs(args)
 
     t_run = time.perf_counter()
     done = start
@@ -294,6 +357,10 @@ def main(argv=None) -> int:
         u, unew = unew, u
         tracers = move_tracers(grid, tracers, u)
         done = step + 1
+        if outputs:
+            record = figures(grid, u, done)
+            if rank == 0:
+                write_outputs(args, record)
         if args.sleep:
             time.sleep(args.sleep)
         result, stopping = step_boundary(ck, done)

@@ -159,7 +159,8 @@ _REFS_CACHE: dict = {}
 
 
 def referenced(version_path: str) -> set[str]:
-    """Names of the sibling versions whose data ``version_path`` references (empty when unreadable)."""
+    """Names of the sibling versions whose data ``version_path`` references (empty when unreadable): its
+    chunks' and its tracked output files' (``extra["files"]``, hpcckpt.file_manifest)."""
     path = os.path.join(version_path, METADATA_FILE)
     try:
         st = os.stat(path)
@@ -172,8 +173,11 @@ def referenced(version_path: str) -> set[str]:
     names: set[str] = set()
     if b'"@' in raw:  # most versions reference nothing: skip the parse
         try:
-            files = json.loads(raw).get("files", [])
-        except (ValueError, AttributeError, RecursionError):
+            doc = json.loads(raw)
+            files = list(doc.get("files", []))
+            tracked = doc.get("extra", {}).get("files")  # the stored blocks of tracked output files
+            files += tracked.get("blobs", []) if isinstance(tracked, dict) else []
+        except (ValueError, AttributeError, RecursionError, TypeError):
             files = []
         for f in files if isinstance(files, list) else []:
             ref = split_reference(f) if isinstance(f, str) else None

@@ -12,6 +12,7 @@ from . import rootlock
 from .collective import agree, bcast_checked, best_effort, on_root, resolve_comm
 from .catalog import check_step, current, list_versions, new_version_name, remove_versions, removable, retained
 from .errors import CheckpointError, TemplateMismatchError
+from .file_tracking import FileTracker, rollback
 from .loading import load_version
 from .pacing import Pacer
 from .options import SaveOptions, SaveResult
@@ -59,6 +60,11 @@ class Checkpointer:
     ``ROOT/.hpcckpt-halt`` (``hpcckpt halt ROOT``) asks for a final checkpoint
     too (hpcckpt.halt); :attr:`stop_reason` says what asked.
 
+    ``files``: output files to keep consistent with the versions (paths or
+    globs, append-only; a dict pattern -> ``"append"``/``"inplace"``): each
+    save records them, a restore rolls them back (:meth:`track_files`,
+    docs/files.md).
+
     One job writes a root at a time: the first save takes the lock
     ``ROOT/.hpcckpt-lock`` (rank 0; see :mod:`hpcckpt.rootlock`), :meth:`close`
     releases it, and a save while another live job holds it is a
@@ -75,7 +81,7 @@ class Checkpointer:
 
     def __init__(self, root, comm=None, keep: int | None = None, *, policy=None, mtbf: float | None = None,
                  deadline: float | None = None, handle_signals: bool | None = None,
-                 track_failures: bool = True, break_lock: bool = False, **options):
+                 track_failures: bool = True, break_lock: bool = False, files=None, **options):
         self.root = os.fspath(root)
         self.comm = resolve_comm(comm)
         if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 1):
@@ -84,6 +90,7 @@ class Checkpointer:
         from .asynchronous import engine_wanted, pop_engine_options  # asynchronous / multi-level saves (issue 7)
 
         engine_options = pop_engine_options(options)
+        self.files = agree(self.comm, f"creating {self.root!r}", lambda: FileTracker(files))
         # validated inside the first collective: an invalid option on one rank is the same error on every rank
         self.options = agree(self.comm, f"creating {self.root!r}", lambda: SaveOptions.from_kwargs(**options))
         self.chain_base: str | None = None  # what the next incremental save builds on (hpcckpt/incremental.py)
@@ -101,6 +108,10 @@ class Checkpointer:
         self.engine = None
         if engine_wanted(engine_options):
             from .asynchronous import Engine
+
+            if files:
+                raise CheckpointError("tracked files (files=...) need blocking saves: they are not supported with "
+                                      "asynchronous or multi-level saves")
 
             self.engine = Engine(self, **engine_options)
 
@@ -158,6 +169,23 @@ class Checkpointer:
         self._registered = state
         return self
 
+    def track_files(self, files, mode: str = "append", block_bytes: int = 1 << 20) -> "Checkpointer":
+        """Track output files: every later save records them, every restore rolls them back (docs/files.md).
+
+        ``files``: a path or glob, or a list of them; ``{rank}`` in a path
+        makes it one file per rank (each rank records its own), any other
+        path is recorded by rank 0.  ``mode``: ``"append"`` (the file only
+        grows: its length and the checksum of its last ``block_bytes`` are
+        recorded) or ``"inplace"`` (rewritten anywhere: its blocks of
+        ``block_bytes`` that changed since the previous save are stored).
+        Call it on every rank alike, before the saves.  Returns the Checkpointer.
+        """
+        if self.engine is not None:
+            raise CheckpointError("tracked files need blocking saves: not supported with asynchronous or "
+                                  "multi-level saves")
+        self.files.track(files, mode, block_bytes)
+        return self
+
     def _state_and_step(self, state, step, what: str):
         """``(state, step)`` of a call that may omit the state (a registered one) or pass the step first."""
         if step is None and isinstance(state, int) and not isinstance(state, bool):
@@ -188,8 +216,10 @@ class Checkpointer:
         t0 = time.perf_counter()
         # rank 0 clears leftovers and names the version inside the save's first collective
         result = save_version(state, lambda: os.path.join(self.root, self._prepare(check_step(step))), self.comm,
-                              opts, step=step, io_root=self.root, cache=self._plan_cache, chain_base=self.chain_base)
+                              opts, step=step, io_root=self.root, cache=self._plan_cache, chain_base=self.chain_base,
+                              files=self._capture(opts) if self.files.patterns else None)
         self.chain_base = result.path
+        self.files.committed(os.path.basename(result.path))
         self._last_result = result
         self.pacer.record_save(step, time.perf_counter() - t0)
         t1 = time.perf_counter()
@@ -199,6 +229,11 @@ class Checkpointer:
         if self.should_exit():  # the final checkpoint is committed: now an application handler may stop us
             self.pacer.signals.raise_pending()
         return result
+
+    def _capture(self, opts: dict):
+        """What records this rank's tracked files for a save into a directory (hpcckpt.file_tracking), with the
+        save's ``fsync``."""
+        return lambda directory: self.files.capture(self.comm.Get_rank(), directory, opts.get("fsync", True) is not False)
 
     def _lock(self, what: str) -> None:
         """Collective, at the first save: rank 0 takes the root's writer lock, or every rank raises the same error.
@@ -271,6 +306,11 @@ class Checkpointer:
         the stored one is filled by casting, as :func:`hpcckpt.load` does;
         ``strict`` as there (``"rest"``: the variables the template omits are
         returned too).
+
+        A Checkpointer that tracks files (``files=``, :meth:`track_files`)
+        then rolls back every file the restored version recorded to its
+        content there (docs/files.md); a file missing or replaced is a
+        CheckpointError on every rank, and then no file is touched.
         """
         if state is None:
             state = self._registered  # None as well: every variable of the version (loading.default_template)
@@ -297,6 +337,8 @@ class Checkpointer:
                 if self.comm.Get_rank() == 0:
                     warnings.warn(f"hpcckpt: skipping unusable version {entry.path}: {exc}", stacklevel=2)
                 continue
+            if self.files.patterns:  # the files' rollback: agreed checks first, then one atomic step per file
+                self.files.remember(rollback(self.comm, entry.path), entry.name)
             self.last_restored = self.chain_base = entry.path
             return out
         raise CheckpointError(f"no valid checkpoint under {self.root!r}: every version is damaged or unreadable ({skipped})")

@@ -32,6 +32,7 @@ from .collective import attempt, root_phase
 from .commit import commit_version, metadata_from_rows
 from .encoding import dtype_from_json, encode_per_rank
 from .errors import CheckpointError
+from .file_manifest import manifest
 from .incremental import incremental_metadata, referenced_versions
 from .log import logger
 from .monitor import PhaseTimer
@@ -77,7 +78,7 @@ def select(comm, what: str, local: dict, cache: PlanCache, options: SaveOptions,
 
 def save_version(state, directory, comm, options: SaveOptions | dict, step: int | None = None, extra: dict | None = None,
                  io_root: str | None = None, cache: PlanCache | None = None, chain_base: str | None = None,
-                 storage: Storage = POSIX) -> SaveResult:
+                 storage: Storage = POSIX, files=None) -> SaveResult:
     """Collectively write ``state`` into a new version directory and commit it (a blocking save).
 
     ``directory``: the path, or a callable that rank 0 runs to choose it (a
@@ -97,6 +98,9 @@ def save_version(state, directory, comm, options: SaveOptions | dict, step: int 
     invalid option on one rank is the same CheckpointError on every rank).
     Every rank must pass the same step, options, names, kinds and replicated
     values (agreement.py; checked in the plan stage's allgather).
+    ``files``: called as ``files(directory)`` on every rank after its data are
+    written, returns this rank's records of the tracked output files
+    (hpcckpt.file_tracking); rank 0 commits them as ``extra["files"]``.
     """
     rank, size = comm.Get_rank(), comm.Get_size()
     timer = PhaseTimer()
@@ -134,6 +138,9 @@ def save_version(state, directory, comm, options: SaveOptions | dict, step: int 
             pieces = encoded_pieces(raw_pieces(selection.items, options.chunk_bytes), encoder, timer,
                                     checksum_here=not transport.hashes_while_writing, digests=selection.digests)
             written, failure = attempt(lambda: transport.write(ctx, pieces))
+            records = None
+            if failure is None and files is not None:
+                records, failure = attempt(lambda: files(path))
         stats = {"seconds": dict(timer.seconds), "timeline": list(timer.timeline),
                  "bytes": written.nbytes if written is not None else 0}
         with timer.phase("commit"):
@@ -141,13 +148,14 @@ def save_version(state, directory, comm, options: SaveOptions | dict, step: int 
                 check_replicas([m[3] for m in msgs])
                 record = phase_record([m[0] for m in msgs])
                 values = with_per_rank(local["values"], [m[2] for m in msgs])
+                tracked = {} if files is None else {"files": manifest([r for m in msgs for r in m[4]])}
                 done = commit_on_root(path, cache.variables, cache.codecs, [m[1] for m in msgs], values,
-                                      size, step, {**(extra or {}), "strategy": strategy, "stats": record},
+                                      size, step, {**(extra or {}), "strategy": strategy, "stats": record, **tracked},
                                       options.fsync, selection.info, storage)
                 return done.small() + (slowest(record), str(straggler(record)))  # small: broadcast to every rank
 
             mine = (stats, selection.commit_part(written.rows) if written is not None else None, local["per_rank"],
-                    selection.replicas)
+                    selection.replicas, records)
             nbytes, nchunks, summary, chain, phases, straggler_text = root_phase(comm, what, failure, mine, on_root)
     except CheckpointError:
         cache.invalidate()
