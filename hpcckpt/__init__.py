@@ -8,6 +8,7 @@ from .api import load, open, save
 from .checkpointer import Checkpointer
 from .errors import CheckpointError, CorruptCheckpointError, TemplateMismatchError
 from .options import SaveResult
+from .redistribution import redistribute
 from .state import Block, PerRank, Ragged
 from .log import configure_from_env as _configure_logging
 
@@ -16,5 +17,5 @@ __version__ = "0.1.0"
 _configure_logging()
 
 __all__ = ["Block", "Ragged", "PerRank", "save", "load", "open", "Checkpointer", "SaveResult", "CheckpointError",
-           "CorruptCheckpointError", "TemplateMismatchError", "adapters", "codecs", "policy",
+           "CorruptCheckpointError", "TemplateMismatchError", "redistribute", "adapters", "codecs", "policy",
            "__version__"]

@@ -51,13 +51,12 @@ def load_version(state, directory: str, comm, strict: bool = True, timer: PhaseT
         meta = bcast_checked(comm, what, lambda: _step_checked(read_metadata(directory, storage), expect_step,
                                                                     directory))
     with timer.phase("plan"):
-        local = agree(comm, what, lambda: _template(state, meta, strict, cast))
+        local = agree(comm, what, lambda: read_template(state, meta, strict, cast))
         requests = allgather_checked(comm, what, lambda: local["requests"])
         try:  # the same inputs on every rank: the same answer, or the same error everywhere
-            ranges = plan_reads(requests, meta)
+            boxes = plan_targets(requests, meta)
         except TemplateMismatchError as exc:
             raise TemplateMismatchError(f"{what} failed: {exc}") from None
-        boxes = [_boxes(meta, req, rng) for req, rng in zip(requests, ranges)]
         shared = {name: plan_shared_reads(meta.variables[name].chunks.start, meta.variables[name].chunks.stop,
                                           [b[name] for b in boxes]) for name in sorted(boxes[0])}
     with timer.phase("read"):
@@ -68,6 +67,18 @@ def load_version(state, directory: str, comm, strict: bool = True, timer: PhaseT
     if comm.Get_rank() == 0:
         logger.info("loaded %s on %d ranks: %s", directory, comm.Get_size(),
                     ", ".join(f"{k} {v:.3f} s" for k, v in timer.seconds.items()))
+    restored = restored_state(local, targets, values, comm.Get_rank(), comm.Get_size())
+    deliver(state, restored)  # load_state_dict of Stateful objects, after every collective of the load
+    return restored
+
+
+def restored_state(local: dict, targets: dict, values: dict, rank: int, nranks: int) -> dict:
+    """The state a load returns, nested as the template: its filled Blocks, new Ragged rows, values, PerRanks.
+
+    ``local``: :func:`read_template`'s answer; ``targets[name][2]``: the rows
+    filled for each Ragged; ``values``: the decoded replicated values (a
+    PerRankEntries for a PerRank).  Shared by a load and hpcckpt.redistribute.
+    """
     out = {}
     for name, value in local["flat"].items():
         if isinstance(value, Block):
@@ -75,15 +86,13 @@ def load_version(state, directory: str, comm, strict: bool = True, timer: PhaseT
         elif isinstance(value, Ragged):
             out[name] = Ragged(targets[name][2])
         elif isinstance(value, PerRank) or isinstance(values[name], PerRankEntries):
-            out[name] = per_rank_value(name, value, values[name], comm.Get_rank(), comm.Get_size())
+            out[name] = per_rank_value(name, value, values[name], rank, nranks)
         else:
             out[name] = values[name]
-    restored = unflatten(out, local["tree"])
-    deliver(state, restored)  # load_state_dict of Stateful objects, after every collective of the load
-    return restored
+    return unflatten(out, local["tree"])
 
 
-def _template(state, meta: Metadata, strict: bool, cast: bool = False) -> dict:
+def read_template(state, meta: Metadata, strict: bool, cast: bool = False) -> dict:
     """The template read now (hpcckpt.stateful: Stateful objects, callables, getters, nesting), then checked."""
     tree = materialize(state)
     flat = flatten(tree)
@@ -234,6 +243,16 @@ def plan_reads(requests: list[dict], meta: Metadata) -> list[dict]:
             for rank, rng in enumerate(plan_rows([r[name][1] for r in requests], var.shape[0], name)):
                 ranges[rank][name] = rng
     return ranges
+
+
+def plan_targets(requests: list[dict], meta: Metadata) -> list[dict]:
+    """Every rank's global target box per distributed variable (:func:`plan_reads`' checks, then the boxes).
+
+    ``requests[r]``: rank r's requests (:func:`check_template`); the same
+    answer, or the same TemplateMismatchError, on every rank.
+    """
+    ranges = plan_reads(requests, meta)
+    return [_boxes(meta, req, rng) for req, rng in zip(requests, ranges)]
 
 
 def _boxes(meta: Metadata, requests: dict, rows: dict) -> dict:
