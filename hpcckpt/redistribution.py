@@ -31,7 +31,7 @@ import numpy as np
 import xxhash
 
 from .arrays import byte_view
-from .collective import agree, allgather_checked, bcast_checked, resolve_comm
+from .collective import agree, allgather_checked, resolve_comm
 from .devices import as_local_array, copy_into, is_device_array
 from .encoding import decode_value, dtype_from_json, encode_per_rank, encode_value
 from .errors import CheckpointError, TemplateMismatchError
@@ -67,19 +67,35 @@ def redistribute(comm, held, template, *, strict: bool = True, cast: bool = Fals
     speak of the held state as "the checkpoint": it is checked as one.
     """
     comm = resolve_comm(comm)
-    held_local = agree(comm, _WHAT, lambda: None if held is None else _held(held))
-    described = allgather_checked(comm, _WHAT, lambda: None if held_local is None else held_local["summary"])
-    holders = [r for r, d in enumerate(described) if d is not None]
-    meta = agree(comm, _WHAT, lambda: _source_metadata(described, holders))
-    meta.values.update(bcast_checked(comm, _WHAT, lambda: held_local["values"], root=holders[0]))
-    local = agree(comm, _WHAT, lambda: None if template is None else read_template(template, meta, strict, cast))
-    requests = allgather_checked(comm, _WHAT, lambda: None if local is None else local["requests"])
-    targets = [r for r, q in enumerate(requests) if q is not None]
-    boxes = agree(comm, _WHAT, lambda: _target_boxes(requests, targets, meta))
     rank = comm.Get_rank()
-    outs = {} if local is None else {name: _target(name, value, boxes[rank][name], local["dtypes"].get(
-        name, meta.variables[name].dtype))
-                                     for name, value in sorted(local["distributed"].items())}
+    mine: dict = {}  # what this rank holds (_held), and its template read and checked (read_template)
+
+    def describe():
+        if held is not None:
+            mine["held"] = _held(held)
+            return mine["held"]["summary"]
+        return None
+
+    described = allgather_checked(comm, _WHAT, describe)  # 1: what every rank holds
+    holders = [r for r, d in enumerate(described) if d is not None]
+    meta = _same_everywhere(lambda: _source_metadata(described, holders))  # the same inputs on every rank
+    held_local = mine.get("held")
+
+    def request():
+        local = None if template is None else read_template(template, meta, strict, cast)
+        mine["local"] = local
+        values = held_local["values"] if rank == holders[0] else None  # the lowest holder's values, sent once
+        return None if local is None else local["requests"], values
+
+    asked = allgather_checked(comm, _WHAT, request)  # 2: every template's requests, and the replicated values
+    meta.values.update(asked[holders[0]][1])
+    requests = [q for q, _ in asked]
+    local = mine["local"]
+    targets = [r for r, q in enumerate(requests) if q is not None]
+    boxes = _same_everywhere(lambda: _target_boxes(requests, targets, meta))
+    outs = agree(comm, _WHAT, lambda: {} if local is None else {  # 3: the targets exist on every rank
+        name: _target(name, value, boxes[rank][name], local["dtypes"].get(name, meta.variables[name].dtype))
+        for name, value in sorted(local["distributed"].items())})
     _move(comm, meta, held_local, boxes, outs)
     if local is None:
         return None
@@ -98,7 +114,15 @@ def _held(held) -> dict:
     values = {name: encode_value(v, repr(name)) for name, v in replicated.items() if not isinstance(v, PerRank)}
     digest = xxhash.xxh3_64_hexdigest(json.dumps([sorted(per_rank), values], sort_keys=True).encode())
     return {"distributed": distributed, "values": values,
-            "summary": {"blocks": summaries, "per_rank": per_rank, "digest": digest}}
+            "summary": {"blocks": summaries, "per_rank": per_rank, "values": sorted(values), "digest": digest}}
+
+
+def _same_everywhere(plan):
+    """A plan every rank computes from the same gathered inputs: the same answer, or the same error, everywhere."""
+    try:
+        return plan()
+    except CheckpointError as exc:
+        raise type(exc)(f"{_WHAT} failed: {exc}") from None
 
 
 def _source_metadata(described: list, holders: list) -> Metadata:
@@ -121,7 +145,9 @@ def _source_metadata(described: list, holders: list) -> Metadata:
         rows = [(r, 0, volume(b - a for a, b in zip(*box[name])) * dtype.itemsize, "", box[name][0],
                  tuple(b - a for a, b in zip(*box[name]))) for r, box in zip(holders, boxes)]
         variables[name] = Variable(name, plan.kind, dtype, plan.shape, ChunkTable.from_rows(rows, len(plan.shape)))
-    values = {name: encode_per_rank([described[r]["per_rank"][name] for r in holders]) for name in first["per_rank"]}
+    values = {name: None for name in first["values"]}  # filled with the lowest holder's values once gathered
+    values.update({name: encode_per_rank([described[r]["per_rank"][name] for r in holders])
+                   for name in first["per_rank"]})
     return Metadata(step=None, files=[], variables=variables, values=values, nranks=len(holders), created="")
 
 
