@@ -11,7 +11,7 @@ memory of the ranks that hold the state instead of a checkpoint's files:
   (loading.check_template, loading.plan_targets: blocks tile, Ragged rows are
   split evenly or as asked);
 * every target rank receives straight from the holders whose parts overlap its
-  box (regions.overlapping), with non-blocking point-to-point messages; no
+  box (regions.shared_parts), with non-blocking point-to-point messages; no
   file is written and no rank sees more than its own parts.  A rank holds, on
   top of what it holds and what it will hold, only copies of the parts it sends
   that are not contiguous in its array and buffers for parts it receives that
@@ -39,7 +39,7 @@ from .loading import plan_targets, read_template, restored_state
 from .metadata import ChunkTable, Metadata, Variable
 from .planning import plan_save
 from .reader import allocate
-from .regions import intersect, overlapping, volume
+from .regions import shared_parts, volume
 from .state import Block, PerRank, split_state, summarize_for_save
 from .stateful import deliver, flatten, materialize
 
@@ -180,8 +180,7 @@ def _move(comm, meta: Metadata, held_local: dict | None, boxes: dict, outs: dict
         if held_local is not None:
             k = int(np.nonzero(var.chunks.file == rank)[0][0])
             src_start, src_stop = tuple(var.chunks.start[k].tolist()), tuple(var.chunks.stop[k].tolist())
-            for i in overlapping(t_starts, t_stops, src_start, src_stop).tolist():
-                lo, hi = intersect(src_start, src_stop, t_starts[i], t_stops[i])
+            for i, (lo, hi) in shared_parts(t_starts, t_stops, src_start, src_stop):
                 part = as_local_array(held_local["distributed"][name].local)[_local(lo, hi, src_start)]
                 if t_ranks[i] == rank:
                     start, _, out = outs[name]
@@ -191,11 +190,10 @@ def _move(comm, meta: Metadata, held_local: dict | None, boxes: dict, outs: dict
                     sends.append(comm.Isend(byte_view(part), dest=t_ranks[i], tag=_PART_TAG))
         if name in outs:
             start, stop, out = outs[name]
-            for k in overlapping(var.chunks.start, var.chunks.stop, start, stop).tolist():
+            for k, (lo, hi) in shared_parts(var.chunks.start, var.chunks.stop, start, stop):
                 src = int(var.chunks.file[k])
                 if src == rank:
                     continue
-                lo, hi = intersect(start, stop, var.chunks.start[k], var.chunks.stop[k])
                 sel = _local(lo, hi, start)
                 view = out[sel]
                 if view.flags.c_contiguous and not is_device_array(view) and view.dtype == var.dtype:

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hpcckpt.regions import contiguous_pieces, even_rows, intersect, overlapping, tiling_problem, volume
+from hpcckpt.regions import contiguous_pieces, even_rows, intersect, overlapping, shared_parts, tiling_problem, volume
 from decompositions import covered_count, decompositions, shapes
 
 SETTINGS = settings(max_examples=150, deadline=None)
@@ -198,3 +198,20 @@ def test_even_rows_partition(total, nparts):
 @pytest.mark.parametrize("extent", [(0,), (3, 0, 2), ()])
 def test_volume(extent):
     assert volume(extent) == int(np.prod(extent))
+
+
+@given(st.data())
+def test_shared_parts_of_one_tiling_tile_every_box_of_another(data):
+    """What redistribute relies on: a target box receives each of its elements from exactly one source box."""
+    shape, sources = data.draw(decompositions())
+    _, targets = data.draw(decompositions(shape=shape))
+    s_starts = np.asarray([b[0] for b in sources], np.int64).reshape(len(sources), len(shape))
+    s_stops = np.asarray([b[1] for b in sources], np.int64).reshape(len(sources), len(shape))
+    for t_start, t_stop in targets:
+        parts = shared_parts(s_starts, s_stops, t_start, t_stop)
+        for i, (lo, hi) in parts:
+            assert intersect(sources[i][0], sources[i][1], t_start, t_stop) == (lo, hi)
+        extent = [b - a for a, b in zip(t_start, t_stop)]
+        local = np.asarray([[a - o for a, o in zip(lo, t_start)] for _, (lo, _) in parts], np.int64)
+        local_hi = np.asarray([[b - o for b, o in zip(hi, t_start)] for _, (_, hi) in parts], np.int64)
+        assert tiling_problem(local, local_hi, extent) is None
