@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Runtime malleability benchmark (issue 16): resize in memory against checkpoint-and-restart.
 
-    .venv/bin/mpiexec -n 4 .venv/bin/python bench/malleability.py --total-mib 512 --repeats 3
+    .venv/bin/mpiexec -n 4 .venv/bin/python bench/malleability.py --total-mib 512 --repeats 5
 
 A ``--total-mib`` float64 array, in row slabs over the 4 ranks, is shrunk to 3
 ranks and grown back to 4, two ways, in the same run:
@@ -15,7 +15,7 @@ ranks and grown back to 4, two ways, in the same run:
   the job itself is not counted.
 
 Each time is the slowest rank's (allreduce MAX between barriers), the median
-over ``--repeats``; every result is checked exactly.  The policy
+over ``--repeats`` after ``--warmup`` uncounted repetitions; every result is checked exactly.  The policy
 (``hpcckpt.policy.choose_resize``) is then given the measured bandwidths and
 says what it would choose.  Rank 0 prints a Markdown table; ``--json`` writes
 the numbers.
@@ -90,7 +90,9 @@ def check(tmpl: dict | None, what: str) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--total-mib", type=float, default=512)
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--warmup", type=int, default=1, help="repetitions run first and not counted (first touch of "
+                   "MPI's shared buffers and of fresh pages costs seconds once)")
     p.add_argument("--root", default=None, help="directory for the checkpoints (default: a temporary one)")
     p.add_argument("--json", default=None, help="also write the results here (rank 0)")
     args = p.parse_args()
@@ -103,30 +105,35 @@ def main() -> None:
     root = world.bcast(tempfile.mkdtemp(prefix="hpcckpt-mall-", dir=args.root) if rank == 0 else None)
     times = {k: [] for k in ("redistribute shrink", "redistribute grow", "save shrink", "load shrink cold",
                              "load shrink warm", "save grow", "load grow cold", "load grow warm")}
-    for rep in range(args.repeats):
+    for rep in range(-args.warmup, args.repeats):
         for way, n_old, n_new in (("shrink", size, small), ("grow", small, size)):
             state, tmpl = held(nrows, n_old), template(nrows, n_new)
-            times[f"redistribute {way}"].append(timed(lambda: hpcckpt.redistribute(world, state, tmpl)))
+            t_mem = timed(lambda: hpcckpt.redistribute(world, state, tmpl))
             check(tmpl, f"redistribute {way}")
+            measured = {f"redistribute {way}": t_mem}
             old_comm, new_comm = (world, sub) if way == "shrink" else (sub, world)
             for cache in ("cold", "warm"):
                 path = os.path.join(root, f"{way}-{rep}-{cache}")
                 t_save = timed(lambda: state is not None and hpcckpt.save(state, path, comm=old_comm))
                 if cache == "cold":
-                    times[f"save {way}"].append(t_save)
+                    measured[f"save {way}"] = t_save
                     if rank == 0:
                         drop_cache(path)
                 tmpl = template(nrows, n_new)
-                times[f"load {way} {cache}"].append(timed(lambda: tmpl is not None and hpcckpt.load(
-                    tmpl, path, comm=new_comm)))
+                measured[f"load {way} {cache}"] = timed(lambda: tmpl is not None and hpcckpt.load(
+                    tmpl, path, comm=new_comm))
                 check(tmpl, f"load {way} {cache}")
                 world.Barrier()
                 if rank == 0:
                     shutil.rmtree(path)
             del state, tmpl
+            if rep >= 0:
+                for k, v in measured.items():
+                    times[k].append(v)
     med = {k: statistics.median(v) for k, v in times.items()}
     if rank == 0:
-        rows, out = [], {"total_bytes": nbytes, "ranks": size, "repeats": args.repeats, "median_seconds": med,
+        rows, out = [], {"total_bytes": nbytes, "ranks": size, "repeats": args.repeats, "warmup": args.warmup,
+                         "median_seconds": med,
                          "seconds": times}
         for way in ("shrink", "grow"):
             r = med[f"redistribute {way}"]
