@@ -15,10 +15,11 @@ ranks and grown back to 4, two ways, in the same run:
   the job itself is not counted.
 
 Each time is the slowest rank's (allreduce MAX between barriers), the median
-over ``--repeats`` after ``--warmup`` uncounted repetitions; every result is checked exactly.  The policy
-(``hpcckpt.policy.choose_resize``) is then given the measured bandwidths and
-says what it would choose.  Rank 0 prints a Markdown table; ``--json`` writes
-the numbers.
+over ``--repeats`` (the ratios: medians of the per-repetition ratios) after
+``--warmup`` uncounted repetitions; every result is checked exactly. The
+policy (``hpcckpt.policy.choose_resize``) is then given the measured
+bandwidths and says what it would choose. Rank 0 prints a Markdown table;
+``--json`` writes the numbers.
 """
 
 from __future__ import annotations
@@ -126,7 +127,7 @@ def main() -> None:
                 world.Barrier()
                 if rank == 0:
                     shutil.rmtree(path)
-            del state, tmpl
+            state = tmpl = None  # freed before the next repetition allocates its own
             if rep >= 0:
                 for k, v in measured.items():
                     times[k].append(v)
@@ -137,15 +138,16 @@ def main() -> None:
                          "seconds": times}
         for way in ("shrink", "grow"):
             r = med[f"redistribute {way}"]
-            fs_cold = med[f"save {way}"] + med[f"load {way} cold"]
-            fs_warm = med[f"save {way}"] + med[f"load {way} warm"]
+            ratio = {cache: statistics.median((s + lo) / m for m, s, lo in zip(  # paired: per repetition
+                times[f"redistribute {way}"], times[f"save {way}"], times[f"load {way} {cache}"]))
+                for cache in ("cold", "warm")}
             n_old, n_new = (size, small) if way == "shrink" else (small, size)
             choice = choose_resize(nbytes, nbytes / r, nbytes / med[f"save {way}"], nbytes / med[f"load {way} cold"])
-            out[way] = {"speedup_cold": fs_cold / r, "speedup_warm": fs_warm / r, "policy": choice.method,
+            out[way] = {"ratio_cold": ratio["cold"], "ratio_warm": ratio["warm"], "policy": choice.method,
                         "reason": choice.reason}
             rows.append([f"{way} {n_old} -> {n_new}", f"{r:.3f}", f"{med[f'save {way}']:.3f}",
                          f"{med[f'load {way} cold']:.3f}", f"{med[f'load {way} warm']:.3f}",
-                         f"{fs_cold / r:.1f}x", f"{fs_warm / r:.1f}x", choice.method])
+                         f"{ratio['cold']:.1f}x", f"{ratio['warm']:.1f}x", choice.method])
         print(f"{nbytes / (1 << 20):.0f} MiB float64, {size} ranks, median of {args.repeats} "
               "(slowest rank's seconds)")
         print_table(["resize", "redistribute s", "save s", "load s (cold)", "load s (warm)",
