@@ -49,3 +49,8 @@ def test_grow_2_to_4_by_spawn_then_the_chain_restores_on_other_counts(tmp_path):
     for m in (1, 3):
         proc = run_mpi(m, SCRIPT, "check", root, 6, timeout=180)
         assert proc.stdout.count("OK rank") == m, proc.stdout
+
+
+def test_a_checkpointer_whose_rank_0_leaves_fails_on_every_rank(tmp_path):
+    proc = run_mpi(3, SCRIPT, "resize-bad", str(tmp_path / "root"), timeout=120)
+    assert proc.stdout.count("OK rank") == 3, proc.stdout

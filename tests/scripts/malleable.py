@@ -5,6 +5,7 @@
     mpiexec -n 2 python malleable.py grow ROOT SEED    2 -> 4 with MPI.Comm_spawn + Merge, the same checks
     mpiexec -n M python malleable.py check ROOT SEED   the version saved after the resize, loaded on M ranks
     mpiexec -n N python malleable.py bad               bad inputs: the same CheckpointError on every rank
+    mpiexec -n N python malleable.py resize-bad ROOT   rank 0 leaving a Checkpointer: an error on every rank
 
 The state of case SEED (a 2-D float64 and a 3-D big-endian int16 Block, a
 structured Ragged table, replicated values and a PerRank) is the same on any
@@ -265,6 +266,22 @@ def bad() -> None:
     print(f"OK rank {rank}", flush=True)
 
 
+def resize_bad(root: str) -> None:
+    """Rank 0 leaving a resized Checkpointer: a CheckpointError there and on every rank of the new communicator."""
+    world = MPI.COMM_WORLD
+    rank = world.Get_rank()
+    ck = hpcckpt.Checkpointer(root, world, track_failures=False, handle_signals=False)
+    new = world.Split(0 if rank > 0 else MPI.UNDEFINED, rank)
+    try:
+        ck.resize(None if rank == 0 else new)
+    except hpcckpt.CheckpointError as exc:
+        assert "rank 0" in str(exc), exc
+    else:
+        raise AssertionError("rank 0 left without an error")
+    ck.close()  # the failed resize changed nothing: the Checkpointer still works on the old communicator
+    print(f"OK rank {rank}", flush=True)
+
+
 if __name__ == "__main__":
     mode, args = sys.argv[1], sys.argv[2:]
     if mode == "mix":
@@ -275,6 +292,8 @@ if __name__ == "__main__":
         grow(args[0], int(args[1]))
     elif mode == "check":
         check_saved(args[0], int(args[1]))
+    elif mode == "resize-bad":
+        resize_bad(args[0])
     elif mode == "bad":
         bad()
     else:
