@@ -54,3 +54,29 @@ def test_grow_2_to_4_by_spawn_then_the_chain_restores_on_other_counts(tmp_path):
 def test_a_checkpointer_whose_rank_0_leaves_fails_on_every_rank(tmp_path):
     proc = run_mpi(3, SCRIPT, "resize-bad", str(tmp_path / "root"), timeout=120)
     assert proc.stdout.count("OK rank") == 3, proc.stdout
+
+
+def test_one_process_without_mpi_copies_into_a_stateful_template():
+    """The serial stand-in communicator: the same result as a save and a load, delivered to a Stateful object."""
+    import numpy as np
+
+    import hpcckpt
+    from hpcckpt.collective import SerialComm
+
+    class Sim:
+        def __init__(self):
+            self.u, self.got = np.zeros((4, 3)), None
+
+        def state_dict(self):
+            return {"u": hpcckpt.Block(self.u), "rows": hpcckpt.Ragged(), "t": None}
+
+        def load_state_dict(self, d):
+            self.got = d
+
+    held = {"u": hpcckpt.Block(np.arange(12.0).reshape(4, 3)), "rows": hpcckpt.Ragged(np.arange(5)), "t": 1.5}
+    sim = Sim()
+    out = hpcckpt.redistribute(SerialComm(), held, sim)
+    assert np.array_equal(sim.u, held["u"].local) and sim.got is out
+    assert np.array_equal(out["rows"].local, np.arange(5)) and out["t"] == 1.5
+    with pytest.raises(hpcckpt.TemplateMismatchError, match="not in the checkpoint"):
+        hpcckpt.redistribute(SerialComm(), held, {**sim.state_dict(), "v": hpcckpt.Block(np.zeros(1))})
