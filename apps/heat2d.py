@@ -50,6 +50,17 @@ Output files
     rolls them back to the restored step, so after a crash and a restart
     (on any number of ranks) they are bitwise those of an uninterrupted run.
 
+Resizing while running
+    ``--resize-step S --resize-to N`` changes the number of ranks after step S
+    (after that step's checkpoint, if it has one) without stopping:
+    ``hpcckpt.redistribute`` moves the field and the tracers from the old
+    process grid to one of N ranks in memory, and the Checkpointer continues on
+    the new ranks (``Checkpointer.resize``).  Fewer ranks: the last ones hand
+    their cells over and exit.  More ranks: rank 0 starts the missing ones with
+    ``MPI.Comm_spawn`` (they run this script with ``--joined``) and the old and
+    new ranks merge into one communicator.  The result is bitwise that of an
+    uninterrupted run, for the reason above.
+
 Stopping
     SIGUSR1, SIGTERM (a SLURM pre-emption or ``sbatch --signal``) or SIGINT
     (Ctrl-C of mpiexec) sets a flag, and ``hpcckpt halt ROOT`` writes a halt
@@ -264,6 +275,46 @@ def step_boundary(ck, done: int):
     return result, ck.should_exit()
 
 
+# --------------------------------------------------------------------------- resizing while running
+
+def resize(args, grid: Grid | None, ck, state: dict | None):
+    """Move the state to a process grid of ``args.resize_to`` ranks; ``(grid, ck, u, tracers, step, link)``.
+
+    Called at the same step by every rank of the old grid (``state``: what it
+    holds) and, when growing, by the spawned ranks (``grid``, ``ck``,
+    ``state`` None).  A rank that leaves gets None.  ``link``: the
+    intercommunicator to the spawning or spawned ranks (None when shrinking),
+    disconnected at the end of the run.
+    """
+    link = None
+    if grid is None:  # spawned by a grow: merge with the ranks that spawned us
+        link = MPI.Comm.Get_parent()
+        span = link.Merge(high=True)
+        ck = hpcckpt.Checkpointer.join(span)
+    elif args.resize_to > grid.size:
+        link = grid.cart.Spawn(sys.executable, [os.path.abspath(__file__), *args.argv, "--joined"],
+                               maxprocs=args.resize_to - grid.size, root=0)
+        span = link.Merge(high=False)  # the old ranks keep their numbers
+        ck.resize(span)
+    else:
+        span = grid.cart
+    new = span if args.resize_to >= span.Get_size() else span.Split(
+        0 if span.Get_rank() < args.resize_to else MPI.UNDEFINED, span.Get_rank())
+    new_grid = Grid(new, args.ny, args.nx) if new != MPI.COMM_NULL else None
+    template = None
+    if new_grid is not None:
+        u = with_halo(new_grid, np.zeros(new_grid.shape))
+        template = {"u": hpcckpt.Block(u[1:-1, 1:-1], offset=(new_grid.y0, new_grid.x0),
+                                       global_shape=(args.ny, args.nx)),
+                    "tracers": hpcckpt.Ragged(), "step": 0, "params": None}
+    restored = hpcckpt.redistribute(span, state, template)
+    if new_grid is None:
+        ck.resize(None)
+        return None
+    ck.resize(new_grid.cart)  # the communicator the run continues on
+    return new_grid, ck, u, migrate(new_grid, restored["tracers"].local), int(restored["step"]), link
+
+
 # --------------------------------------------------------------------------- the program
 
 def parse_args(argv=None):
@@ -283,18 +334,27 @@ def parse_args(argv=None):
     p.add_argument("--kill-step", type=int, default=None, help="... after this step (a crash, for demos and tests)")
     p.add_argument("--sleep", type=float, default=0.0, help="pause this many seconds per step (demos and tests)")
     p.add_argument("--quiet", action="store_true", help="print only the start and the end")
+    p.add_argument("--resize-step", type=int, default=None, help="after this step, change the number of ranks ...")
+    p.add_argument("--resize-to", type=int, default=None, help="... to this many (hpcckpt.redistribute, in memory)")
+    p.add_argument("--joined", action="store_true", help=argparse.SUPPRESS)  # a rank spawned by a resize
     args = p.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     if args.nx < 1 or args.ny < 1 or args.steps < 0 or args.every < 0 or args.keep < 1 or args.tracers < 0:
         p.error("--nx/--ny/--keep must be positive, --steps/--every/--tracers not negative")
     if (args.kill_rank is None) != (args.kill_step is None):
         p.error("--kill-rank and --kill-step go together")
+    if (args.resize_step is None) != (args.resize_to is None) or (args.resize_to is not None and args.resize_to < 1):
+        p.error("--resize-step and --resize-to go together, and --resize-to must be positive")
     return args
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    comm = MPI.COMM_WORLD
-    grid = Grid(comm, args.ny, args.nx)
+    if args.joined:  # spawned by a grow: everything comes from the ranks that spawned us
+        grid, ck, u, tracers, start, link = resize(args, None, None, None)
+    else:
+        link = None
+        grid = Grid(MPI.COMM_WORLD, args.ny, args.nx)
     rank = grid.rank
 
     def say(msg: str) -> None:
@@ -305,8 +365,6 @@ def main(argv=None) -> int:
         say(f"the {args.ny}x{args.nx} grid is too small for a {grid.dims[0]}x{grid.dims[1]} process grid")
         return 2
     params = {"nx": args.nx, "ny": args.ny, "r": R, "tracers": args.tracers}
-    u = with_halo(grid, initial_field(grid))
-    unew = u.copy()  # same fixed halo; interiors are overwritten each step
 
     def make_state() -> dict:
         # read at every save (registered below): u and unew swap each step, tracers migrate, done advances
@@ -314,20 +372,23 @@ def main(argv=None) -> int:
                 "tracers": hpcckpt.Ragged(tracers),
                 "step": done, "params": params}
 
-    policy = FixedSteps(args.every) if args.every else FixedSteps(10**12)
-    # signal handlers now, before the pids are printed: from then on a signal is never lost
-    ck = hpcckpt.Checkpointer(args.root, comm=comm, keep=args.keep, policy=policy, handle_signals=True,
-                              files=args.log)  # append-only
-    if args.series:  # rewritten in place: only its 4 KiB blocks that changed since the last save are stored
-        ck.track_files(args.series, mode="inplace", block_bytes=4096)
+    if not args.joined:
+        u = with_halo(grid, initial_field(grid))
+        policy = FixedSteps(args.every) if args.every else FixedSteps(10**12)
+        # signal handlers now, before the pids are printed: from then on a signal is never lost
+        ck = hpcckpt.Checkpointer(args.root, comm=grid.cart, keep=args.keep, policy=policy, handle_signals=True,
+                                  files=args.log)  # append-only
+        if args.series:  # rewritten in place: only its 4 KiB blocks that changed since the last save are stored
+            ck.track_files(args.series, mode="inplace", block_bytes=4096)
+        pids = grid.cart.gather(os.getpid(), root=0)
+        say(f"{grid.size} ranks on a {grid.dims[0]} x {grid.dims[1]} process grid, {args.ny} x {args.nx} cells, "
+            f"{args.steps} steps; pids {' '.join(map(str, pids)) if pids else ''}")
+        start = 0
+        tracers = initial_tracers(grid, args.tracers)
     outputs = bool(args.log or args.series)
     ck.register(make_state)  # the safe form: the state is built when a save starts, never a stale buffer
-    pids = comm.gather(os.getpid(), root=0)
-    say(f"{grid.size} ranks on a {grid.dims[0]} x {grid.dims[1]} process grid, {args.ny} x {args.nx} cells, "
-        f"{args.steps} steps; pids {' '.join(map(str, pids)) if pids else ''}")
-    start = 0
-    tracers = initial_tracers(grid, args.tracers)
-    if ck.latest() is not None:
+    unew = u.copy()  # same fixed halo; interiors are overwritten each step
+    if not args.joined and ck.latest() is not None:
         t0 = time.perf_counter()
         template = {"u": hpcckpt.Block(u[1:-1, 1:-1], offset=(grid.y0, grid.x0), global_shape=(args.ny, args.nx)),
                     "tracers": hpcckpt.Ragged(), "step": 0, "params": None}
@@ -343,14 +404,13 @@ def main(argv=None) -> int:
         saved_by = hpcckpt.open(ck.last_restored).meta.nranks if rank == 0 else None
         say(f"restored step {start} from {ck.last_restored} in {time.perf_counter() - t0:.3f} s "
             f"(saved by {saved_by} ranks, restored on {grid.size}: hpcckpt resharded it)")
-    else:
+    elif not args.joined:
         say(f"no checkpoint under {args.root}: starting from step 0")
         if rank == 0:
             start_outputs(args)
 
     t_run = time.perf_counter()
     done = start
-    saved_at = start if start else None
     for step in range(start, args.steps):
         exchange_halo(grid, u)
         stencil(u, unew)
@@ -365,7 +425,6 @@ def main(argv=None) -> int:
             time.sleep(args.sleep)
         result, stopping = step_boundary(ck, done)
         if result is not None:
-            saved_at = done
             if not args.quiet or stopping:
                 say(f"step {done}/{args.steps}: checkpoint saved to {result.path} "
                     f"({result.bytes_written / 1024:.0f} KiB, {sum(result.timings.values()) * 1000:.0f} ms)")
@@ -378,20 +437,31 @@ def main(argv=None) -> int:
             print(f"[heat2d] rank {rank}: simulating a crash: SIGKILL to myself (pid {os.getpid()}) "
                   f"after step {done}", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
+        if args.resize_step == done and not args.joined:
+            t0 = time.perf_counter()
+            old_size = grid.size
+            resized = resize(args, grid, ck, make_state())
+            if resized is None:  # this rank left: its cells live on in the others
+                return 0
+            grid, ck, u, tracers, _, link = resized
+            unew, rank = u.copy(), grid.rank
+            say(f"step {done}: resized from {old_size} to {grid.size} ranks in memory "
+                f"({time.perf_counter() - t0:.3f} s)")
     elapsed = time.perf_counter() - t_run
-    if saved_at != done:  # always finish with a checkpoint of the last step: a rerun then has nothing to do
+    if ck.latest() != done:  # always finish with a checkpoint of the last step: a rerun then has nothing to do
         ck.save(step=done)
     ck.close()
     say(f"finished {done - start} steps in {elapsed:.2f} s (steps {start}..{done})")
     if args.out:
-        hpcckpt.save(make_state, args.out, comm=comm, step=done, overwrite=True)
+        hpcckpt.save(make_state, args.out, comm=grid.cart, step=done, overwrite=True)
         if rank == 0:
             view = hpcckpt.open(args.out)
             field = view.read("u")
             say(f"final state written to {args.out}: u {field.shape}, "
                 f"mean temperature {float(field.mean()):.6f}, {len(view.read('tracers'))} tracers")
+    if link is not None:
+        link.Disconnect()  # the spawning and the spawned ranks part together
     return 0
-
 
 if __name__ == "__main__":
     with hpcckpt.report_errors(MPI.COMM_WORLD):  # a CheckpointError: one line from rank 0; else traceback + Abort

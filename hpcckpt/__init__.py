@@ -16,7 +16,8 @@ _configure_logging()
 #: Public names imported on first use (PEP 562): a restart that only loads does not import the save side,
 #: the Checkpointer, the policies and the adapters (about half of the package; bench/latency.py, "restart").
 _LAZY = {"Checkpointer": ("checkpointer", "Checkpointer"), "SaveResult": ("options", "SaveResult"),
-         "policy": ("policy", None), "adapters": ("adapters", None), "report_errors": ("report", "report_errors")}
+         "policy": ("policy", None), "adapters": ("adapters", None), "report_errors": ("report", "report_errors"),
+         "redistribute": ("redistribution", "redistribute")}
 
 
 def __getattr__(name: str):
@@ -36,5 +37,5 @@ def __dir__():
 
 
 __all__ = ["Block", "Ragged", "PerRank", "save", "load", "open", "Checkpointer", "SaveResult", "CheckpointError",
-           "CorruptCheckpointError", "TemplateMismatchError", "adapters", "report_errors", "codecs", "policy",
-           "__version__"]
+           "CorruptCheckpointError", "TemplateMismatchError", "adapters", "redistribute", "report_errors", "codecs",
+           "policy", "__version__"]

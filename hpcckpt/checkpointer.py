@@ -115,6 +115,64 @@ class Checkpointer:
 
             self.engine = Engine(self, **engine_options)
 
+    def resize(self, comm) -> None:
+        """Continue on ``comm`` after the job changed its rank count (hpcckpt.redistribute; docs/malleability.md).
+
+        Called by every rank of this Checkpointer's communicator: a rank that
+        stays passes the new communicator, a rank that leaves passes None (its
+        Checkpointer is closed here without the collective bookkeeping of
+        :meth:`close`).  Collective over ``comm`` with the joining ranks'
+        :meth:`join`.  Rank 0 must stay rank 0 (it holds the writer lock and
+        the failure history), otherwise every rank raises a CheckpointError.
+        The next save is planned afresh on the new ranks and, if incremental,
+        continues the chain (incremental saves are independent of the rank
+        count).  Not supported with an asynchronous or multi-level engine.
+        """
+        self._check_open()
+        was_root = self.comm.Get_rank() == 0
+        if comm is None or _is_null(comm):
+            if was_root:
+                raise CheckpointError(f"rank 0 of the Checkpointer for {self.root!r} cannot leave: it holds the "
+                                      "writer lock and the failure history; let another rank leave")
+            self._closed = True
+            self.pacer.signals.uninstall()
+            return
+        comm = resolve_comm(comm)
+        _resize_agreed(comm, self.root, lambda: self._resize_config(was_root))
+        self.comm = self.pacer.comm = comm
+        self._plan_cache.invalidate()
+
+    def _resize_config(self, was_root: bool) -> dict:
+        """Rank 0 of the new communicator: what a joining rank needs to continue this Checkpointer."""
+        if not was_root:
+            raise CheckpointError("rank 0 of the new communicator must be rank 0 of the old one (it holds the "
+                                  "writer lock and the failure history)")
+        if self.engine is not None:
+            raise CheckpointError("resize is not supported with an asynchronous or multi-level engine")
+        if any(p.per_rank for p in self.files.patterns):
+            raise CheckpointError("resize is not supported with per-rank tracked files ({rank} in a path): the "
+                                  "files of a leaving rank would have no owner; checkpoint and restart instead")
+        return {"root": self.root, "files": self.files.patterns, "keep": self.keep, "options": self.options, "chain_base": self.chain_base,
+                "last_restored": self.last_restored, "handle_signals": self.pacer.handle_signals,
+                "break_lock": self._break_lock, "locked": self._unlock is not None}
+
+    @classmethod
+    def join(cls, comm) -> "Checkpointer":
+        """The Checkpointer of a rank joining a job that grew (MPI.Comm_spawn + Merge): collective over ``comm``
+        with the staying ranks' :meth:`resize` (their root, options and chain continue here)."""
+        comm = resolve_comm(comm)
+        config = _resize_agreed(comm, "a joined Checkpointer", _joining_root)
+        self = cls.__new__(cls)
+        self.root, self.comm, self.keep, self.options = config["root"], comm, config["keep"], config["options"]
+        self.chain_base, self.last_restored = config["chain_base"], config["last_restored"]
+        self._last_result, self._plan_cache, self._closed, self._registered = None, PlanCache(), False, None
+        self._break_lock, self.engine = config["break_lock"], None
+        self.files = FileTracker.following(config["files"])  # shared files only: rank 0 records them
+        # the lock is rank 0's; the other ranks only mark that it was taken, so the next save agrees on it
+        self._unlock = weakref.finalize(self, rootlock.release, None) if config["locked"] else None
+        self.pacer = Pacer(comm, self.root, handle_signals=config["handle_signals"])  # not rank 0: no history
+        return self
+
     def _live(self) -> list:
         self._check_open()
         if self.engine is not None:
@@ -386,3 +444,21 @@ class Checkpointer:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def _is_null(comm) -> bool:
+    try:
+        from mpi4py import MPI
+    except ImportError:
+        return False
+    return comm == MPI.COMM_NULL
+
+
+def _joining_root():
+    raise CheckpointError("rank 0 of the new communicator must be a rank that already has the Checkpointer "
+                          "(call resize there, join only on joining ranks)")
+
+
+def _resize_agreed(comm, what: str, config_on_root):
+    """Collective over the resized communicator: rank 0's configuration (or its error) on every rank."""
+    return bcast_checked(comm, f"resizing the Checkpointer for {what!r}", config_on_root)

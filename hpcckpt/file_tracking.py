@@ -51,6 +51,13 @@ class FileTracker:
         self.index: dict = {}
         self.pending: list[Record] = []
 
+    @classmethod
+    def following(cls, registered: list[Pattern]) -> "FileTracker":
+        """A tracker of the files another rank's tracker registered (a rank that joined a resized job)."""
+        tracker = cls()
+        tracker.patterns = list(registered)
+        return tracker
+
     def track(self, files, mode: str = "append", block_bytes: int = DEFAULT_BLOCK_BYTES) -> None:
         self.patterns.extend(patterns(files, mode, block_bytes))
 

@@ -23,6 +23,7 @@ from .metadata import Metadata, Variable
 from .monitor import PhaseTimer
 from .planning import common_names, plan_rows
 from .load_plan import plan_load
+from .read_plan import encode_requests, target_boxes
 from .metadata_file import read_metadata
 from .reader import ChunkReader, allocate
 from .regions import even_rows
@@ -60,7 +61,7 @@ def load_version(state, directory: str, comm, strict: bool = True, timer: PhaseT
                                                                     directory).indexed())
     with timer.phase("plan"):
         rank = comm.Get_rank()
-        local, failure = attempt(lambda: _template(state, meta, strict, cast, rank, comm.Get_size()))
+        local, failure = attempt(lambda: read_template(state, meta, strict, cast, rank, comm.Get_size()))
         boxes, shared = plan_load(comm, what, meta, local, failure)
     with timer.phase("read"):
         targets, outgoing, values = agree(comm, what, lambda: _read(directory, meta, local, boxes, shared, rank,
@@ -69,6 +70,18 @@ def load_version(state, directory: str, comm, strict: bool = True, timer: PhaseT
     if comm.Get_rank() == 0:
         logger.info("loaded %s on %d ranks: %s", directory, comm.Get_size(),
                     ", ".join(f"{k} {v:.3f} s" for k, v in timer.seconds.items()))
+    restored = restored_state(local, targets, values, comm.Get_rank(), comm.Get_size())
+    deliver(state, restored)  # load_state_dict of Stateful objects, after every collective of the load
+    return restored
+
+
+def restored_state(local: dict, targets: dict, values: dict, rank: int, nranks: int) -> dict:
+    """The state a load returns, nested as the template: its filled Blocks, new Ragged rows, values, PerRanks.
+
+    ``local``: :func:`read_template`'s answer; ``targets[name][2]``: the rows
+    filled for each Ragged; ``values``: the decoded replicated values (a
+    PerRankEntries for a PerRank).  Shared by a load and hpcckpt.redistribute.
+    """
     out = {}
     for name, value in local["flat"].items():
         if isinstance(value, Block):
@@ -76,15 +89,13 @@ def load_version(state, directory: str, comm, strict: bool = True, timer: PhaseT
         elif isinstance(value, Ragged):
             out[name] = Ragged(targets[name][2])
         elif isinstance(value, PerRank) or isinstance(values[name], PerRankEntries):
-            out[name] = per_rank_value(name, value, values[name], comm.Get_rank(), comm.Get_size())
+            out[name] = per_rank_value(name, value, values[name], rank, nranks)
         else:
             out[name] = values[name]
-    restored = unflatten(out, local["tree"])
-    deliver(state, restored)  # load_state_dict of Stateful objects, after every collective of the load
-    return restored
+    return unflatten(out, local["tree"])
 
 
-def _template(state, meta: Metadata, strict: bool, cast: bool = False, rank: int = 0, nranks: int = 1) -> dict:
+def read_template(state, meta: Metadata, strict: bool, cast: bool = False, rank: int = 0, nranks: int = 1) -> dict:
     """The template read now (hpcckpt.stateful: Stateful objects, callables, getters, nesting), then checked.
 
     ``state=None``: :func:`default_template`, every variable of the version;
@@ -275,6 +286,18 @@ def plan_reads(requests: list[dict], meta: Metadata) -> list[dict]:
             for rank, rng in enumerate(plan_rows([r[name][1] for r in requests], var.shape[0], name)):
                 ranges[rank][name] = rng
     return ranges
+
+
+def plan_targets(requests: list[dict], meta: Metadata) -> list[dict]:
+    """Every rank's global target box per distributed variable, ``[{name: (start, stop)}]`` by rank.
+
+    ``requests[r]``: rank r's requests (:func:`check_template`); checked as a
+    load's are (hpcckpt.read_plan.target_boxes): the same answer, or the same
+    TemplateMismatchError, on every rank.
+    """
+    per_variable = target_boxes([encode_requests(r) for r in requests], meta)
+    return [{name: (tuple(starts[r].tolist()), tuple(stops[r].tolist())) for name, (starts, stops, _) in
+             per_variable.items()} for r in range(len(requests))]
 
 
 def _read(directory: str, meta: Metadata, local: dict, boxes: dict, shared: dict, rank: int, storage: Storage):

@@ -49,6 +49,17 @@ def overlapping(starts: np.ndarray, stops: np.ndarray, q_start, q_stop) -> np.nd
     return np.nonzero(hit)[0]
 
 
+def shared_parts(starts: np.ndarray, stops: np.ndarray, q_start, q_stop) -> list[tuple[int, Box]]:
+    """``(i, (lo, hi))`` for each box ``i`` that shares elements with the query box, and the part it shares.
+
+    When the boxes tile an array, the parts tile the query box's intersection
+    with it: what a rank receives from (or sends to) the ranks of another
+    decomposition (hpcckpt.redistribute).
+    """
+    return [(i, intersect(starts[i], stops[i], q_start, q_stop))
+            for i in overlapping(starts, stops, q_start, q_stop).tolist()]
+
+
 def tiling_problem(starts: np.ndarray, stops: np.ndarray, shape: Sequence[int], label: str = "box",
                    ids: Sequence[int] | None = None, origin: Sequence[int] | None = None) -> str | None:
     """Why the boxes do not tile ``shape`` exactly, or None when they do.

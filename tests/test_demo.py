@@ -130,3 +130,21 @@ def test_sigusr1_checkpoints_exits_cleanly_and_resumes_bitwise(tmp_path):
     resumed = heat2d(3, "--root", root, "--out", out, *common)
     assert f"restored step {stopped} " in resumed.stdout, resumed.stdout
     same_final_state(str(ref), str(out))
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("before,after", [(4, 3), (2, 4)])
+def test_heat2d_resized_while_running_ends_bitwise_as_an_uninterrupted_run(tmp_path, before, after):
+    """--resize-step/--resize-to: shrink in-process (4 -> 3) or grow by Comm_spawn (2 -> 4) at step 12."""
+    common = ["--nx", 40, "--ny", 48, "--steps", 30, "--every", 7, "--tracers", 40, "--quiet"]
+    ref, out = str(tmp_path / "ref"), str(tmp_path / "out")
+    heat2d(1, "--root", tmp_path / "ref-ckpt", "--out", ref, *common)
+    proc = heat2d(before, "--root", tmp_path / "ckpt", "--out", out, *common, "--resize-step", 12,
+                  "--resize-to", after, timeout=300)
+    assert f"resized from {before} to {after} ranks in memory" in proc.stdout, proc.stdout
+    same_final_state(ref, out)
+    import hpcckpt
+
+    assert hpcckpt.open(out).meta.nranks == after
+    with hpcckpt.open(str(tmp_path / "ckpt")) as view:  # the Checkpointer went on saving on the new ranks
+        assert view.meta.nranks == after and view.meta.step == 30

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hpcckpt.regions import contiguous_pieces, covering_problem, even_rows, intersect, missing_box, overlap_pair, \
-    overlapping, owned_parts, shared_regions, subtract, tiling_problem, volume
+    overlapping, owned_parts, shared_parts, shared_regions, subtract, tiling_problem, volume
 from decompositions import covered_count, decompositions, shapes
 
 SETTINGS = settings(max_examples=150, deadline=None)
@@ -297,3 +297,19 @@ def test_covering_problem_refuses_boxes_outside_even_when_they_overlap():
     msg = covering_problem(*_arrays([((0, 0), (4, 4)), ((0, 0), (5, 4))], 2), (4, 4), label="the block of rank")
     assert msg == "the block of rank 1 [0:5, 0:4] lies outside the global shape (4, 4)"
 
+
+@given(st.data())
+def test_shared_parts_of_one_tiling_tile_every_box_of_another(data):
+    """What redistribute relies on: a target box receives each of its elements from exactly one source box."""
+    shape, sources = data.draw(decompositions())
+    _, targets = data.draw(decompositions(shape=shape))
+    s_starts = np.asarray([b[0] for b in sources], np.int64).reshape(len(sources), len(shape))
+    s_stops = np.asarray([b[1] for b in sources], np.int64).reshape(len(sources), len(shape))
+    for t_start, t_stop in targets:
+        parts = shared_parts(s_starts, s_stops, t_start, t_stop)
+        for i, (lo, hi) in parts:
+            assert intersect(sources[i][0], sources[i][1], t_start, t_stop) == (lo, hi)
+        extent = [b - a for a, b in zip(t_start, t_stop)]
+        local = np.asarray([[a - o for a, o in zip(lo, t_start)] for _, (lo, _) in parts], np.int64)
+        local_hi = np.asarray([[b - o for b, o in zip(hi, t_start)] for _, (_, hi) in parts], np.int64)
+        assert tiling_problem(local, local_hi, extent) is None

@@ -36,6 +36,7 @@ from hpcckpt.policy.policies import (
     Policy,
     Young,
 )
+from hpcckpt.policy.resize import CHECKPOINT_RESTART, REDISTRIBUTE, ResizeChoice, choose_resize
 from hpcckpt.policy.schedule import Decision, Schedule, end_time_from_env
 from hpcckpt.policy.signals import SignalFlag
 
@@ -48,4 +49,5 @@ __all__ = [
     "DEFAULT_MTBF", "DEFAULT_PRIOR_WEIGHT",
     "Schedule", "Decision", "end_time_from_env",
     "SignalFlag",
+    "choose_resize", "ResizeChoice", "REDISTRIBUTE", "CHECKPOINT_RESTART",
 ]

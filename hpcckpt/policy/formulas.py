@@ -49,7 +49,7 @@ __all__ = [
 ]
 
 
-def _check(name: str, value, *, positive: bool = False) -> float:
+def check_number(name: str, value, *, positive: bool = False) -> float:
     """Return ``value`` as a float; raise CheckpointError if NaN, infinite, negative
     (or zero when ``positive``), or not a number."""
     try:
@@ -67,8 +67,8 @@ def _check(name: str, value, *, positive: bool = False) -> float:
 
 def young(cost: float, mtbf: float) -> float:
     """Young's first-order optimum compute interval ``sqrt(2 C M)`` in seconds."""
-    c = _check("cost", cost)
-    m = _check("mtbf", mtbf, positive=True)
+    c = check_number("cost", cost)
+    m = check_number("mtbf", mtbf, positive=True)
     return math.sqrt(2.0 * c * m)
 
 
@@ -78,8 +78,8 @@ def daly(cost: float, mtbf: float) -> float:
     ``sqrt(2CM) [1 + (1/3) sqrt(C/2M) + (1/9) C/2M] - C`` if ``C < 2M`` else ``M``.
     It is always <= young(C, M) (by (5/9) C or more when C < 2M).
     """
-    c = _check("cost", cost)
-    m = _check("mtbf", mtbf, positive=True)
+    c = check_number("cost", cost)
+    m = check_number("mtbf", mtbf, positive=True)
     if c >= 2.0 * m:
         return m
     x = c / (2.0 * m)
@@ -93,8 +93,8 @@ def exact_optimum(cost: float, mtbf: float) -> float:
     ``z = tau/M - 1`` this is ``z e^z = -exp(-1 - C/M)``, the principal Lambert-W
     branch.  Newton iterations on ``z`` from a series start; independent of R.
     """
-    c = _check("cost", cost)
-    m = _check("mtbf", mtbf, positive=True)
+    c = check_number("cost", cost)
+    m = check_number("mtbf", mtbf, positive=True)
     if c == 0.0:
         return 0.0
     a = -math.exp(-1.0 - c / m)  # in (-1/e, 0)
@@ -128,11 +128,11 @@ def expected_makespan(work: float, interval: float, cost: float, mtbf: float,
     Treats ``work / tau`` as a (possibly fractional) number of full segments, each
     followed by a checkpoint, as Daly does.
     """
-    w = _check("work", work)
-    tau = _check("interval", interval, positive=True)
-    c = _check("cost", cost)
-    m = _check("mtbf", mtbf, positive=True)
-    r = _check("restart", restart)
+    w = check_number("work", work)
+    tau = check_number("interval", interval, positive=True)
+    c = check_number("cost", cost)
+    m = check_number("mtbf", mtbf, positive=True)
+    r = check_number("restart", restart)
     return (w / tau) * m * math.exp(r / m) * math.expm1((tau + c) / m)
 
 
@@ -145,10 +145,10 @@ def expected_waste(interval: float, cost: float, mtbf: float, restart: float = 0
     ``model="first-order"``: ``C/(tau+C) + (tau/2 + R)/M`` (Young's approximation,
     valid when tau + C << M; may exceed 1).
     """
-    tau = _check("interval", interval, positive=True)
-    c = _check("cost", cost)
-    m = _check("mtbf", mtbf, positive=True)
-    r = _check("restart", restart)
+    tau = check_number("interval", interval, positive=True)
+    c = check_number("cost", cost)
+    m = check_number("mtbf", mtbf, positive=True)
+    r = check_number("restart", restart)
     if model == "exponential":
         denom = m * math.exp(r / m) * math.expm1((tau + c) / m)
         if math.isinf(denom):
@@ -215,8 +215,8 @@ def multilevel_intervals(costs: Sequence[float], failure_rates: Sequence[float])
         raise CheckpointError("costs and failure_rates must be non-empty and the same length")
     if len(costs) > 8:
         raise CheckpointError("at most 8 checkpoint levels are supported")
-    cs = [_check(f"costs[{i}]", c, positive=True) for i, c in enumerate(costs)]
-    ls = [_check(f"failure_rates[{i}]", r, positive=True) for i, r in enumerate(failure_rates)]
+    cs = [check_number(f"costs[{i}]", c, positive=True) for i, c in enumerate(costs)]
+    ls = [check_number(f"failure_rates[{i}]", r, positive=True) for i, r in enumerate(failure_rates)]
     k = len(cs)
     real = [math.sqrt(ls[i] / cs[i]) / math.sqrt(ls[-1] / cs[-1]) for i in range(k)]
     # ratios between consecutive levels: real[i] / real[i+1]
