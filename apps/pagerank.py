@@ -76,6 +76,7 @@ except ModuleNotFoundError as exc:  # running from a source tree where hpcckpt i
         raise
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     import hpcckpt
+from hpcckpt.collective import agree
 from hpcckpt.policy import FixedSteps
 from hpcckpt.regions import even_rows
 
@@ -123,12 +124,11 @@ def read_edge_file(path: str, rank: int, size: int) -> tuple[np.ndarray, int]:
     else:
         table = np.loadtxt(path, dtype=np.int64, comments="#", ndmin=2)
     if table.ndim != 2 or table.shape[1] != 2 or not np.issubdtype(table.dtype, np.integer):
-        raise hpcckpt.CheckpointError(f"{path}: an edge list must be integer rows (src, dst), got "
-                                      f"{table.dtype} of shape {table.shape}")
+        raise ValueError(f"an edge list must be integer rows (src, dst), got {table.dtype} of shape {table.shape}")
     lo, hi = even_rows(len(table), size, rank)
     part = np.asarray(table[lo:hi], dtype=np.int64)
     if part.size and part.min() < 0:
-        raise hpcckpt.CheckpointError(f"{path}: negative vertex id {int(part.min())}")
+        raise ValueError(f"negative vertex id {int(part.min())}")
     out = np.empty(len(part), EDGE)
     out["src"], out["dst"] = part[:, 0], part[:, 1]
     return out, int(part.max()) + 1 if part.size else 0
@@ -208,8 +208,9 @@ class PageRank:
 
     def load_state_dict(self, d: dict) -> None:
         if d["params"] != self.params:
-            raise hpcckpt.CheckpointError(f"the checkpoint was written with {d['params']}, not {self.params}: "
-                                          "use the same graph options, or another --root")
+            # not a damaged version (which restore would skip for an older one): a usage error, raised at once
+            raise hpcckpt.TemplateMismatchError(f"the checkpoint was written with {d['params']}, not "
+                                                f"{self.params}: use the same graph options, or another --root")
         self.iteration, self.residual = int(d["iteration"]), float(d["residual"])
         self.set_edges(repartition(self.part, d["edges"].local))  # self.x was filled in place
 
@@ -251,7 +252,8 @@ def load_graph(args, comm) -> tuple[np.ndarray, int, dict]:
     """This rank's share of the input edges (any rows), the number of vertices, and the graph's description."""
     rank, size = comm.Get_rank(), comm.Get_size()
     if args.graph:
-        edges, n = read_edge_file(args.graph, rank, size)
+        # a file that cannot be read on one rank is the same CheckpointError on every rank
+        edges, n = agree(comm, f"reading the edge list {args.graph!r}", lambda: read_edge_file(args.graph, rank, size))
         return edges, comm.allreduce(n, op=MPI.MAX), {"graph": os.path.abspath(args.graph)}
     n = 1 << args.scale
     lo, hi = even_rows(args.edge_factor * n, size, rank)
