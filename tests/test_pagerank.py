@@ -6,8 +6,9 @@ killed and restarted (on the same or another rank count); it matches a dense
 direct solve of the PageRank equations.  On disk: the edges are written by
 the first version only; every later version on the same rank count writes
 exactly the rank vector (8 bytes per vertex) and references the edge blocks;
-after a restart on another rank count the first save rewrites at most the two
-edge blocks cut by each new rank boundary.
+after a restart on another rank count the first save rewrites at most the
+edge block under each old or new rank boundary (a block the old layout stored
+as two pieces is whole now, and one a new boundary cuts is two new pieces).
 """
 
 from __future__ import annotations
@@ -120,10 +121,11 @@ def test_killed_then_restarted_on_2_3_4_ranks_is_bitwise_identical_and_never_rew
         after = saves(run.stdout)
         assert [s[0] for s in after] == [s[0] for s in s_ref if s[0] > 8]
         assert all(kind == "incremental" for _, kind, _, _ in after)
-        # edge bytes rewritten by the first save after the restart: none on the same rank count, at most the
-        # two blocks cut by each new rank boundary on another; none at all by the saves after it
+        # edge bytes rewritten by the first save after the restart: none on the same rank count; on another,
+        # at most the block under each rank boundary, old (now whole again) or new (cut in two pieces);
+        # none at all by the saves after it
         edge_bytes = after[0][2] - 8 * N
-        assert edge_bytes == 0 if nranks == 3 else 0 <= edge_bytes <= 2 * (nranks - 1) * BLOCK, (nranks, after)
+        assert edge_bytes == 0 if nranks == 3 else 0 < edge_bytes <= (3 - 1 + nranks - 1) * BLOCK, (nranks, after)
         assert all(written == 8 * N for _, _, written, _ in after[1:]), after
         live = current(list_versions(str(root)))
         assert live[0].path.endswith(os.path.basename(first))  # the version holding the edges is still kept
@@ -140,7 +142,10 @@ def test_killed_then_restarted_on_2_3_4_ranks_is_bitwise_identical_and_never_rew
 
 
 def seed_failures(root, count: int, exposure: float) -> None:
-    """A failure history under ``root``: ``count`` earlier runs that each died ``exposure`` s after starting."""
+    """A failure history under ``root``: ``count`` earlier runs that each died ``exposure`` s after starting.
+
+    The last one is left open: the app's start counts it as a failure.
+    """
     history = FailureHistory.load(str(root))
     t = time.time() - 10 * count * exposure
     for _ in range(count):
@@ -159,13 +164,13 @@ def test_the_default_policy_saves_often_when_failures_are_frequent_and_not_when_
     # no failure seen: the MTBF estimate grows with the run's own exposure and, with no measured cost yet
     # (30 s assumed), Daly's interval outlasts the 2 s run: only the final checkpoint
     assert [s[0] for s in saves(rare.stdout)] == [40]
-    # 21 failures after 0.5 s each: MTBF about 0.5 s, a save within the first second, then Daly's interval
+    # 20 failures after 0.5 s each: MTBF about 0.5 s, a save within the first second, then Daly's interval
     # from the measured (small) cost: several saves, the later ones incremental
     got = saves(often.stdout)
     assert len(got) >= 3 and got[-1][0] == 40, got
     assert all(kind == "incremental" and written == 8 * N for _, kind, written, _ in got[1:]), got
     with open(tmp_path / "often" / "failure_history.json") as f:
-        assert sum(1 for r in json.load(f)["runs"] if r.get("failed")) >= 21
+        assert sum(1 for r in json.load(f)["runs"] if r.get("failed")) == 20
     assert final(tmp_path / "rare-out")[0].tobytes() == final(tmp_path / "often-out")[0].tobytes()
 
 
