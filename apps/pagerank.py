@@ -248,17 +248,23 @@ def parse_args(argv=None):
     return args
 
 
-def load_graph(args, comm) -> tuple[np.ndarray, int, dict]:
-    """This rank's share of the input edges (any rows), the number of vertices, and the graph's description."""
+def describe_graph(args) -> dict:
+    """What defines the graph (stored with every checkpoint and compared at a restart)."""
+    if args.graph:
+        return {"graph": os.path.abspath(args.graph)}
+    return {"graph": "rmat", "scale": args.scale, "edge_factor": args.edge_factor, "seed": args.seed}
+
+
+def load_graph(args, comm) -> tuple[np.ndarray, int]:
+    """This rank's share of the input edges (any rows) and the number of vertices."""
     rank, size = comm.Get_rank(), comm.Get_size()
     if args.graph:
         # a file that cannot be read on one rank is the same CheckpointError on every rank
         edges, n = agree(comm, f"reading the edge list {args.graph!r}", lambda: read_edge_file(args.graph, rank, size))
-        return edges, comm.allreduce(n, op=MPI.MAX), {"graph": os.path.abspath(args.graph)}
+        return edges, comm.allreduce(n, op=MPI.MAX)
     n = 1 << args.scale
     lo, hi = even_rows(args.edge_factor * n, size, rank)
-    return rmat_edges(args.scale, lo, hi, args.seed), n, {"graph": "rmat", "scale": args.scale,
-                                                         "edge_factor": args.edge_factor, "seed": args.seed}
+    return rmat_edges(args.scale, lo, hi, args.seed), n
 
 
 def main(argv=None) -> int:
@@ -277,13 +283,12 @@ def main(argv=None) -> int:
     restarting = ck.latest() is not None
     t0 = time.perf_counter()
     if restarting and not args.graph:  # the edges come from the checkpoint: nothing to generate
-        raw, n, graph = np.empty(0, EDGE), 1 << args.scale, {"graph": "rmat", "scale": args.scale,
-                                                              "edge_factor": args.edge_factor, "seed": args.seed}
-    else:
-        raw, n, graph = load_graph(args, comm)
+        raw, n = np.empty(0, EDGE), 1 << args.scale
+    else:  # a file is read at a restart too, for its number of vertices
+        raw, n = load_graph(args, comm)
     part = Partition(comm, n)
     pr = PageRank(part, np.empty(0, EDGE) if restarting else repartition(part, raw), args.damping,
-                  {**graph, "damping": args.damping})
+                  {**describe_graph(args), "damping": args.damping})
     ck.register(pr)  # the safe form: state_dict() is read when a save starts
     if restarting:
         ck.restore()  # fills pr.x in place, then pr.load_state_dict repartitions the restored edges
