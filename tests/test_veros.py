@@ -1,0 +1,124 @@
+"""hpcckpt.integrations.veros on a small Veros ACC run (Veros 1.7, numpy backend), under mpiexec.
+
+A 4-rank (2x2) run is SIGKILLed right after its checkpoint of iteration 3;
+restarted on 4 ranks it ends bitwise equal to an uninterrupted 4-rank run;
+restarted on 2 (2x1) and 1 ranks, the restored state is exactly the saved
+global state, and the continued run differs from the uninterrupted 4-rank
+one by no more than Veros' own runs on 2 and 1 ranks do (measured here).
+Veros' file output is off (diskless mode): its serial h5py wheel cannot write
+with the MPI driver.  Each run is its own mpiexec (tests/scripts/veros_acc.py).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import hpcckpt
+from mpitools import mpiexec_path
+
+veros = pytest.importorskip("veros", reason="Veros is in the test extra (setup.cfg)")
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SCRIPT = os.path.join(HERE, "scripts", "veros_acc.py")
+GRID = ("--nx", "16", "--ny", "20")  # ACC's geometry on a smaller grid: 1 s a step on 4 loaded ranks
+STEPS, EVERY, KILL = 6, 3, 3
+GRIDS = {4: (2, 2), 2: (2, 1), 1: (1, 1)}
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+
+def launch(tmp_path, nranks, root, *extra):
+    """Start one Veros run (a Popen; the script's output goes to ``root``.log)."""
+    px, py = GRIDS[nranks]
+    log = open(tmp_path / f"{os.path.basename(root)}.log", "w")
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(HERE) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               MPIR_CVAR_CH4_PROGRESS_THROTTLE="1", MPIR_CVAR_POLLS_BEFORE_YIELD="1")
+    cmd = [mpiexec_path(), "-n", str(nranks), sys.executable, SCRIPT, str(root), str(px), str(py),
+           str(STEPS), str(EVERY), *GRID, *extra]
+    return subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT), log
+
+
+def finish(tmp_path, runs, expect_rc=0):
+    for name, (proc, log) in runs.items():
+        try:
+            rc = proc.wait(timeout=240)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            pytest.fail(f"Veros run {name} hung")
+        log.close()
+        out = (tmp_path / f"{name}.log").read_text()
+        if expect_rc == 0:
+            assert rc == 0, f"{name} exited {rc}:\n{out[-3000:]}"
+        else:
+            assert rc != 0, f"{name} was to be killed:\n{out[-3000:]}"
+
+
+def arrays(root, step=None):
+    """Every variable of the newest (or ``step``'s) committed version of ``root``, as global arrays."""
+    ck = os.path.join(root)
+    versions = sorted(d for d in os.listdir(ck) if d.startswith("step-"))
+    path = os.path.join(ck, versions[-1] if step is None else f"step-{step:012d}")
+    with hpcckpt.open(path) as view:
+        out = {name: view.read(name) for name in view.keys()}
+        out.update({k: v for k, v in view.values.items()})
+        return view.step, out
+
+
+NXG, NYG = 16 + 4, 20 + 4  # GRID's padded global sizes (two ghost cells each side)
+
+
+def interior(a):
+    """The array without the two ghost cells at each end of its x and y axes (Veros' axes come first)."""
+    if not isinstance(a, np.ndarray) or a.ndim == 0:
+        return a
+    if a.shape[0] == NXG:
+        return a[2:-2, 2:-2] if a.ndim > 1 and a.shape[1] == NYG else a[2:-2]
+    return a[2:-2] if a.shape[0] == NYG else a
+
+
+def maxdiff(a, b):
+    """The largest difference of the interiors of any float variable of two states."""
+    return max(float(np.max(np.abs(interior(a[k]) - interior(b[k])), initial=0.0))
+               for k in a if isinstance(a[k], np.ndarray) and a[k].dtype.kind == "f")
+
+
+def test_veros_acc_killed_then_restarted_on_4_2_1_ranks(tmp_path):
+    runs = {"ref4": launch(tmp_path, 4, tmp_path / "ref4"), "crash4": launch(tmp_path, 4, tmp_path / "crash4",
+                                                                            "--kill-after", str(KILL))}
+    finish(tmp_path, {"ref4": runs.pop("ref4")})
+    finish(tmp_path, runs, expect_rc=1)
+    step, saved = arrays(tmp_path / "crash4")
+    assert step == KILL and int(saved["itt"]) == KILL
+
+    runs = {}
+    for n in (4, 2, 1):
+        shutil.copytree(tmp_path / "crash4", tmp_path / f"restart{n}")
+        runs[f"restart{n}"] = launch(tmp_path, n, tmp_path / f"restart{n}", "--dump-restored", tmp_path / f"dump{n}")
+    for n in (2, 1):
+        runs[f"ref{n}"] = launch(tmp_path, n, tmp_path / f"ref{n}")
+    finish(tmp_path, runs)
+
+    _, ref4 = arrays(tmp_path / "ref4")
+    for n in (4, 2, 1):
+        step, restored = arrays(tmp_path / f"dump{n}")
+        assert step == KILL
+        assert restored.keys() == saved.keys()
+        for name in saved:  # the restored state is the saved global state, ghost cells at the edges included
+            if isinstance(saved[name], np.ndarray):
+                assert np.array_equal(restored[name], saved[name]), f"{name} restored on {n} ranks"
+        step, final = arrays(tmp_path / f"restart{n}")
+        assert step == STEPS and int(final["itt"]) == STEPS  # runlen after a restore: to the first run's end
+        if n == 4:
+            for name in ref4:
+                assert np.array_equal(interior(final[name]), interior(ref4[name])), f"{name} not bitwise"
+        else:
+            _, own = arrays(tmp_path / f"ref{n}")
+            veros_spread = maxdiff(own, ref4)  # Veros itself, uninterrupted on n ranks against 4
+            print(f"{n} ranks: restarted run - 4-rank run {maxdiff(final, ref4):.3g}, Veros' own {veros_spread:.3g}")
+            assert maxdiff(final, ref4) <= veros_spread, (n, maxdiff(final, ref4), veros_spread)
