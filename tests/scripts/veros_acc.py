@@ -5,7 +5,9 @@
 Runs ``STEPS`` tracer steps in all (counted from the first start: a restore
 continues to the same end), checkpointing into ROOT every ``EVERY`` steps and
 at the end.  ``--kill-after ITT``: rank 1 (or 0 on one rank) SIGKILLs itself
-right after the checkpoint of iteration ITT.  ``--dump-restored DUMPROOT``:
+right after the checkpoint of iteration ITT; ``--sigterm-after ITT``: rank 1
+sends itself SIGTERM after iteration ITT (the run is to stop after a
+checkpoint at the next boundary, on every rank, exit status 0).  ``--dump-restored DUMPROOT``:
 after the restore, save the restored state (as this run's decomposition
 holds it) into DUMPROOT, before any step.  Veros' own file output is off
 (diskless mode): its h5py wheel cannot write files with the MPI driver.
@@ -24,6 +26,7 @@ parser.add_argument("py", type=int)
 parser.add_argument("steps", type=int)
 parser.add_argument("every", type=int)
 parser.add_argument("--kill-after", type=int)
+parser.add_argument("--sigterm-after", type=int)
 parser.add_argument("--dump-restored")
 parser.add_argument("--float-type", default="float64")
 parser.add_argument("--cast", action="store_true")
@@ -59,6 +62,9 @@ class Run(Checkpointing, ACCSetup):
 
     def step(self, state):
         super().step(state)
+        rank = runtime_settings.mpi_comm.Get_rank()
+        if args.sigterm_after is not None and int(state.variables.itt) == args.sigterm_after and rank == 1:
+            os.kill(os.getpid(), signal.SIGTERM)
         if args.kill_after is not None and int(state.variables.itt) == args.kill_after:
             if runtime_settings.mpi_comm.Get_rank() == min(1, runtime_settings.mpi_comm.Get_size() - 1):
                 os.kill(os.getpid(), signal.SIGKILL)
@@ -70,3 +76,5 @@ if args.dump_restored:
     with hpcckpt.Checkpointer(args.dump_restored, comm=runtime_settings.mpi_comm) as dump:
         dump.save(checkpoint_state(sim.state, 0.0), int(sim.state.variables.itt))
 sim.run()
+print(f"rank {runtime_settings.mpi_comm.Get_rank()}: run() returned at iteration {int(sim.state.variables.itt)}, "
+      f"stop_reason {sim.stop_reason}", flush=True)
