@@ -3,7 +3,8 @@
     python bench/veros_restart.py [--ranks 1 2 4] [--nx 60 --ny 84] [--reps 5] [--json out.json]
 
 For each rank count, one ``mpiexec -n N`` of this script (``--worker``) sets up
-Veros' ACC setup on an ``nx x ny x 15`` grid (process grid 1x1, 2x1, 2x2), runs
+Veros' ACC setup on an ``nx x ny x 15`` grid (ACC's domain, cells and time
+steps refined by ``nx / 30``) (process grid 1x1, 2x1, 2x2), runs
 two steps, then alternates, ``reps`` times: Veros' ``write_restart``,
 hpcckpt's save of the same variables (hpcckpt.integrations.veros:
 ``checkpoint_state``, plus ``itt``), the same with ``codec="zstd"`` (Veros
@@ -51,6 +52,15 @@ def worker(args) -> None:
             state.settings.nx, state.settings.ny = args.nx, args.ny
             state.settings.restart_output_filename = "veros-restart.h5"
             state.settings.restart_input_filename = ""
+            refine = args.nx / 30  # ACC's domain (30 x 42 cells of 2 degrees) on a finer grid
+            state.settings.dt_mom /= refine
+            state.settings.dt_tracer /= refine
+
+        @veros_routine
+        def set_grid(self, state):
+            super().set_grid(state)
+            vs, refine = state.variables, args.nx / 30
+            vs.dxt, vs.dyt = vs.dxt / refine, vs.dyt / refine
 
     sim = Bench()
     sim.setup()
