@@ -187,6 +187,7 @@ class Checkpointing:
         if me not in plugins:
             self.__veros_plugins__ = plugins + (me,)
         self.checkpointer = None
+        self._run_start = None  # vs.time when run() started (None outside run(): step() called directly)
         super().__init__(*args, **kwargs)
 
     def setup(self):
@@ -220,10 +221,11 @@ class Checkpointing:
             return
         itt = int(state.variables.itt)
         try:
-            if float(state.variables.time) - self._run_start < state.settings.runlen:
+            last = self._run_start is not None and not state.variables.time - self._run_start < state.settings.runlen
+            if last:  # Veros' loop ends after this step (run()'s own test): a last checkpoint, as Veros writes
+                ck.save(itt)  # its restart file there
+            else:
                 ck.maybe_save(itt)
-            else:  # Veros' loop ends after this step (its own test): a last checkpoint, as it writes its restart
-                ck.save(itt)
         except SystemExit:  # Veros' run() handler, held by hpcckpt until the final checkpoint was committed
             if not ck.should_exit():
                 raise
@@ -238,10 +240,11 @@ class Checkpointing:
         runlen = settings.runlen
         with settings.unlock():  # runlen counts from the first start, across restarts
             settings.runlen = max(0.0, self._start_time + runlen - float(vs.time))
-        self.stop_reason, self._run_start = None, float(vs.time)  # run()'s start_time
+        self.stop_reason, self._run_start = None, vs.time  # run()'s start_time
         try:
             super().run(show_progress_bar=show_progress_bar)
         finally:
+            self._run_start = None
             with settings.unlock():
                 settings.runlen = runlen
             if self.checkpointer is not None:
