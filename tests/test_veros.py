@@ -20,6 +20,7 @@ import sys
 
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 import hpcckpt
 from mpitools import mpiexec_path
@@ -145,3 +146,40 @@ def test_veros_acc_killed_then_restarted_on_4_2_1_ranks(tmp_path):
             veros_spread = maxdiff(own, ref4)  # Veros itself, uninterrupted on n ranks against 4
             print(f"{n} ranks: restarted run - 4-rank run {maxdiff(final, ref4):.3g}, Veros' own {veros_spread:.3g}")
             assert maxdiff(final, ref4) <= veros_spread, (n, maxdiff(final, ref4), veros_spread)
+
+
+VEROS_DIMS = [("xt", "yt", "zt"), ("xu", "yu", "zw", "timesteps"), ("xt", "yu"), ("yu", "zt"), ("yt",), ("xu",),
+              ("zt",), ("yu", "sigma"), ("xt", "yt", "isle")]
+
+
+@given(px=st.integers(1, 4), py=st.integers(1, 4), cells=st.tuples(st.integers(1, 5), st.integers(1, 5)),
+       dims=st.sampled_from(VEROS_DIMS))
+@settings(max_examples=60, deadline=None)
+def test_parts_tile_the_padded_array_and_repeats_are_replicated(px, py, cells, dims):
+    """Every rank's part (own_part) together covers the ghost-padded global array exactly once, counting
+    the ranks holding the same part once; parts are shared between ranks exactly when is_replicated says."""
+    from veros import runtime_settings
+    from veros.variables import get_shape
+
+    from hpcckpt.integrations.veros import is_replicated, own_part
+
+    if "veros.core" in sys.modules:
+        pytest.skip("Veros' runtime settings are locked in this process")
+    runtime_settings.update(num_proc=(px, py))
+    dimensions = {"xt": px * cells[0], "xu": px * cells[0], "yt": py * cells[1], "yu": py * cells[1], "zt": 3,
+                  "zw": 3, "timesteps": 3, "sigma": 4, "isle": 2}
+    shape = get_shape(dimensions, dims, local=False)
+    parts = {}
+    for ix in range(px):
+        for iy in range(py):
+            offset, lidx = own_part(dims, dimensions, proc_idx=(ix, iy))
+            size = tuple(n if s.stop is None else s.stop - s.start for s, n in zip(lidx, shape))
+            parts.setdefault((offset, size), []).append((ix, iy))
+    covered = np.zeros(shape, dtype=int)
+    for offset, size in parts:
+        covered[tuple(slice(o, o + n) for o, n in zip(offset, size))] += 1
+    assert np.all(covered == 1)
+    shared = any(len(ranks) > 1 for ranks in parts.values())
+    no_x, no_y = (all(d not in axis for d in dims) for axis in (("xt", "xu"), ("yt", "yu")))
+    assert is_replicated(dims) == (no_x or no_y)
+    assert shared == ((no_x and px > 1) or (no_y and py > 1))  # so a shared part is always declared replicated

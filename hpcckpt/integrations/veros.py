@@ -58,7 +58,7 @@ from veros.variables import get_shape
 import hpcckpt
 from hpcckpt.policy import FixedSteps
 
-__all__ = ["Checkpointing", "SETTINGS", "checkpoint_state", "restore_state"]
+__all__ = ["Checkpointing", "SETTINGS", "checkpoint_state", "restore_state", "own_part", "is_replicated"]
 
 #: The plugin's Veros settings.
 SETTINGS = {
@@ -105,23 +105,29 @@ def _restart_metas(metas):
     return {name: meta for name, meta in metas.items() if meta.write_to_restart and meta.active}
 
 
-def _own_part(dims, dimensions):
-    """This rank's ``(offset in the padded global array, local slices)``: Veros' ``include_overlap`` split.
+def own_part(dims, dimensions, proc_idx=None):
+    """A rank's ``(offset in the padded global array, local slices)``: Veros' ``include_overlap`` split.
 
     The interior plus the ghost cells at the global edges, so the ranks' parts
-    tile the ghost-padded global array.
+    tile the ghost-padded global array.  ``proc_idx``: the rank's ``(px, py)``
+    in the process grid (default: this rank's).
     """
-    gidx, lidx = get_chunk_slices(dimensions["xt"], dimensions["yt"], dims, include_overlap=True)
+    gidx, lidx = get_chunk_slices(dimensions["xt"], dimensions["yt"], dims, proc_idx=proc_idx, include_overlap=True)
     return tuple(s.start or 0 for s in gidx), lidx
 
 
+def is_replicated(dims) -> bool:
+    """Whether an array of these Veros dimensions is the same on several ranks: without both an x and a y axis
+    it is the same on every rank of a grid row or column (the overturning accumulators: y only), or
+    everywhere."""
+    return not all(any(d in group for d in dims) for group in SCATTERED_DIMENSIONS)
+
+
 def _block(local, dims, dimensions):
-    """The Block of a ghost-padded local array.  Without both an x and a y axis the array is the same on every
-    rank of a grid row or column (the overturning accumulators: y only), or everywhere: replicated."""
-    offset, lidx = _own_part(dims, dimensions)
-    axes = [any(d in group for d in dims) for group in SCATTERED_DIMENSIONS]
+    """The Block of a ghost-padded local array."""
+    offset, lidx = own_part(dims, dimensions)
     return hpcckpt.Block(local[lidx], offset=offset, global_shape=get_shape(dimensions, dims, local=False),
-                         replicated=not all(axes))
+                         replicated=is_replicated(dims))
 
 
 def checkpoint_state(state, start_time: float) -> dict:
@@ -163,7 +169,7 @@ def restore_state(ck, state, cast: bool) -> float:
             for name, meta in _restart_metas(metas).items():
                 value = values[name]
                 if meta.dims:
-                    _, lidx = _own_part(meta.dims, dimensions)
+                    _, lidx = own_part(meta.dims, dimensions)
                     part = padded[group, name][lidx].copy()  # as saved, edge ghosts included
                     value = np.array(exchange_overlap(padded[group, name], meta.dims, cyclic))
                     value[lidx] = part
