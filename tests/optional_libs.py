@@ -13,6 +13,15 @@ petsc4py is the exception: its pip build compiles PETSc itself, which takes
 far longer than a CI run may (docs/integrations.md, "Installing the
 libraries"), so it is built only when ``HPCCKPT_BUILD_PETSC=1`` is set;
 otherwise the petsc tests run where petsc4py is installed and skip elsewhere.
+
+heat is installed only when ``HPCCKPT_INSTALL_HEAT=1`` is set, and never from
+setup.cfg: heat 1.8.0 declares ``torch<2.11.1`` while the project's torch is
+2.13.0 (CPU), so its requirements are installed first with torch pinned, then
+heat with ``--no-deps`` (``HEAT_INSTALL``), so that pip never resolves heat's
+torch pin.  It is opt-in because on a CPU torch ``import heat`` fails with
+PyPI's torchvision 0.28.0 (the one release that accepts torch 2.13.0 is built
+against CUDA torch: docs/integrations.md, "Installing the libraries"), after a
+download of about 900 MB.
 """
 
 from __future__ import annotations
@@ -34,7 +43,12 @@ from mpitools import ROOT
 LIBRARIES = {
     "mpi4py_fft": ("mpi4py_fft", ("libfftw3-dev",), "/usr/include/fftw3.h", None),
     "petsc": ("petsc4py", ("liblapack-dev", "libblas-dev"), "/usr/include/lapack.h", "HPCCKPT_BUILD_PETSC"),
+    "heat": ("heat", (), None, "HPCCKPT_INSTALL_HEAT"),
 }
+
+#: heat's pip installs, in order: its requirements with torch pinned to the project's 2.13.0 (torchvision 0.28.0
+#: is the release made for it), then heat itself with --no-deps (its torch<2.11.1 pin must never be resolved)
+HEAT_INSTALL = (("torch==2.13.0", "torchvision==0.28.0", "scipy~=1.14"), ("--no-deps", "heat==1.8.0"))
 
 
 def _pip_spec(module: str) -> str:
@@ -53,14 +67,17 @@ def ensure_library(lib: str) -> None:
     module, packages, header, opt_in = LIBRARIES[lib]
     if importlib.util.find_spec(module) is None:
         if opt_in and os.environ.get(opt_in) != "1":
-            pytest.skip(f"{module} is not installed; {opt_in}=1 lets the tests build it (PETSc: a long build)")
-        why = apt_install(packages, lambda: [] if os.path.exists(header) else [header])
+            pytest.skip(f"{module} is not installed; {opt_in}=1 lets the tests install it (tests/optional_libs.py)")
+        why = apt_install(packages, lambda: [] if header is None or os.path.exists(header) else [header])
         if why:
             pytest.skip(f"cannot build {module}: {why}")
-        spec = _pip_spec(module)
-        proc = subprocess.run([sys.executable, "-m", "pip", "install", "-q", spec], capture_output=True, text=True,
-                              timeout=3600)
-        if proc.returncode != 0:
-            pytest.fail(f"pip install {spec} failed: {(proc.stdout + proc.stderr).strip()[-600:]}")
+        for args in HEAT_INSTALL if lib == "heat" else ((_pip_spec(module),),):
+            proc = subprocess.run([sys.executable, "-m", "pip", "install", "-q", *args], capture_output=True,
+                                  text=True, timeout=3600)
+            if proc.returncode != 0:
+                pytest.fail(f"pip install {' '.join(args)} failed: {(proc.stdout + proc.stderr).strip()[-600:]}")
         importlib.invalidate_caches()
-    importlib.import_module(module)
+    try:
+        importlib.import_module(module)
+    except Exception as exc:  # noqa: BLE001 - an installed library that does not import is the test's failure
+        pytest.fail(f"{module} is installed but import {module} fails: {type(exc).__name__}: {exc}")

@@ -93,7 +93,8 @@ def test_an_adapted_block_is_filled_in_place_by_a_load(tmp_path):
 
 def test_importing_hpcckpt_imports_no_adapted_library():
     code = ("import sys, hpcckpt, hpcckpt.adapters; "
-            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('mpi4py_fft', 'petsc4py', 'petsc')))")
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('mpi4py_fft', 'petsc4py', 'petsc', 'heat', "
+            "'torch')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True,
                          env=dict(os.environ, PYTHONPATH=ROOT), cwd=ROOT)
     assert out.stdout.strip() == "[]", out.stdout
@@ -192,7 +193,99 @@ def test_the_petsc_adapter_refuses_a_ghosted_vector_and_places_a_plain_one():
     assert b.offset == (6,) and b.global_shape == (20,) and np.array_equal(b.local(), np.arange(4.0))
 
 
+class FakeDevice:
+    def __init__(self, type):
+        self.type = type
+
+    def __str__(self):
+        return f"{self.type}:0"
+
+
+class FakeTensor:
+    """What the heat adapter asks of a DNDarray's torch tensor (``larray``), over a numpy array."""
+
+    def __init__(self, array, device="cpu", numpy_dtype=True):
+        self.array, self.device, self.numpy_dtype = array, FakeDevice(device), numpy_dtype
+        self.dtype = array.dtype if numpy_dtype else "torch.bfloat16"
+
+    def numpy(self):
+        if not self.numpy_dtype:
+            raise TypeError("Got unsupported ScalarType BFloat16")
+        return self.array
+
+    def new_empty(self, n):
+        return FakeTensor(np.empty(n, self.array.dtype), self.device.type, self.numpy_dtype)
+
+
+class FakeHeatComm:
+    def __init__(self, rank, chunk_start):
+        self.rank, self.chunk_start = rank, chunk_start
+
+    def chunk(self, shape, split):
+        return self.chunk_start, None, None
+
+
+class FakeDNDarray:
+    """heat's names: ``split``, ``gshape``, ``larray``, ``balanced`` (True, False or None: unknown),
+    ``comm.chunk`` (heat's own balanced slabs) and ``counts_displs()`` (collective in heat)."""
+
+    def __init__(self, larray, split, gshape, balanced, chunk_start=None, displs=None, rank=0):
+        self.larray, self.split, self.gshape, self.balanced = larray, split, gshape, balanced
+        self.ndim, self.comm, self.displs = len(gshape), FakeHeatComm(rank, chunk_start), displs
+        self.counts_displs_calls = 0
+
+    def counts_displs(self):
+        self.counts_displs_calls += 1
+        return None, self.displs
+
+
+@pytest.mark.parametrize("balanced", [True, False, None])
+def test_the_heat_adapter_places_the_slab_heat_gives_this_rank(balanced):
+    from hpcckpt.adapters.heat import dndarray_block
+
+    local = np.arange(24.0).reshape(2, 3, 4)
+    a = FakeDNDarray(FakeTensor(local), 1, (2, 11, 4), balanced, chunk_start=5, displs=(0, 5, 8), rank=1)
+    b = dndarray_block(a)
+    assert b.offset == (0, 5, 0) and b.global_shape == (2, 11, 4)
+    assert a.counts_displs_calls == (0 if balanced is True else 1)  # a balanced array needs no communication
+    assert b.local() is local
+    a.larray = FakeTensor(local.copy())  # heat rebinds larray: the getter follows it
+    assert b.local() is a.larray.array
+
+
+def test_the_heat_adapter_refuses_what_it_cannot_view_or_place():
+    from hpcckpt.adapters.heat import dndarray_block
+
+    with pytest.raises(hpcckpt.TemplateMismatchError, match="split=None is not distributed"):
+        dndarray_block(FakeDNDarray(FakeTensor(np.zeros(3)), None, (3,), True))
+    with pytest.raises(hpcckpt.TemplateMismatchError, match="is on cuda:0"):
+        dndarray_block(FakeDNDarray(FakeTensor(np.zeros(3), device="cuda"), 0, (3,), True, chunk_start=0))
+    with pytest.raises(hpcckpt.TemplateMismatchError, match="torch dtype torch.bfloat16 has no numpy view"):
+        dndarray_block(FakeDNDarray(FakeTensor(np.zeros(3), numpy_dtype=False), 0, (3,), True, chunk_start=0))
+
+
+def test_a_heat_dndarray_dispatches_and_shares_its_memory():
+    ensure_library("heat")
+    import heat as ht
+
+    with pytest.raises(hpcckpt.TemplateMismatchError, match="split=None is not distributed"):
+        block(ht.zeros((4, 3)))
+    a = ht.zeros((5, 3), split=1, dtype=ht.float32)  # one process: the whole array
+    b = block(a)
+    assert b.offset == (0, 0) and b.global_shape == (5, 3)
+    b.local()[...] = 7  # a load writes into the DNDarray's own memory
+    assert float(a.sum()) == 7 * 15
+
+
 # ---- the libraries, N ranks -> M ranks ----
+
+def run_script():
+    """tests/scripts/adapters_run.py as a module (its expected values need no library)."""
+    spec = importlib.util.spec_from_file_location("adapters_run", SCRIPT)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    return script
+
 
 @pytest.fixture(scope="module", params=sorted(LIBRARIES))
 def saved(request, tmp_path_factory):
@@ -208,10 +301,7 @@ def saved(request, tmp_path_factory):
 def test_the_checkpoints_hold_the_global_arrays(saved):
     """Read from one process without the library: the adapters placed every rank's part where it belongs."""
     lib, root = saved
-    spec = importlib.util.spec_from_file_location("adapters_run", SCRIPT)
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    expected = script.expected_values(lib)
+    expected = run_script().expected_values(lib)
     for n in COUNTS:
         with hpcckpt.open(os.path.join(root, f"{lib}-n{n}")) as view:
             assert sorted(view) == sorted(expected)
@@ -225,4 +315,4 @@ def test_load_on_m_ranks_from_every_n_into_the_librarys_objects(saved, m):
     lib, root = saved
     proc = run_mpi(m, SCRIPT, "load", root, lib, ",".join(map(str, COUNTS)), timeout=240)
     assert proc.stdout.count("OK rank") == m, proc.stdout
-    assert f"OK rank 0 load {3 * len(COUNTS)}" in proc.stdout, proc.stdout
+    assert f"OK rank 0 load {len(run_script().EXPECTED[lib]) * len(COUNTS)}" in proc.stdout, proc.stdout

@@ -34,7 +34,13 @@ def petsc_expected():
     return np.stack([10 * x + y, -(10 * x + y)], axis=-1) * 2.0 ** 6
 
 
-CASES = {"mpi4py_fft": ("mpi4py-fft", "ckpt-fft", fft_expected), "petsc": ("petsc4py", "ckpt-petsc", petsc_expected)}
+def heat_expected():
+    x, y = np.meshgrid(np.arange(16), np.arange(12), indexing="ij")
+    return (10.0 * x + y) * 2.0 ** 6
+
+
+CASES = {"mpi4py_fft": ("mpi4py-fft", "ckpt-fft", fft_expected), "petsc": ("petsc4py", "ckpt-petsc", petsc_expected),
+         "heat": ("heat", "ckpt-heat", heat_expected)}
 
 
 @pytest.mark.timeout(900)

@@ -1,4 +1,4 @@
-"""Adapters: the Block of a distributed-array library's object (mpi4py-fft, petsc4py, your own).
+"""Adapters: the Block of a distributed-array library's object (mpi4py-fft, petsc4py, heat, your own).
 
 A distributed-array library already knows, on every rank, which part of the
 global array this rank holds.  An adapter says it in hpcckpt's words: it
@@ -20,9 +20,9 @@ The protocol is one function ``fn(obj) -> Block``.  It comes from, in this order
 2. the object's own ``__hpcckpt_block__()`` method (for a library that wants
    to support hpcckpt itself).
 
-Built in: ``mpi4py_fft.distarray.DistArray`` (hpcckpt/adapters/mpi4py_fft.py)
-and ``petsc4py.PETSc.Vec`` (hpcckpt/adapters/petsc.py, plain and DMDA
-vectors).  They are registered by name and use only the object's attributes:
+Built in: ``mpi4py_fft.distarray.DistArray`` (hpcckpt/adapters/mpi4py_fft.py),
+``petsc4py.PETSc.Vec`` (hpcckpt/adapters/petsc.py, plain and DMDA vectors)
+and heat's ``DNDarray`` (hpcckpt/adapters/heat.py).  They are registered by name and use only the object's attributes:
 importing hpcckpt imports none of these libraries.
 """
 
@@ -32,7 +32,7 @@ from typing import Any, Callable
 
 from ..errors import TemplateMismatchError
 from ..state import Block
-from . import mpi4py_fft, petsc
+from . import heat, mpi4py_fft, petsc
 
 __all__ = ["block", "register_adapter"]
 
@@ -89,3 +89,4 @@ def block(obj, codec=None) -> Block:
 
 register_adapter("mpi4py_fft.distarray.DistArray", mpi4py_fft.distarray_block)
 register_adapter("petsc4py.PETSc.Vec", petsc.vec_block)
+register_adapter("heat.core.dndarray.DNDarray", heat.dndarray_block)

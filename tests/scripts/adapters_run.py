@@ -3,7 +3,7 @@
     mpiexec -n N python adapters_run.py save ROOT LIB            writes ROOT/LIB-n<N>
     mpiexec -n M python adapters_run.py load ROOT LIB N1,N2..     loads every ROOT/LIB-n<Ni> into new objects
 
-LIB is ``mpi4py_fft`` or ``petsc``.  The objects are made with the library's
+LIB is ``mpi4py_fft``, ``petsc`` or ``heat``.  The objects are made with the library's
 own decomposition for the run's rank count, so a load on M ranks reads boxes
 that N ranks wrote.  Every element of every global array differs, so
 misplaced data is seen.  Prints "OK rank R ..." on success; a mismatch raises.
@@ -27,7 +27,10 @@ EXPECTED = {
     "mpi4py_fft": {"pencil": (SHAPE, np.float64), "spectral": ((7, 6, 3), np.complex128),
                    "vector": ((3, *SHAPE), np.float32)},
     "petsc": {"plain": ((41,), np.float64), "grid2": ((9, 7), np.float64), "grid3": ((*SHAPE, 2), np.float64)},
+    "heat": {"rows2": ((9, 7), np.float64), "cols2": ((9, 7), np.int64), "rows3": (SHAPE, np.float32),
+             "cols3": (SHAPE, np.complex128), "uneven": ((10, 3), np.float64)},
 }
+UNEVEN_ROWS = 10  # heat's "uneven" variable: rank r of n holds r + 1 rows, the last rank the rest
 
 
 def expected_values(lib: str) -> dict:
@@ -78,7 +81,29 @@ def petsc_objects():
             "grid3": (da3.createGlobalVec(), dmda_view(da3))}
 
 
-LIBS = {"mpi4py_fft": fft_objects, "petsc": petsc_objects}
+def heat_objects():
+    """name -> (DNDarray, view), views as for fft_objects: split=0 and split=1 arrays heat balances itself,
+    and one whose rows heat did not choose (``ht.array(..., is_split=0)``, balanced otherwise than heat would)."""
+    import heat as ht
+    import torch
+
+    comm = MPI.COMM_WORLD
+    objs = {name: ht.zeros(shape, split=split, dtype=ht.types.canonical_heat_type(np.dtype(dtype).type))
+            for name, split in (("rows2", 0), ("cols2", 1), ("rows3", 0), ("cols3", 1))
+            for shape, dtype in [EXPECTED["heat"][name]]}
+    counts = [r + 1 for r in range(comm.size - 1)] + [UNEVEN_ROWS - comm.size * (comm.size - 1) // 2]
+    objs["uneven"] = ht.array(torch.zeros((counts[comm.rank], 3), dtype=torch.float64), is_split=0)
+
+    def view(a):
+        start = a.counts_displs()[1][a.comm.rank]
+        where = [slice(None)] * a.ndim
+        where[a.split] = slice(start, start + a.lshape[a.split])
+        return a.larray.numpy(), ..., tuple(where)
+
+    return {name: (a, view) for name, a in objs.items()}
+
+
+LIBS = {"mpi4py_fft": fft_objects, "petsc": petsc_objects, "heat": heat_objects}
 
 
 def fill(objs, values: dict, blank: bool = False):
