@@ -20,6 +20,7 @@ commit then calls, in this order and on every rank:
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import os
 import shutil
@@ -95,6 +96,8 @@ class NodeLevels:
         self.leader = node_leader(self.layout, self.rank)
         self.partner = partners(self.layout)
         self.groups = parity_groups(self.layout, self.levels.parity_group)
+        if self.levels.rs_every and importlib.util.find_spec("zfec") is None:
+            raise CheckpointError("rs_every needs the zfec library: pip install 'hpcckpt[rs]' (or zfec)")
         self.rs_groups = parity_groups(self.layout, sum(self.levels.rs_group), least=sum(self.levels.rs_group))
         if self.auto_levels and self.partner is not None:
             self.levels = dataclasses.replace(self.levels, partner_every=1)
