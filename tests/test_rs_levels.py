@@ -15,6 +15,7 @@ import pytest
 
 from hpcckpt import Checkpointer
 from hpcckpt.errors import CheckpointError
+from hpcckpt.levels.status import levels_status
 from hpcckpt.names import rank_file, rs_parity_file
 from hpcckpt.state import Block
 
@@ -53,6 +54,9 @@ def _save_two(comm, path) -> None:
             result = ck.save(_state(comm, step), step)
         ck.wait()
         assert result.levels == ("L1", "RS")
+    if comm.Get_rank() == 0:  # what `hpcckpt ls` shows
+        versions = levels_status(os.path.join(path, "root"))["versions"]
+        assert [(v["RS"], v["L3"], v["L4"]) for v in versions] == [(True, False, True), (True, False, False)]
 
 
 def _node(path, rank: int) -> str:

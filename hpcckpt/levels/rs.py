@@ -96,10 +96,11 @@ def encode(gcomm, k: int, m: int, data_path: str, size: int, sizes: list[int], o
             got = _alltoallv(gcomm, sends, {holder(g, mine, q): r for q in range(k)})
             blocks = coder.encode(tuple(memoryview(got[holder(g, mine, q)]) for q in range(k)),
                                   tuple(range(k, k + m)))
+            fro = [leader(g, k, parity_stripe(g, k, j, t)) for t in range(m)]  # who encodes my check block t
             got = _alltoallv(gcomm, {holder(g, mine, k + t): [np.frombuffer(blocks[t], np.uint8)]
-                                     for t in range(1, m)}, {(j - t) % g: r for t in range(1, m)})
+                                     for t in range(1, m)}, {fro[t]: r for t in range(1, m)})
             for t in range(m):
-                block = blocks[0] if t == 0 else got[(j - t) % g]
+                block = blocks[0] if t == 0 else got[fro[t]]
                 parity_hash[t].update(block)
                 if out is not None and error is None:
                     try:
