@@ -80,7 +80,7 @@ def running(root, local, nsteps, opts):
         a[:] = np.nan
         if s == 1:
             ck.wait()  # the first version is committed on every level it is due for, the root included
-    ck.latest()  # commits the last save on the node-local levels (and its partner copies / parity)
+    ck.engine.sync()  # commits the last save on the node-local levels (and its partner copies / parity)
     print(f"rank {rank}: OK running after step {nsteps} on {MPI.Get_processor_name()}", flush=True)
     compute_until_killed()
 
@@ -101,7 +101,7 @@ def flushing(root, local, opts):
         a[:] = np.nan
         if s == 1:
             ck.wait()  # step 1 committed everywhere, the root included
-    ck.latest()  # commits step 2 on the node-local levels and starts its (throttled) flush
+    ck.engine.sync()  # commits step 2 on the node-local levels and starts its (throttled) flush
     assert ck.engine.node.flushing == "step-000000000002", ck.engine.node.flushing
     print(f"rank {rank}: OK running during the flush of step-000000000002", flush=True)
     compute_until_killed()
