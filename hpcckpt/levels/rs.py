@@ -94,8 +94,12 @@ def encode(gcomm, k: int, m: int, data_path: str, size: int, sizes: list[int], o
                 data_hash[q].update(part)
                 sends[leader(g, k, data_stripe(g, j, q))] = [part]
             got = _alltoallv(gcomm, sends, {holder(g, mine, q): r for q in range(k)})
-            blocks = coder.encode(tuple(memoryview(got[holder(g, mine, q)]) for q in range(k)),
-                                  tuple(range(k, k + m)))
+            try:
+                blocks = coder.encode(tuple(memoryview(got[holder(g, mine, q)]) for q in range(k)),
+                                      tuple(range(k, k + m)))
+            except Exception as exc:  # noqa: BLE001 - finish the exchanges, raise afterwards
+                error = error or exc
+                blocks = [bytes(r)] * m
             fro = [leader(g, k, parity_stripe(g, k, j, t)) for t in range(m)]  # who encodes my check block t
             got = _alltoallv(gcomm, {holder(g, mine, k + t): [np.frombuffer(blocks[t], np.uint8)]
                                      for t in range(1, m)}, {fro[t]: r for t in range(1, m)})
@@ -206,13 +210,13 @@ def rebuild(gcomm, k: int, m: int, seg: int, tasks: list, data_path: str, size: 
                     blocks.append(memoryview(got[h][used[h]:used[h] + r]))
                     used[h] += r
                 q = (j - s) % g
-                segment = coder.decode(tuple(blocks), tuple(sources))[q]
                 offset = q * seg + a
                 n = max(0, min(r, out_size - offset))
                 if n and out is not None and error is None:
                     try:
+                        segment = coder.decode(tuple(blocks), tuple(sources))[q]
                         os.pwrite(out, memoryview(segment)[:n], offset)
-                    except OSError as exc:
+                    except Exception as exc:  # noqa: BLE001 - finish the exchanges, raise afterwards
                         error = exc
         if out is not None and error is None:
             os.ftruncate(out, out_size)
