@@ -18,7 +18,7 @@ save_pipeline.py split in two:
   list committed versions only): every rank waits for its writer,
   all agree on failures (one rank's failure is a CheckpointError on every
   rank, and the version is removed, never committed), the levels protect it
-  (partner copies, parity: levels/node.py), rank 0 writes the metadata, and
+  (partner copies, parity, Reed-Solomon: levels/node.py), rank 0 writes the metadata, and
   retention runs.
 
 With ``local_dir`` (asynchronous or not) the levels of ``hpcckpt.levels`` are
@@ -107,7 +107,8 @@ class Engine:
                  skip_if_busy: bool = False, local_dir=None, partner_every: int | None = None,
                  parity_every: int | None = None, parity_group: int = 8, flush_every: int | None = None,
                  flush_bandwidth: float | None = None, level_costs=None,
-                 local_failure_fraction: float = DEFAULT_LOCAL_FAILURE_FRACTION):
+                 local_failure_fraction: float = DEFAULT_LOCAL_FAILURE_FRACTION, rs_every: int | None = None,
+                 rs_group=(6, 2)):
         self.ckpt = ckpt
         self.comm = ckpt.comm
         self.rank = self.comm.Get_rank()
@@ -120,11 +121,12 @@ class Engine:
         if local_dir is None:
             if level_costs is not None:
                 raise CheckpointError("level_costs needs local_dir")
-            LevelOptions(None, partner_every or 0, parity_every or 0, parity_group, flush_every or 1)  # validates
+            LevelOptions(None, partner_every or 0, parity_every or 0, parity_group, flush_every or 1, rs_every or 0,
+                         rs_group)  # validates
         else:
             self.node = NodeLevels(self.comm, ckpt.root, ckpt.keep, local_dir, ckpt.options.ranks_per_node,
                                    partner_every, parity_every, parity_group, flush_every, flush_bandwidth,
-                                   level_costs, local_failure_fraction)
+                                   level_costs, local_failure_fraction, rs_every, rs_group)
         self.restored_level: str | None = None
         self.pool: StagingPool | None = None
         self.pending: Pending | None = None

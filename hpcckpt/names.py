@@ -17,7 +17,7 @@ from typing import NamedTuple
 METADATA_FILE = "metadata.json"
 #: The directory of a version's data files.
 DATA_DIR = "data"
-#: The directory of a version's XOR parity files (node-local levels).
+#: The directory of a version's parity files, XOR and Reed-Solomon (node-local levels).
 PARITY_DIR = "parity"
 #: The one data file of the shared-file strategy.
 SHARED_FILE = f"{DATA_DIR}/shared.bin"
@@ -66,6 +66,11 @@ def compacted_file(n: int) -> str:
 def parity_file(rank: int) -> str:
     """The XOR parity file ``rank`` keeps for its parity group (node-local levels)."""
     return f"{PARITY_DIR}/xor-{rank:06d}.bin"
+
+
+def rs_parity_file(rank: int) -> str:
+    """The Reed-Solomon check blocks ``rank`` keeps for its group (node-local levels)."""
+    return f"{PARITY_DIR}/rs-{rank:06d}.bin"
 
 
 def reference(version: str, path: str) -> str:

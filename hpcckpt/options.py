@@ -88,7 +88,7 @@ class SaveResult:
     ``retention``: rank 0 removes the versions beyond ``keep``); ``strategy``: the transport used; ``kind``: ``"full"``
     or ``"incremental"``; ``levels``: where the version is committed,
     ``("root",)`` or the node-local levels it reached (``"L1"``, ``"L2"``
-    partner copy, ``"L3"`` parity; the L4 flush commits later); ``incremental``:
+    partner copy, ``"L3"`` XOR parity, ``"RS"`` Reed-Solomon parity; the L4 flush commits later); ``incremental``:
     the figures of an incremental save (docs/incremental.md), else None.
 
     ``this_rank``: this rank's own figures, apart from the global ones:

@@ -6,6 +6,7 @@ import pytest
 
 from hpcckpt.levels.parity import ParityLevel
 from hpcckpt.levels.partner import PartnerLevel
+from hpcckpt.levels.rs import ReedSolomonLevel
 from hpcckpt.testing import LevelTests
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -19,3 +20,8 @@ class TestPartner(LevelTests):
 class TestParity(LevelTests):
     level = ParityLevel()
     options = {"parity_every": 1, "parity_group": 4}
+
+
+class TestReedSolomon(LevelTests):
+    level = ReedSolomonLevel()
+    options = {"rs_every": 1, "rs_group": (1, 1)}  # groups of 2 or more at every rank count; m > 1: test_rs_levels

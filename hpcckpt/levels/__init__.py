@@ -8,6 +8,9 @@
 * L3 ``parity``: XOR parity across groups of ranks on distinct nodes (SCR's
   distributed XOR: rank i of a group of g stores one segment of parity), so
   any one lost member of each group can be rebuilt.
+* ``rs``: Reed-Solomon parity (zfec) across groups of at least k + m ranks on
+  distinct nodes (``rs_group=(k, m)``), so any m lost members of each group
+  can be rebuilt (levels/rs.py).
 * L4 ``flush``: the shared root, copied from L1 in a background thread and
   committed (metadata written) at a later call into the Checkpointer.
 
@@ -28,7 +31,7 @@ from ..transport.topology import NodeLayout
 
 #: Options of the asynchronous / multi-level engine (Checkpointer keyword arguments).
 ENGINE_OPTIONS = ("asynchronous", "staging_bytes", "skip_if_busy", "local_dir", "partner_every", "parity_every",
-                  "parity_group", "flush_every", "flush_bandwidth", "level_costs", "local_failure_fraction")
+                  "parity_group", "rs_every", "rs_group", "flush_every", "flush_bandwidth", "level_costs", "local_failure_fraction")
 
 #: Fraction of failures that the node-local levels (L1 + partner copy) recover from, when the user says nothing:
 #: most failures take out one node (Moody et al., SC10, report 85% or more recoverable without the file system).
@@ -47,7 +50,10 @@ class LevelOptions:
     node; ``parity_every=k`` (0: never) computes XOR parity for every k-th in
     groups of ``parity_group`` ranks on distinct nodes (default 8, as SCR);
     ``flush_every=k`` flushes every k-th checkpoint to the shared root (the
-    first checkpoint always reaches it).
+    first checkpoint always reaches it); ``rs_every=k`` (0: never) computes
+    Reed-Solomon parity for every k-th in groups of at least ``k + m`` ranks
+    on distinct nodes, ``rs_group=(k, m)`` (default (6, 2): SCR's set of 8
+    tolerating 2 failures).
     """
 
     local_dir: str | None = None
@@ -55,14 +61,27 @@ class LevelOptions:
     parity_every: int = 0
     parity_group: int = 8
     flush_every: int = 1
+    rs_every: int = 0
+    rs_group: tuple[int, int] = (6, 2)
 
     def __post_init__(self):
-        for name, low in (("partner_every", 0), ("parity_every", 0), ("flush_every", 1), ("parity_group", 2)):
+        for name, low in (("partner_every", 0), ("parity_every", 0), ("flush_every", 1), ("parity_group", 2),
+                          ("rs_every", 0)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise CheckpointError(f"{name} must be an integer >= {low}, got {value!r}")
-        if self.local_dir is None and (self.partner_every or self.parity_every):
-            raise CheckpointError("partner_every/parity_every need local_dir (the node-local level L1)")
+        try:
+            k, m = self.rs_group
+            ok = all(isinstance(v, int) and not isinstance(v, bool) for v in (k, m)) and k >= 1 and m >= 1 \
+                and k + m <= 256
+        except (TypeError, ValueError):
+            ok = False
+        if not ok:
+            raise CheckpointError(f"rs_group must be (k, m): integers k >= 1 data and m >= 1 check shards with "
+                                  f"k + m <= 256, got {self.rs_group!r}")
+        object.__setattr__(self, "rs_group", (k, m))
+        if self.local_dir is None and (self.partner_every or self.parity_every or self.rs_every):
+            raise CheckpointError("partner_every/parity_every/rs_every need local_dir (the node-local level L1)")
 
     @property
     def enabled(self) -> bool:
@@ -72,7 +91,7 @@ class LevelOptions:
         """Which levels the ``count``-th checkpoint (0-based) of this run reaches besides L1."""
         every = lambda k: bool(k) and count % k == 0  # noqa: E731
         return {"partner": every(self.partner_every), "parity": every(self.parity_every),
-                "flush": every(self.flush_every)}
+                "rs": every(self.rs_every), "flush": every(self.flush_every)}
 
 
 def derived_flush_every(local_cost: float, flush_cost: float,
@@ -122,12 +141,13 @@ def partners(layout: NodeLayout) -> list[int] | None:
     return out
 
 
-def parity_groups(layout: NodeLayout, size: int) -> list[list[int]]:
-    """Groups of at most ``size`` ranks (a short last group joins the previous), each on distinct nodes.
+def parity_groups(layout: NodeLayout, size: int, least: int = 2) -> list[list[int]]:
+    """Groups of ``size`` ranks (a last group shorter than ``least`` joins the previous), each on distinct nodes.
 
     Ranks with the same position on their node form the candidates, taken
     node by node, so no group holds two ranks of one node.  Ranks in no group
-    (a single node) get no parity.
+    (fewer than ``least`` candidates: a single node for XOR parity, fewer than
+    k + m nodes for Reed-Solomon) get no parity.
     """
     by_position: dict[int, list[int]] = {}
     for node in range(layout.nnodes):
@@ -136,7 +156,7 @@ def parity_groups(layout: NodeLayout, size: int) -> list[list[int]]:
     groups = []
     for _, ranks in sorted(by_position.items()):
         chunks = [ranks[i:i + size] for i in range(0, len(ranks), size)]
-        if len(chunks) > 1 and len(chunks[-1]) < 2:
+        if len(chunks) > 1 and len(chunks[-1]) < least:
             chunks[-2].extend(chunks.pop())
-        groups.extend(c for c in chunks if len(c) >= 2)
+        groups.extend(c for c in chunks if len(c) >= least)
     return groups

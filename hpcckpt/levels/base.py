@@ -2,7 +2,9 @@
 
 Built in: :class:`~hpcckpt.levels.partner.PartnerLevel` (L2, a copy of each
 rank's file on the next node) and :class:`~hpcckpt.levels.parity.ParityLevel`
-(L3, XOR parity over groups of ranks on distinct nodes); ``LEVELS`` lists
+(L3, XOR parity over groups of ranks on distinct nodes) and
+:class:`~hpcckpt.levels.rs.ReedSolomonLevel` (RS, Reed-Solomon parity: m losses
+per group of k + m); ``LEVELS`` lists
 them in the order the commit runs them.
 """
 
@@ -31,7 +33,8 @@ class Level(ABC):
        rebuild (levels/restore.py).
 
     Capability flag: ``recovers`` (what the level rebuilds: "any lost node"
-    for partner copies, "one member per group" for parity).  A new level
+    for partner copies, "one member per group" for XOR parity, "m members per
+    group" for Reed-Solomon).  A new level
     subclasses this, is added to ``LEVELS``, and passes
     ``hpcckpt.testing.LevelTests``.
     """

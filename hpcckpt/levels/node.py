@@ -1,10 +1,10 @@
-"""The node-local levels as destinations of a save's commit: L1 directories, L2 partner copies, L3 parity, L4 flush.
+"""The node-local levels as destinations of a save's commit: L1 directories, L2 partner copies, L3 parity, RS, L4 flush.
 
 One :class:`NodeLevels` per engine (``Checkpointer(local_dir=...)``).  The
 save pipeline writes each rank's data file into its node directory (L1); the
 commit then calls, in this order and on every rank:
 
-1. :meth:`protect` (collective): partner copies and parity when due; the
+1. :meth:`protect` (collective): partner copies, XOR and Reed-Solomon parity when due; the
    description stored in the metadata's ``extra.levels``.
 2. rank 0 commits the metadata in its node directory, then
    :meth:`commit_nodes` (collective): every other node leader commits the same
@@ -20,6 +20,7 @@ commit then calls, in this order and on every rank:
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import os
 import shutil
@@ -40,9 +41,10 @@ from . import DEFAULT_LOCAL_FAILURE_FRACTION, FLUSH_MARKER, LEVELS_FILE, LevelOp
 from .flush import FlushThread
 from .parity import ParityLevel
 from .partner import PartnerLevel
+from .rs import ReedSolomonLevel
 
 #: The redundancy levels, in the order the commit runs them (levels/base.py).
-LEVELS = (PartnerLevel(), ParityLevel())
+LEVELS = (PartnerLevel(), ParityLevel(), ReedSolomonLevel())
 
 
 @dataclass
@@ -61,18 +63,18 @@ class NodeLevels:
 
     def __init__(self, comm, root: str, keep: int | None, local_dir, ranks_per_node, partner_every, parity_every,
                  parity_group, flush_every, flush_bandwidth, level_costs,
-                 local_failure_fraction: float = DEFAULT_LOCAL_FAILURE_FRACTION):
+                 local_failure_fraction: float = DEFAULT_LOCAL_FAILURE_FRACTION, rs_every=None, rs_group=(6, 2)):
         self.comm, self.root, self.keep = comm, root, keep
         self.rank = comm.Get_rank()
         # no explicit interval: derive them (partner copy every checkpoint, flush_every from Benoit et al.'s
         # multi-level optimum with the given costs, or with the costs measured on the first checkpoint)
-        self.auto_levels = partner_every is parity_every is flush_every is None
+        self.auto_levels = partner_every is parity_every is flush_every is rs_every is None
         if level_costs is not None and not self.auto_levels:
             raise CheckpointError("level_costs derives partner_every/flush_every: give one or the other")
         self.local_failure_fraction = local_failure_fraction
         self.level_costs: tuple | None = None  # (local, flush) seconds the intervals were derived from
         self.levels = LevelOptions(os.fspath(local_dir), partner_every or 0, parity_every or 0, parity_group,
-                                   1 if flush_every is None else flush_every)
+                                   1 if flush_every is None else flush_every, rs_every or 0, rs_group)
         if self.auto_levels:
             derived_flush_every(1.0, 1.0, local_failure_fraction)  # validates the fraction
             if level_costs is not None:
@@ -87,19 +89,25 @@ class NodeLevels:
         self.flush_bandwidth = flush_bandwidth
         self.flush: Flush | None = None
         self.on_root: set[str] = set()  # versions committed on the root, or being flushed there
-        self._parity_comm = None
+        self._group_comms: dict = {}  # group communicators of the parity levels, by their groups
         simulated = ranks_per_node_setting(ranks_per_node) is not None
         self.layout = node_layout(comm, ranks_per_node)
         self.node_dir = node_dir(self.levels.local_dir, self.layout, self.rank, simulated)
         self.leader = node_leader(self.layout, self.rank)
         self.partner = partners(self.layout)
         self.groups = parity_groups(self.layout, self.levels.parity_group)
+        if self.levels.rs_every and importlib.util.find_spec("zfec") is None:
+            raise CheckpointError("rs_every needs the zfec library: pip install 'hpcckpt[rs]' (or zfec)")
+        self.rs_groups = parity_groups(self.layout, sum(self.levels.rs_group), least=sum(self.levels.rs_group))
         if self.auto_levels and self.partner is not None:
             self.levels = dataclasses.replace(self.levels, partner_every=1)
         agree(comm, f"creating {self.node_dir!r}", lambda: os.makedirs(self.node_dir, exist_ok=True))
         if self.rank == 0 and any(getattr(self.levels, f"{level.key}_every") and not level.available(self)
                                   for level in LEVELS):
-            warnings.warn("hpcckpt: a single node: partner copies and parity protect nothing and are skipped",
+            warnings.warn("hpcckpt: a single node: partner copies and parity protect nothing and are skipped"
+                          if self.layout.nnodes < 2 else
+                          f"hpcckpt: rs_group={self.levels.rs_group} needs {sum(self.levels.rs_group)} nodes, this run "
+                          f"has {self.layout.nnodes}: Reed-Solomon parity protects nothing and is skipped",
                           stacklevel=4)
         self._node_dirs = [node_dir(self.levels.local_dir, self.layout, r, simulated)
                            for r in (self.layout.ranks_on(k)[0] for k in range(self.layout.nnodes))]
@@ -114,7 +122,8 @@ class NodeLevels:
         doc = {"local_dir": os.path.abspath(self.levels.local_dir), "simulated_nodes": self._simulated,
                "node_dirs": [os.path.abspath(d) for d in self._node_dirs], "ranks": self.comm.Get_size(),
                "partner_every": self.levels.partner_every, "parity_every": self.levels.parity_every,
-               "parity_group": self.levels.parity_group, "flush_every": self.levels.flush_every,
+               "parity_group": self.levels.parity_group, "rs_every": self.levels.rs_every,
+               "rs_group": list(self.levels.rs_group), "flush_every": self.levels.flush_every,
                "derived_from_costs": list(self.level_costs) if self.level_costs else None,
                "local_failure_fraction": self.local_failure_fraction if self.auto_levels else None}
         try:
@@ -154,16 +163,18 @@ class NodeLevels:
                 info[level.key] = level.protect(self, directory, sizes, fsync, what)
         return info
 
-    def group_comm(self):
-        """``(communicator of this rank's parity group or COMM_NULL, group index or None)``, split once."""
-        if self._parity_comm is None:
+    def group_comm(self, groups: list[list[int]]):
+        """``(communicator of this rank's group of ``groups`` or COMM_NULL, group index or None)``, split once
+        (collective the first time for these groups)."""
+        index = tuple(map(tuple, groups))
+        if index not in self._group_comms:
             from mpi4py import MPI
 
-            mine = next((i for i, g in enumerate(self.groups) if self.rank in g), None)
+            mine = next((i for i, g in enumerate(groups) if self.rank in g), None)
             color = MPI.UNDEFINED if mine is None else mine
-            key = 0 if mine is None else self.groups[mine].index(self.rank)
-            self._parity_comm = (self.comm.Split(color, key), mine)
-        return self._parity_comm
+            key = 0 if mine is None else groups[mine].index(self.rank)
+            self._group_comms[index] = (self.comm.Split(color, key), mine)
+        return self._group_comms[index]
 
     def commit_nodes(self, directory: str, raw: bytes, fsync: bool, what: str) -> None:
         """Collective: every node leader but rank 0 (which committed first) commits ``raw`` in its node directory."""
@@ -270,10 +281,10 @@ class NodeLevels:
         return True
 
     def close(self) -> None:
-        """Free the parity communicator (after the last flush was waited for)."""
-        if self._parity_comm is not None and self._parity_comm[0] is not None:
-            from mpi4py import MPI
+        """Free the parity levels' group communicators (after the last flush was waited for)."""
+        from mpi4py import MPI
 
-            if self._parity_comm[0] != MPI.COMM_NULL:
-                self._parity_comm[0].Free()
-            self._parity_comm = None
+        for gcomm, _ in self._group_comms.values():
+            if gcomm != MPI.COMM_NULL:
+                gcomm.Free()
+        self._group_comms = {}

@@ -11,7 +11,7 @@ P_i XOR the other members' matching segments: one XOR-reduce to x rebuilds it.
 Encoding is one ``Reduce_scatter_block(BXOR)`` per round, rebuilding one
 ``Reduce(BXOR)`` per round; both stream in rounds of ``ROUND_BYTES`` per
 segment (g * round bytes of memory per rank).  Any one loss per group is
-recoverable; two losses in one group are not (Reed-Solomon would be).
+recoverable; two losses in one group are not (levels/rs.py's Reed-Solomon level is).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def segment_bytes(sizes: list[int]) -> int:
     return -(-max(sizes) // (g - 1)) if sizes and max(sizes) > 0 else 0
 
 
-def _read_clipped(fd: int | None, size: int, offset: int, out: np.ndarray) -> None:
+def read_clipped(fd: int | None, size: int, offset: int, out: np.ndarray) -> None:
     """Fill ``out`` with file bytes at ``offset`` (zeros past the end of a ``size``-byte file)."""
     out[:] = 0
     n = max(0, min(out.nbytes, size - offset))
@@ -71,7 +71,7 @@ def encode(gcomm, data_path: str, size: int, sizes: list[int], out_path: str, fs
             for i in range(g):
                 if i != pos and error is None:
                     try:
-                        _read_clipped(fd, size, ((i - pos - 1) % g) * seg + a, send[i * r:(i + 1) * r])
+                        read_clipped(fd, size, ((i - pos - 1) % g) * seg + a, send[i * r:(i + 1) * r])
                     except OSError as exc:
                         error = exc
             recv = np.empty(r, np.uint8)
@@ -125,9 +125,9 @@ def rebuild(gcomm, lost: int, data_path: str, size: int, parity_path: str, seg: 
                             continue
                         part = send[i * r:(i + 1) * r]
                         if i == pos:
-                            _read_clipped(pfd, seg, a, part)
+                            read_clipped(pfd, seg, a, part)
                         else:
-                            _read_clipped(fd, size, ((i - pos - 1) % g) * seg + a, part)
+                            read_clipped(fd, size, ((i - pos - 1) % g) * seg + a, part)
                 except OSError as exc:
                     error = exc
             recv = np.empty(g * r, np.uint8) if pos == lost else None
@@ -171,7 +171,7 @@ class ParityLevel(Level):
         return bool(node.groups)
 
     def protect(self, node, directory: str, sizes: list[int], fsync: bool, what: str):
-        gcomm, mine = node.group_comm()
+        gcomm, mine = node.group_comm(node.groups)
         rank = node.rank
 
         def encode_mine():

@@ -6,11 +6,13 @@ For each committed version, newest first:
    data file is at its owner's node, load straight from there (L1).  A file
    missing at its owner but present on another node (a partner copy) is sent
    over (L2).  A file present nowhere is rebuilt from XOR parity when it is the
-   only loss of its parity group (L3).  Then the ordinary collective load reads
+   only loss of its parity group (L3), or else from Reed-Solomon parity when
+   no stripe of its group lost more than m shards, counting the shards found
+   damaged by their checksums (RS).  Then the ordinary collective load reads
    each rank's node directory.
 2. the shared root (L4), the same version, when it was flushed there.
 
-A version that cannot be rebuilt (say, two lost nodes in one parity group) is
+A version that cannot be rebuilt (say, two lost nodes in one XOR parity group) is
 skipped with a warning that names the lost ranks and the group; the search goes
 on to the root and to older versions.  When the rank count changed, the
 rebuild is skipped and the load is tried from the node directories as they
@@ -78,7 +80,11 @@ def expected_sizes(meta: Metadata) -> dict[str, int]:
 
 
 def plan_rebuild(meta: Metadata, inv: list[dict[str, int]], size: int):
-    """(plan, None) or (None, why): the moves (L2) and parity rebuilds (L3) that make every file local."""
+    """(plan, None) or (None, why): the moves (L2) and parity rebuilds (L3, or RS) that make every file local.
+
+    An RS plan names the lost ranks (``"rs"``); whether their groups can be
+    rebuilt is known only once the survivors checked their shards (rs.restore).
+    """
     levels = meta.extra.get("levels") if isinstance(meta.extra, dict) else None
     if meta.nranks != size or not isinstance(levels, dict):
         return {"level": "L1", "moves": [], "rebuild": []}, None  # try the node directories as they are
@@ -107,9 +113,20 @@ def plan_rebuild(meta: Metadata, inv: list[dict[str, int]], size: int):
     if not lost:
         return {"level": "L2" if moves else "L1", "moves": moves, "rebuild": []}, None
     parity = levels.get("parity")
-    if not parity:
-        return None, (f"the files of rank(s) {lost} are on no surviving node and this version has no "
-                      f"{'parity' if levels.get('partner') else 'partner copy or parity'}")
+    if parity:
+        rebuild, why = _xor_plan(parity, lost, inv, sizes, moves)
+        if rebuild is not None:
+            return {"level": "L3", "moves": moves, "rebuild": rebuild}, None
+    if levels.get("rs"):
+        return {"level": "RS", "moves": moves, "rebuild": [], "rs": lost}, None
+    if parity:
+        return None, why
+    return None, (f"the files of rank(s) {lost} are on no surviving node and this version has no "
+                  f"{'parity' if levels.get('partner') else 'partner copy or parity'}")
+
+
+def _xor_plan(parity: dict, lost: list[int], inv: list[dict[str, int]], sizes: list, moves: list):
+    """(XOR rebuilds, None) or (None, why) for the ``lost`` ranks."""
     rebuild = []
     for gi, group in enumerate(parity["groups"]):
         gone = [o for o in lost if o in group]
@@ -131,7 +148,7 @@ def plan_rebuild(meta: Metadata, inv: list[dict[str, int]], size: int):
     ungrouped = [o for o in lost if not any(o in g for g in parity["groups"])]
     if ungrouped:
         return None, f"rank(s) {ungrouped} are lost and belong to no parity group"
-    return {"level": "L3", "moves": moves, "rebuild": rebuild}, None
+    return rebuild, None
 
 
 def _order(name: str):
@@ -189,7 +206,7 @@ def _try_local(engine, state, name: str, local_sets, strict, cast=False):
     """(restored state, level, None) or (None, None, why); collective."""
     from mpi4py import MPI
 
-    from . import parity
+    from . import parity, rs
 
     comm, rank = engine.comm, engine.rank
     what = f"restore of {name} from the node-local levels"
@@ -208,6 +225,9 @@ def _try_local(engine, state, name: str, local_sets, strict, cast=False):
     try:
         if plan["moves"]:
             agree(comm, what + " (partner copies)", lambda: transfer(comm, plan["moves"], vdir, vdir))
+        if plan.get("rs"):
+            inv = comm.allgather(inventory(vdir))  # with the partner copies just moved in
+            rs.restore(comm, meta.extra["levels"]["rs"], meta.extra["levels"]["sizes"], inv, plan["rs"], vdir, what)
         if plan["rebuild"]:
             mine = next((r for r in plan["rebuild"] if rank in r[1]), None)
             gcomm = comm.Split(MPI.UNDEFINED if mine is None else mine[0],

@@ -10,7 +10,7 @@ first save removes it).  From those and the version directories:
   present), e.g. ``2/2`` nodes.  Only the node directories this machine can
   see are looked at (all of them with simulated nodes; with real nodes, run
   ``ls`` on a compute node).
-* L2 / L3: the version's metadata records partner copies / XOR parity.
+* L2 / L3 / RS: the version's metadata records partner copies / XOR parity / Reed-Solomon parity.
 * L4: the version is committed on the root.
 """
 
@@ -59,7 +59,7 @@ def levels_status(root: str) -> dict | None:
         lv = (meta.get("extra") or {}).get("levels") if isinstance(meta.get("extra"), dict) else None
         lv = lv if isinstance(lv, dict) else {}
         versions.append({"name": name, "step": info["step"], "L1_nodes": info["nodes"], "nodes": len(node_dirs),
-                         "L2": bool(lv.get("partner")), "L3": bool(lv.get("parity")), "L4": name in on_root})
+                         "L2": bool(lv.get("partner")), "L3": bool(lv.get("parity")), "RS": bool(lv.get("rs")), "L4": name in on_root})
     return {"config": conf, "visible_node_dirs": len(visible), "versions": versions, "flush": _flush(root, marker)}
 
 
@@ -78,13 +78,14 @@ def format_levels(status: dict) -> list[str]:
     if conf:
         out.append(f"levels: L1 in {conf.get('local_dir')} ({len(conf.get('node_dirs') or [])} node dir(s), "
                    f"{status.get('visible_node_dirs', 0)} visible here); partner every {conf.get('partner_every')}, "
-                   f"parity every {conf.get('parity_every')}, flush every {conf.get('flush_every')}"
+                   f"parity every {conf.get('parity_every')}, Reed-Solomon every {conf.get('rs_every', 0)}, flush every {conf.get('flush_every')}"
                    + (" (derived from costs %s)" % ", ".join(map(format_duration, conf["derived_from_costs"]))
                       if conf.get("derived_from_costs") else ""))
-        rows = [("VERSION", "L1", "L2", "L3", "L4")]
+        rows = [("VERSION", "L1", "L2", "L3", "RS", "L4")]
         for v in status["versions"]:
             rows.append((v["name"], f"{v['L1_nodes']}/{v['nodes']}" if v["L1_nodes"] else "-",
                          "yes" if v["L2"] and v["L1_nodes"] else "-", "yes" if v["L3"] and v["L1_nodes"] else "-",
+                         "yes" if v["RS"] and v["L1_nodes"] else "-",
                          "yes" if v["L4"] else "-"))
         out += table_lines(rows, indent="  ")
     f = status.get("flush")

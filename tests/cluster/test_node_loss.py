@@ -8,7 +8,8 @@ namespaces is SIGKILLed and its tmpfs disappears with its mount namespace.
 The job must end by itself (no hang); the relaunch of the four ranks on the
 three survivors (two ranks on one node, so ranks change nodes) or on a spare
 node restores step 2 exactly from L2 or L3, or, when two nodes of the parity
-group are lost, step 1 from L4 with a message that says why.
+group are lost, step 1 from L4 with a message that says why; with
+Reed-Solomon parity (k=2, m=2) the same two lost nodes are rebuilt, step 2.
 """
 
 from __future__ import annotations
@@ -108,6 +109,21 @@ def test_two_lost_nodes_of_a_parity_group_fall_back_to_the_shared_root(cluster, 
     out = restore(cluster, job, survivors(cluster, [n[1], n[2]]), root, 1, "L4", opts)
     assert "rank(s) [1, 2] of parity group [0, 1, 2, 3] are lost together" in out, out
     assert "restoring step-000000000001 from the shared root (L4)" in out, out
+
+
+def test_two_lost_nodes_of_a_reed_solomon_group_are_rebuilt_exactly(cluster, job):
+    """rs_group=(2, 2): nodes 1 and 2 lost together (XOR parity's failure case above); the four ranks on the
+    two survivors restore step 2 exactly from Reed-Solomon parity."""
+    opts = {"asynchronous": True, "rs_every": 1, "rs_group": [2, 2], "flush_every": 2}
+    n = cluster.names
+
+    def check_blocks_without_copies():
+        for i, x in enumerate(n):  # its rank's data file and its check blocks, no copy of another rank
+            assert files_on(cluster, x) == [f"part-00000{i}.bin", f"rs-00000{i}.bin"], files_on(cluster, x)
+
+    root = run_and_lose(cluster, job, opts, [n[1], n[2]], check_blocks_without_copies)
+    out = restore(cluster, job, survivors(cluster, [n[1], n[2]]), root, 2, "RS", opts)
+    assert "cannot be restored" not in out, out
 
 
 @pytest.mark.parametrize("partner", [True, False])

@@ -1,0 +1,325 @@
+"""Reed-Solomon parity across groups of ranks on distinct nodes: any m lost members of each group are rebuilt.
+
+The shard layout (which member holds which data segment and check block of
+which stripe) is levels/rs_layout.py; the arithmetic is zfec's (Rizzo's
+systematic Vandermonde Reed-Solomon code over GF(2^8)), on blocks that this
+module moves over MPI:
+
+* encoding, per round of ``ROUND_BYTES`` rows of every segment: each member
+  sends its k segments to the k stripe leaders (one ``Alltoallv``), each
+  leader encodes its stripe's m check blocks, keeps the first and sends the
+  others to their holders (a second ``Alltoallv``, none when m = 1);
+* rebuilding: each member that lost a data segment receives the k surviving
+  shards of that stripe (one ``Alltoallv`` per round) and decodes it.
+
+Every shard's xxh3 checksum is recorded in the metadata (``extra.levels.rs``),
+so a restore detects a damaged shard (data segment or check block) before
+using it and counts it as erased, like a lost one.  Every exchange completes
+even when a file cannot be read or written on this rank (zeros are sent, the
+error raised afterwards), so the caller's ``agree`` gives every rank the same
+CheckpointError and none waits forever.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import numpy as np
+import xxhash
+
+from ..collective import agree
+from ..errors import CheckpointError
+from ..names import rank_file, rs_parity_file
+from ..storage.posix import open_regular
+from .base import Level
+from .parity import read_clipped
+from .rs_layout import data_stripe, holder, leader, parity_stripe, rebuild_plan, segment_bytes
+
+#: Rows of each segment moved per round (memory per rank: about 2 (k + m) times this).
+ROUND_BYTES = 4 << 20
+
+
+def _alltoallv(gcomm, sends: dict[int, list], recv_counts: dict[int, int]) -> dict[int, np.ndarray]:
+    """Send the concatenated buffers ``sends[dest]`` to each dest; the bytes received from each source."""
+    from mpi4py import MPI
+
+    g = gcomm.Get_size()
+    scounts = [sum(b.nbytes for b in sends.get(d, ())) for d in range(g)]
+    rcounts = [recv_counts.get(s, 0) for s in range(g)]
+    sbuf = np.concatenate([np.concatenate(sends[d]) for d in range(g) if scounts[d]] or [np.empty(0, np.uint8)])
+    rbuf = np.empty(sum(rcounts), np.uint8)
+    sdis, rdis = np.cumsum([0] + scounts[:-1]), np.cumsum([0] + rcounts[:-1])
+    gcomm.Alltoallv([sbuf, (scounts, sdis.tolist()), MPI.BYTE], [rbuf, (rcounts, rdis.tolist()), MPI.BYTE])
+    return {s: rbuf[rdis[s]:rdis[s] + rcounts[s]] for s in range(g) if rcounts[s]}
+
+
+def encode(gcomm, k: int, m: int, data_path: str, size: int, sizes: list[int], out_path: str, fsync: bool = True,
+           round_bytes: int = ROUND_BYTES) -> tuple[int, list[str], list[str]]:
+    """Collective over the group: write this member's m check blocks to ``out_path``.
+
+    Returns ``(S, checksums of my k data segments, checksums of my m check blocks)``.
+    """
+    import zfec
+
+    g, j = gcomm.Get_size(), gcomm.Get_rank()
+    seg = segment_bytes(sizes, k)
+    mine = (j - k) % g  # the stripe this member leads
+    coder = zfec.Encoder(k, k + m)
+    data_hash = [xxhash.xxh3_64() for _ in range(k)]
+    parity_hash = [xxhash.xxh3_64() for _ in range(m)]
+    error = None
+    fd = out = None
+    try:
+        fd = open_regular(data_path) if size > 0 else None
+    except (OSError, CheckpointError) as exc:
+        error = exc
+    try:
+        os.makedirs(os.path.dirname(out_path), exist_ok=True)
+        out = os.open(out_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.ftruncate(out, m * seg)
+    except OSError as exc:
+        error = error or exc
+    try:
+        for a in range(0, seg, round_bytes):
+            r = min(round_bytes, seg - a)
+            sends = {}
+            for q in range(k):
+                part = np.zeros(r, np.uint8)
+                if error is None:
+                    try:
+                        read_clipped(fd, size, q * seg + a, part)
+                    except OSError as exc:
+                        error = exc
+                data_hash[q].update(part)
+                sends[leader(g, k, data_stripe(g, j, q))] = [part]
+            got = _alltoallv(gcomm, sends, {holder(g, mine, q): r for q in range(k)})
+            try:
+                blocks = coder.encode(tuple(memoryview(got[holder(g, mine, q)]) for q in range(k)),
+                                      tuple(range(k, k + m)))
+            except Exception as exc:  # noqa: BLE001 - finish the exchanges, raise afterwards
+                error = error or exc
+                blocks = [bytes(r)] * m
+            fro = [leader(g, k, parity_stripe(g, k, j, t)) for t in range(m)]  # who encodes my check block t
+            got = _alltoallv(gcomm, {holder(g, mine, k + t): [np.frombuffer(blocks[t], np.uint8)]
+                                     for t in range(1, m)}, {fro[t]: r for t in range(1, m)})
+            for t in range(m):
+                block = blocks[0] if t == 0 else got[fro[t]]
+                parity_hash[t].update(block)
+                if out is not None and error is None:
+                    try:
+                        os.pwrite(out, memoryview(block), t * seg + a)
+                    except OSError as exc:
+                        error = exc
+        if out is not None and fsync and error is None:
+            os.fsync(out)
+    finally:
+        for f in (fd, out):
+            if f is not None:
+                os.close(f)
+    if error is not None:
+        raise error
+    return seg, [h.hexdigest() for h in data_hash], [h.hexdigest() for h in parity_hash]
+
+
+def damaged_shards(member: int, k: int, m: int, seg: int, data_path: str | None, size: int, parity_path: str | None,
+                   expected: tuple[list[str], list[str]], round_bytes: int = ROUND_BYTES) -> list[tuple]:
+    """The shards of ``member`` whose bytes do not match their recorded checksums (local; no MPI).
+
+    A path of None (the file is missing or has the wrong size) makes all its shards count as damaged.
+    """
+    out = []
+    for kind, path, count, limit in (("data", data_path, k, size), ("parity", parity_path, m, m * seg)):
+        if path is None:
+            out.extend((member, kind, i) for i in range(count))
+            continue
+        fd = open_regular(path) if limit > 0 else None
+        try:
+            for i in range(count):
+                h = xxhash.xxh3_64()
+                for a in range(0, seg, round_bytes):
+                    part = np.empty(min(round_bytes, seg - a), np.uint8)
+                    read_clipped(fd, limit, i * seg + a, part)
+                    h.update(part)
+                if h.hexdigest() != expected[0 if kind == "data" else 1][i]:
+                    out.append((member, kind, i))
+        finally:
+            if fd is not None:
+                os.close(fd)
+    return out
+
+
+def rebuild(gcomm, k: int, m: int, seg: int, tasks: list, data_path: str, size: int, parity_path: str,
+            out_size: int, fsync: bool = True, round_bytes: int = ROUND_BYTES) -> None:
+    """Collective over the group: run the ``tasks`` of :func:`rs_layout.rebuild_plan`.
+
+    A member with tasks rewrites its data file ``data_path`` (``out_size``
+    bytes): the segments it still has are kept, the others decoded.  Every
+    member sends the shards the tasks take from it (``size``: its data file's
+    size; ``parity_path``: its check blocks).
+    """
+    import zfec
+
+    g, j = gcomm.Get_size(), gcomm.Get_rank()
+    mine = [t for t in tasks if t[1] == j]
+    coder = zfec.Decoder(k, k + m)
+    error = None
+    fd = pfd = out = None
+    try:
+        if any(holder(g, s, q) == j and q < k for s, _, sources in tasks for q in sources):
+            fd = open_regular(data_path) if size > 0 else None
+        if any(holder(g, s, q) == j and q >= k for s, _, sources in tasks for q in sources):
+            pfd = open_regular(parity_path) if seg > 0 else None
+        if mine:
+            os.makedirs(os.path.dirname(data_path), exist_ok=True)
+            if os.path.isfile(data_path) and os.path.getsize(data_path) == out_size:  # damaged: keep the rest
+                shutil.copyfile(data_path, data_path + ".part")
+            else:
+                open(data_path + ".part", "wb").close()
+            out = os.open(data_path + ".part", os.O_WRONLY)
+    except (OSError, CheckpointError) as exc:
+        error = exc
+    try:
+        for a in range(0, seg, round_bytes):
+            r = min(round_bytes, seg - a)
+            sends: dict[int, list] = {}
+            for s, x, sources in tasks:
+                for q in sources:
+                    if holder(g, s, q) != j:
+                        continue
+                    part = np.zeros(r, np.uint8)
+                    if error is None:
+                        try:
+                            if q < k:
+                                read_clipped(fd, size, q * seg + a, part)
+                            else:
+                                read_clipped(pfd, m * seg, (q - k) * seg + a, part)
+                        except OSError as exc:
+                            error = exc
+                    sends.setdefault(x, []).append(part)
+            counts: dict[int, int] = {}
+            for s, _, sources in mine:
+                for q in sources:
+                    counts[holder(g, s, q)] = counts.get(holder(g, s, q), 0) + r
+            got = _alltoallv(gcomm, sends, counts)
+            used = dict.fromkeys(got, 0)
+            for s, _, sources in mine:
+                blocks = []
+                for q in sources:
+                    h = holder(g, s, q)
+                    blocks.append(memoryview(got[h][used[h]:used[h] + r]))
+                    used[h] += r
+                q = (j - s) % g
+                offset = q * seg + a
+                n = max(0, min(r, out_size - offset))
+                if n and out is not None and error is None:
+                    try:
+                        segment = coder.decode(tuple(blocks), tuple(sources))[q]
+                        os.pwrite(out, memoryview(segment)[:n], offset)
+                    except Exception as exc:  # noqa: BLE001 - finish the exchanges, raise afterwards
+                        error = exc
+        if out is not None and error is None:
+            os.ftruncate(out, out_size)
+            if fsync:
+                os.fsync(out)
+    finally:
+        for f in (fd, pfd, out):
+            if f is not None:
+                os.close(f)
+    if mine:
+        if error is None:
+            os.replace(data_path + ".part", data_path)
+        else:
+            try:
+                os.unlink(data_path + ".part")
+            except OSError:
+                pass
+    if error is not None:
+        raise error
+
+
+class ReedSolomonLevel(Level):
+    """Reed-Solomon parity over groups of at least k + m ranks on distinct nodes (``rs_group=(k, m)``)."""
+
+    key = "rs"
+    label = "RS"
+    recovers = "m members per group"
+
+    def available(self, node) -> bool:
+        return bool(node.rs_groups)
+
+    def protect(self, node, directory: str, sizes: list[int], fsync: bool, what: str):
+        k, m = node.levels.rs_group
+        gcomm, mine = node.group_comm(node.rs_groups)
+        rank = node.rank
+
+        def encode_mine():
+            if mine is None:
+                return None
+            group = node.rs_groups[mine]
+            return encode(gcomm, k, m, os.path.join(directory, rank_file(rank)), sizes[rank],
+                          [sizes[r] for r in group], os.path.join(directory, rs_parity_file(rank)), fsync)
+
+        done = node.comm.allgather(agree(node.comm, what + " (Reed-Solomon parity)", encode_mine))
+        return {"k": k, "m": m, "groups": node.rs_groups, "segment": [done[g[0]][0] for g in node.rs_groups],
+                "checksums": [[[done[r][1], done[r][2]] for r in g] for g in node.rs_groups]}
+
+
+def restore(comm, info: dict, sizes: list[int], inv: list[dict[str, int]], lost: list[int], vdir: str,
+            what: str) -> None:
+    """Collective: rebuild the data files of the ``lost`` ranks (and of any whose shards turn out damaged).
+
+    ``info``: the version's ``extra.levels.rs``; ``inv``: every rank's
+    inventory of the version directory (after partner copies were moved in).
+    Raises the same CheckpointError on every rank when a group lost more than
+    m shards of one stripe.
+    """
+    from mpi4py import MPI
+
+    k, m, rank = int(info["k"]), int(info["m"]), comm.Get_rank()
+    groups = [list(g) for g in info["groups"]]
+    outside = [r for r in lost if not any(r in g for g in groups)]
+    if outside:
+        raise CheckpointError(f"rank(s) {outside} are lost and belong to no Reed-Solomon group")
+    hit = [gi for gi, g in enumerate(groups) if any(r in g for r in lost)]
+    mine = next((gi for gi in hit if rank in groups[gi]), None)
+
+    def check():
+        if mine is None or rank in lost:
+            return []
+        gi = mine
+        seg, pos = int(info["segment"][gi]), groups[gi].index(rank)
+        data = os.path.join(vdir, rank_file(rank))
+        parity = os.path.join(vdir, rs_parity_file(rank))
+        data_ok = int(sizes[rank]) == 0 or inv[rank].get(rank_file(rank)) == int(sizes[rank])
+        parity_ok = seg == 0 or inv[rank].get(rs_parity_file(rank)) == m * seg
+        expected = info["checksums"][gi][pos]
+        return damaged_shards(pos, k, m, seg, data if data_ok else None, int(sizes[rank]),
+                              parity if parity_ok else None, (expected[0], expected[1]))
+
+    damaged = comm.allgather(agree(comm, what + " (checking Reed-Solomon shards)", check))
+    plans = {}
+    for gi in hit:
+        group = groups[gi]
+        erased = {(group.index(r), kind, i) for r in lost if r in group
+                  for kind, count in (("data", k), ("parity", m)) for i in range(count)}
+        erased |= {tuple(s) for r in group for s in damaged[r]}
+        tasks, why = rebuild_plan(len(group), k, m, erased, group)
+        if why is not None:
+            bad = sorted({group[s[0]] for s in erased if group[s[0]] not in lost})
+            raise CheckpointError(f"rank(s) {sorted(r for r in lost if r in group)} of Reed-Solomon group {group} "
+                                  f"are lost" + (f" and rank(s) {bad} hold damaged shards" if bad else "")
+                                  + f": {why}")
+        plans[gi] = tasks
+    gcomm = comm.Split(MPI.UNDEFINED if mine is None else mine, 0 if mine is None else groups[mine].index(rank))
+    try:
+        def run():
+            if mine is None:
+                return
+            seg = int(info["segment"][mine])
+            rebuild(gcomm, k, m, seg, plans[mine], os.path.join(vdir, rank_file(rank)), int(sizes[rank]),
+                    os.path.join(vdir, rs_parity_file(rank)), int(sizes[rank]))
+        agree(comm, what + " (Reed-Solomon rebuild)", run)
+    finally:
+        if gcomm != MPI.COMM_NULL:
+            gcomm.Free()

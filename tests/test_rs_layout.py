@@ -1,0 +1,104 @@
+"""The Reed-Solomon level's shard layout and rebuild plans (levels/rs_layout.py), checked without MPI.
+
+The layout is encoded and decoded here with zfec in memory, exactly as levels/rs.py does it across ranks, so
+a plan that names the wrong shard or position fails on the bytes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import zfec
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hpcckpt.errors import CheckpointError
+from hpcckpt.levels import LevelOptions, parity_groups
+from hpcckpt.levels.rs_layout import check_shape, data_stripe, holder, leader, parity_stripe, rebuild_plan, \
+    segment_bytes, shard_at
+from hpcckpt.transport.topology import simulated_layout
+
+
+@st.composite
+def shapes(draw):
+    k = draw(st.integers(1, 5))
+    m = draw(st.integers(1, 3))
+    g = draw(st.integers(k + m, k + m + 3))
+    return g, k, m
+
+
+@given(shapes())
+def test_every_member_holds_one_shard_per_stripe_and_its_whole_file(shape):
+    g, k, m = shape
+    for s in range(g):
+        members = [holder(g, s, q) for q in range(k + m)]
+        assert len(set(members)) == k + m  # distinct members: losing m members erases at most m shards
+        assert leader(g, k, s) == members[k]
+    for j in range(g):
+        assert sorted(shard_at(g, k, data_stripe(g, j, q), q) for q in range(k)) == [(j, "data", q) for q in range(k)]
+        assert [shard_at(g, k, parity_stripe(g, k, j, t), k + t) for t in range(m)] == \
+            [(j, "parity", t) for t in range(m)]
+
+
+def _encode(g, k, m, files):
+    """Every member's data segments and check blocks, the layout of levels/rs.py, in memory."""
+    seg = segment_bytes([len(f) for f in files], k)
+    data = [[np.frombuffer(f.ljust(k * seg, b"\0")[q * seg:(q + 1) * seg], np.uint8) for q in range(k)]
+            for f in files]
+    parity = [[None] * m for _ in range(g)]
+    coder = zfec.Encoder(k, k + m)
+    for s in range(g):
+        blocks = coder.encode(tuple(data[holder(g, s, q)][q] for q in range(k)), tuple(range(k, k + m)))
+        for t in range(m):
+            parity[holder(g, s, k + t)][t] = np.frombuffer(blocks[t], np.uint8)
+    return seg, data, parity
+
+
+@settings(max_examples=60, deadline=None)
+@given(shapes(), st.data())
+def test_any_m_lost_members_and_damaged_shards_within_the_bound_rebuild_exactly(shape, data):
+    g, k, m = shape
+    files = [data.draw(st.binary(min_size=0, max_size=60)) for _ in range(g)]
+    seg, segments, parity = _encode(g, k, m, files)
+    lost = data.draw(st.sets(st.integers(0, g - 1), max_size=m))
+    erased = {(j, kind, i) for j in lost for kind, n in (("data", k), ("parity", m)) for i in range(n)}
+    erased |= data.draw(st.sets(st.tuples(st.integers(0, g - 1), st.sampled_from(["data", "parity"]),
+                                          st.integers(0, min(k, m) - 1)), max_size=2))
+    tasks, why = rebuild_plan(g, k, m, erased)
+    per_stripe = max(sum(shard_at(g, k, s, q) in erased for q in range(k + m)) for s in range(g))
+    if per_stripe > m:
+        assert tasks is None and f"rebuilds at most {m} per stripe" in why
+        return
+    assert why is None
+    assert sorted((x, (x - s) % g) for s, x, _ in tasks) == sorted((j, i) for j, kind, i in erased if kind == "data")
+    coder = zfec.Decoder(k, k + m)
+    for s, x, sources in tasks:
+        assert len(sources) == k and not any(shard_at(g, k, s, q) in erased for q in sources)
+        shards = tuple(segments[holder(g, s, q)][q] if q < k else parity[holder(g, s, q)][q - k] for q in sources)
+        got = coder.decode(shards, tuple(sources))[(x - s) % g]
+        assert got == segments[x][(x - s) % g].tobytes()
+
+
+def test_a_stripe_beyond_m_erasures_is_named_by_rank():
+    _, why = rebuild_plan(4, 2, 1, {(1, "data", 0), (1, "data", 1), (2, "data", 0), (2, "data", 1),
+                                    (1, "parity", 0), (2, "parity", 0)}, ranks=[10, 11, 12, 13])
+    assert "a (k=2, m=1) Reed-Solomon code rebuilds at most 1 per stripe" in why and "rank 11's data" in why
+
+
+def test_shapes_and_options_are_checked():
+    with pytest.raises(ValueError):
+        check_shape(3, 2, 2)
+    check_shape(4, 2, 2)
+    for bad in [(0, 1), (2, 0), (2,), "ab", (200, 57), (True, 1), (2.0, 1)]:
+        with pytest.raises(CheckpointError, match="rs_group must be"):
+            LevelOptions("/tmp/x", rs_every=1, rs_group=bad)
+    with pytest.raises(CheckpointError, match="need local_dir"):
+        LevelOptions(None, rs_every=1)
+    assert LevelOptions("/tmp/x", rs_every=2, rs_group=[3, 1]).rs_group == (3, 1)
+    assert [LevelOptions("/tmp/x", rs_every=2).due(i)["rs"] for i in range(3)] == [True, False, True]
+
+
+def test_groups_hold_at_least_k_plus_m_ranks_on_distinct_nodes():
+    assert parity_groups(simulated_layout(7, 1), 3, least=3) == [[0, 1, 2], [3, 4, 5, 6]]
+    assert parity_groups(simulated_layout(8, 2), 3, least=3) == [[0, 2, 4, 6], [1, 3, 5, 7]]
+    assert parity_groups(simulated_layout(4, 2), 3, least=3) == []  # two nodes: no (2, 1) group
