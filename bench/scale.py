@@ -137,7 +137,7 @@ def save_case(p: int, nvars: int, sample: list[int]) -> tuple[dict, object, list
     for r in range(p):
         s0, s1 = starts[r].tolist(), stops[r].tolist()
         summaries.append({n: {**v, "start": s0, "stop": s1} for n, v in template.items()})
-    t_plan, (variables, boxes, codecs) = timed(lambda: plan_variables(summaries, options))
+    t_plan, (variables, boxes, codecs, _replicas) = timed(lambda: plan_variables(summaries, options))
     m_plan = traced(lambda: plan_variables(summaries, options))
     payload = (True, None, one["digest"])
     gather_bytes = p * psize((None, summaries[-1], payload))  # what rank 0 receives
