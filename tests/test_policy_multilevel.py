@@ -79,6 +79,16 @@ def test_bad_inputs_are_checkpoint_errors():
         ML.expected_makespan(c, 0.0, (2,))
 
 
+@settings(max_examples=60, deadline=None)
+@given(period=st.floats(1.0, 1e5), ratios=st.lists(st.integers(1, 20), max_size=3), work=st.floats(10.0, 1e7))
+def test_fit_to_work_makes_the_job_a_whole_number_of_patterns(period, ratios, work):
+    c = ML.LevelConfig((1.0,) * (len(ratios) + 1), (1.0,) * (len(ratios) + 1), (1e-5,) * (len(ratios) + 1), work)
+    p = ML.fit_to_work(c, ML.Pattern(period, tuple(ratios)))
+    patterns = work / p.periods[-1]
+    assert p.ratios == tuple(ratios) and patterns == pytest.approx(round(patterns), rel=1e-9)
+    assert round(patterns) == max(1, round(work / ML.Pattern(period, tuple(ratios)).periods[-1]))
+
+
 # ------------------------------------------------------------ search and formula
 def test_one_level_search_finds_the_exact_model_optimum():
     c = ML.LevelConfig((300.0,), (0.0,), (1.0 / 43200,), 1000 * 43200.0)  # a long job: the tail does not matter
@@ -117,11 +127,14 @@ def test_fit_recovers_a_polynomial_correction_exactly():
         x = LL.features(c)
         return math.sqrt(2 * c.costs[0] / c.rates[0]) * math.exp(0.1 * x[0] - 0.05 * x[-1] + 0.02 * x[0] ** 2)
 
-    configs = LL.sample_configs(np.random.default_rng(5), 100, 1)
+    # long jobs (thousands of periods): fitting the period to the work (the prediction's last step) moves it
+    # by less than 1e-3, so the regression itself is what is checked
+    configs = [ML.LevelConfig(c.costs, c.restarts, c.rates, c.work * 1e4)
+               for c in LL.sample_configs(np.random.default_rng(5), 100, 1)]
     model = LL.fit(configs, [ML.Pattern(truth(c), ()) for c in configs], degree=2, ridge=1e-12)
     for c in configs[::5]:  # inside the training range (a held-out one may be clipped to its edge)
         got = LL.predict(c, model, with_makespan=False)
-        assert got.ratios == () and got.period == pytest.approx(truth(c), rel=1e-4)
+        assert got.ratios == () and got.period == pytest.approx(truth(c), rel=1e-3)
 
 
 def test_model_file_errors(tmp_path):

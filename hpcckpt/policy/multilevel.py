@@ -46,7 +46,7 @@ from hpcckpt.errors import CheckpointError
 from hpcckpt.policy.formulas import multilevel_intervals
 
 __all__ = ["LevelConfig", "Pattern", "expected_makespan", "search", "simulate_makespans", "formula_pattern",
-           "MAX_LEVELS", "search_many", "first_order_period", "MAX_RATIO"]
+           "MAX_LEVELS", "search_many", "fit_to_work", "first_order_period", "MAX_RATIO"]
 
 #: Levels supported by the exact evaluation and the search.
 MAX_LEVELS = 4
@@ -219,6 +219,19 @@ def search_many(configs: Sequence[LevelConfig], max_ratio: int | None = None,
         best_p = np.where(better, periods[rows, i], best_p)
         best_r = [ratios if b else r for b, r in zip(better, best_r)]
     return [Pattern(float(p), r, float(e)) for p, r, e in zip(best_p, best_r, best_e)]
+
+
+def fit_to_work(config: LevelConfig, pattern: Pattern) -> Pattern:
+    """``pattern`` with its base period adjusted so that the job is a whole number of top-level patterns.
+
+    The nearest whole number ``k >= 1`` of patterns, ``period = work / (k n_0)``: the job then ends exactly
+    where a top-level checkpoint would be (and is not taken), instead of paying one for a short remainder
+    or redoing a long partial pattern.  This matters when a top-level checkpoint is a sizeable share of
+    the job (the expected makespan jumps by one of them as the period crosses such a point).
+    """
+    n = pattern.counts[0]
+    k = max(1, round(config.work / (pattern.period * n)))
+    return Pattern(config.work / (k * n), pattern.ratios)
 
 
 def formula_pattern(config: LevelConfig) -> Pattern:
