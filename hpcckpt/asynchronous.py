@@ -52,7 +52,7 @@ from .collective import allgather_checked, attempt, bcast_checked, best_effort, 
     describe_failure
 from .devices import is_device_array
 from .errors import CheckpointError
-from .levels import DEFAULT_LOCAL_FAILURE_FRACTION, ENGINE_OPTIONS, LevelOptions
+from .levels import DEFAULT_LEVEL_MTBF, DEFAULT_LOCAL_FAILURE_FRACTION, ENGINE_OPTIONS, LevelOptions
 from .levels.node import NodeLevels
 from .log import logger
 from .monitor import PhaseTimer
@@ -108,7 +108,7 @@ class Engine:
                  parity_every: int | None = None, parity_group: int = 8, flush_every: int | None = None,
                  flush_bandwidth: float | None = None, level_costs=None,
                  local_failure_fraction: float = DEFAULT_LOCAL_FAILURE_FRACTION, rs_every: int | None = None,
-                 rs_group=(6, 2)):
+                 rs_group=(6, 2), level_method: str = "formula", level_mtbf: float = DEFAULT_LEVEL_MTBF):
         self.ckpt = ckpt
         self.comm = ckpt.comm
         self.rank = self.comm.Get_rank()
@@ -119,14 +119,14 @@ class Engine:
         self.skip_if_busy = bool(skip_if_busy)
         self.node: NodeLevels | None = None
         if local_dir is None:
-            if level_costs is not None:
-                raise CheckpointError("level_costs needs local_dir")
+            if level_costs is not None or level_method != "formula":
+                raise CheckpointError("level_costs and level_method need local_dir")
             LevelOptions(None, partner_every or 0, parity_every or 0, parity_group, flush_every or 1, rs_every or 0,
                          rs_group)  # validates
         else:
             self.node = NodeLevels(self.comm, ckpt.root, ckpt.keep, local_dir, ckpt.options.ranks_per_node,
                                    partner_every, parity_every, parity_group, flush_every, flush_bandwidth,
-                                   level_costs, local_failure_fraction, rs_every, rs_group)
+                                   level_costs, local_failure_fraction, rs_every, rs_group, level_method, level_mtbf)
         self.restored_level: str | None = None
         self.pool: StagingPool | None = None
         self.pending: Pending | None = None

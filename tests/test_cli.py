@@ -615,6 +615,32 @@ def test_interval_bad_duration(capsys):
     assert rc == 2 and "bad duration" in err and "Traceback" not in err
 
 
+def test_interval_multilevel_methods(capsys):
+    from hpcckpt.policy import learned_levels, multilevel
+
+    rc, out, err = run_cli(capsys, "interval", "--level-costs", "20s", "5m", "--level-mtbf", "7.5h", "30h",
+                           "--work", "3d", "--method", "formula", "learned", "search")
+    assert rc == 0, err
+    config = multilevel.LevelConfig((20.0, 300.0), (20.0, 300.0), (1 / 27000, 1 / 108000), 3 * 86400.0)
+    rows = {line.split("  ")[0]: line for line in out.splitlines()}
+    for name, pattern in (("first-order (Benoit)", multilevel.formula_pattern(config)),
+                          ("learned", learned_levels.predict(config)), ("search", multilevel.search(config))):
+        waste = float(re.search(r"([\d.]+)%$", rows[name]).group(1))
+        assert waste == pytest.approx(100 * (1 - config.work / pattern.makespan), abs=1e-3)
+        assert ", ".join(map(str, pattern.counts)) in rows[name]
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--level-costs", "20s", "5m"), "go together"),
+    (("--level-costs", "20s", "5m", "--level-mtbf", "7h"), "same number of levels"),
+    (("--level-costs", "20s", "--level-mtbf", "0"), "> 0"),
+    ((), "give --cost and --mtbf"),
+])
+def test_interval_multilevel_bad_input(capsys, args, message):
+    rc, out, err = run_cli(capsys, "interval", *args)
+    assert rc == 2 and message in err and len(err.strip().splitlines()) == 1 and out == ""
+
+
 def test_simulate_runs(capsys):
     rc, out, err = run_cli(capsys, "simulate", "--work", "1d", "--seeds", "2")
     assert rc == 0, err

@@ -11,6 +11,7 @@ each, ``local_dir/node-<k>``), which also keeps that code path tested.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 
@@ -131,6 +132,38 @@ def test_derived_flush_every_follows_benoit_et_al():
     assert derived_flush_every(0.5, 40.0, 0.85) == multilevel_intervals([0.5, 40.0], [0.85, 0.15]).counts[0]
     with pytest.raises(CheckpointError, match="local_failure_fraction"):
         derived_flush_every(1.0, 2.0, 1.0)
+
+
+def test_learned_flush_every_is_the_learned_models_ratio():
+    from hpcckpt.levels import derived_flush_every
+    from hpcckpt.policy import learned_levels, multilevel
+
+    for local, flush, f, mtbf in [(2.0, 60.0, 0.85, 86400.0), (10.0, 600.0, 0.7, 20000.0), (1.0, 1.0, 0.5, 3600.0)]:
+        config = multilevel.LevelConfig((local, flush), (local, flush), (f / mtbf, (1 - f) / mtbf), 100 * mtbf)
+        k = derived_flush_every(local, flush, f, method="learned", mtbf=mtbf)
+        assert k == learned_levels.predict(config).ratios[0] >= 1
+        # the learned ratio stays near the first-order one (the formula is close to optimal for long jobs)
+        assert abs(math.log(k / derived_flush_every(local, flush, f))) <= math.log(2)
+    with pytest.raises(CheckpointError, match="level_method"):
+        derived_flush_every(1.0, 2.0, 0.8, method="guess")
+    with pytest.raises(CheckpointError, match="level_mtbf"):
+        derived_flush_every(1.0, 2.0, 0.8, method="learned", mtbf=0)
+
+
+def test_engine_uses_the_learned_intervals_when_asked(tmp_path):
+    from hpcckpt.levels import derived_flush_every
+
+    with _serial_ck(tmp_path, level_costs=(0.5, 40.0), level_method="learned", level_mtbf=7200.0) as ck:
+        assert ck.engine.node.levels.flush_every == derived_flush_every(0.5, 40.0, 0.85, "learned", 7200.0)
+    assert json.loads((tmp_path / "root" / "levels.json").read_text())["level_method"] == "learned"
+    with pytest.raises(CheckpointError, match="level_method"):
+        _serial_ck(tmp_path, level_method="learned", flush_every=3)
+    with pytest.raises(CheckpointError, match="level_method"):
+        _serial_ck(tmp_path, level_method="neural")
+    from hpcckpt import Checkpointer
+
+    with pytest.raises(CheckpointError, match="local_dir"):
+        Checkpointer(tmp_path / "r2", asynchronous=True, level_method="learned", track_failures=False)
 
 
 def _serial_ck(tmp_path, **kw):

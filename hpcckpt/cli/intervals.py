@@ -29,10 +29,20 @@ def add_subcommands(subparsers) -> None:
     """Add ``interval`` and ``simulate`` to an ``argparse`` subparsers object."""
     p = subparsers.add_parser("interval", help="Young and Daly checkpoint intervals for a cost and MTBF",
                               description="Print the Young and Daly checkpoint intervals and the expected "
-                                          "waste of each (exponential failure model).")
-    p.add_argument("--cost", required=True, help="blocking cost of one checkpoint (e.g. 40s, 5m)")
-    p.add_argument("--mtbf", required=True, help="mean time between failures (e.g. 12h, 2d)")
+                                          "waste of each (exponential failure model); with --level-costs, the "
+                                          "per-level periods of a multi-level pattern and its expected makespan.")
+    p.add_argument("--cost", help="blocking cost of one checkpoint (e.g. 40s, 5m)")
+    p.add_argument("--mtbf", help="mean time between failures (e.g. 12h, 2d)")
     p.add_argument("--restart", default="0", help="restart cost (default 0)")
+    m = p.add_argument_group("multi-level (levels cheapest first)")
+    m.add_argument("--level-costs", nargs="+", metavar="C", help="checkpoint cost of each level (e.g. 10s 5m)")
+    m.add_argument("--level-mtbf", nargs="+", metavar="M",
+                   help="mean time between the failures that need each level (or a higher one) to recover")
+    m.add_argument("--level-restarts", nargs="+", metavar="R", help="restart cost of each level (default: its cost)")
+    m.add_argument("--work", default="7d", help="computation the job needs (default 7d)")
+    m.add_argument("--method", nargs="+", choices=("formula", "learned", "search"), default=["formula", "learned"],
+                   help="first-order formula (Benoit et al.), the learned model, the exhaustive search "
+                        "(default: formula learned)")
     p.set_defaults(func=run_interval)
 
     q = subparsers.add_parser("simulate", help="simulate a failing job under several checkpoint intervals",
@@ -65,7 +75,11 @@ def _error(cmd: str, msg: str) -> int:
 def run_interval(args) -> int:
     from ..policy import formulas
 
+    if args.level_costs is not None or args.level_mtbf is not None:
+        return _run_levels(args)
     try:
+        if args.cost is None or args.mtbf is None:
+            raise CheckpointError("give --cost and --mtbf (or --level-costs and --level-mtbf)")
         c = parse_duration(args.cost)
         m = parse_duration(args.mtbf)
         r = parse_duration(args.restart)
@@ -84,6 +98,38 @@ def run_interval(args) -> int:
     print_table(table, right={1, 2, 3})
     print("waste: share of wall-clock time lost to checkpoints, rework and restarts, "
           "exponential failures (Daly 2006 model)")
+    return 0
+
+
+def _run_levels(args) -> int:
+    """``hpcckpt interval --level-costs ... --level-mtbf ...``: the multi-level patterns of ``--method``."""
+    from ..policy import learned_levels, multilevel
+
+    methods = {"formula": ("first-order (Benoit)", multilevel.formula_pattern),
+               "learned": ("learned", learned_levels.predict), "search": ("search", multilevel.search)}
+    try:
+        if args.level_costs is None or args.level_mtbf is None:
+            raise CheckpointError("--level-costs and --level-mtbf go together")
+        costs = [parse_duration(c) for c in args.level_costs]
+        mtbfs = [parse_duration(m) for m in args.level_mtbf]
+        restarts = costs if args.level_restarts is None else [parse_duration(r) for r in args.level_restarts]
+        if any(m <= 0 for m in mtbfs):
+            raise CheckpointError("--level-mtbf values must be > 0")
+        config = multilevel.LevelConfig(tuple(costs), tuple(restarts), tuple(1.0 / m for m in mtbfs),
+                                        parse_duration(args.work))
+        found = [(methods[k][0], methods[k][1](config)) for k in dict.fromkeys(args.method)]
+    except CheckpointError as exc:
+        return _error("interval", str(exc))
+    print(f"levels: C = {', '.join(map(duration_text, costs))}; R = {', '.join(map(duration_text, restarts))}; "
+          f"MTBF per level = {', '.join(map(duration_text, mtbfs))}; work {duration_text(config.work)}")
+    table = [("METHOD", "PERIODS", "CHECKPOINTS PER TOP LEVEL", "EXPECTED MAKESPAN", "WASTE")]
+    for name, pattern in found:
+        table.append((name, ", ".join(duration_text(x) for x in pattern.periods),
+                      ", ".join(str(n) for n in pattern.counts), duration_text(pattern.makespan),
+                      f"{(1 - config.work / pattern.makespan) * 100:.3f}%"))
+    print_table(table, right={3, 4})
+    print("periods: work between two checkpoints of each level (a level's checkpoint includes the ones below); "
+          "exact expected makespan, exponential failures (docs/interval.md)")
     return 0
 
 

@@ -31,11 +31,22 @@ from ..transport.topology import NodeLayout
 
 #: Options of the asynchronous / multi-level engine (Checkpointer keyword arguments).
 ENGINE_OPTIONS = ("asynchronous", "staging_bytes", "skip_if_busy", "local_dir", "partner_every", "parity_every",
-                  "parity_group", "rs_every", "rs_group", "flush_every", "flush_bandwidth", "level_costs", "local_failure_fraction")
+                  "parity_group", "rs_every", "rs_group", "flush_every", "flush_bandwidth", "level_costs",
+                  "local_failure_fraction", "level_method", "level_mtbf")
 
 #: Fraction of failures that the node-local levels (L1 + partner copy) recover from, when the user says nothing:
 #: most failures take out one node (Moody et al., SC10, report 85% or more recoverable without the file system).
 DEFAULT_LOCAL_FAILURE_FRACTION = 0.85
+
+#: How the derived intervals are computed (``level_method=``): Benoit et al.'s first-order formula or the learned
+#: model of hpcckpt.policy.learned_levels.
+LEVEL_METHODS = ("formula", "learned")
+
+#: Platform MTBF (seconds) the learned model assumes when ``level_mtbf`` is not given (the default policy's prior).
+DEFAULT_LEVEL_MTBF = 86400.0
+
+#: Job length the learned model is asked about, in MTBFs: a long job (its ratio hardly depends on the length).
+LEARNED_WORK_MTBFS = 100.0
 
 #: Files in the shared root that describe the levels (read by ``hpcckpt ls``), written by rank 0.
 LEVELS_FILE = "levels.json"
@@ -95,25 +106,41 @@ class LevelOptions:
 
 
 def derived_flush_every(local_cost: float, flush_cost: float,
-                        local_fraction: float = DEFAULT_LOCAL_FAILURE_FRACTION) -> int:
-    """How many checkpoints per L4 flush, from Benoit et al.'s first-order multi-level optimum.
+                        local_fraction: float = DEFAULT_LOCAL_FAILURE_FRACTION, method: str = "formula",
+                        mtbf: float = DEFAULT_LEVEL_MTBF) -> int:
+    """How many checkpoints per L4 flush, from a two-level multi-level optimum.
 
     Two levels: "local" (L1 + partner copy, cost ``local_cost`` seconds) and
     L4 (cost ``flush_cost``); a fraction ``local_fraction`` of the failures is
     recoverable from the local level, the rest needs L4.  With failure rates
-    ``lambda_local = f / M`` and ``lambda_L4 = (1 - f) / M``,
-    :func:`hpcckpt.policy.multilevel_intervals` gives the integer nested pattern;
-    its ``counts[0]`` (local checkpoints per L4 checkpoint, about
-    ``sqrt(f / (1 - f) * flush_cost / local_cost)``) is ``flush_every``.  M
-    cancels out of the ratio, so only the costs and ``f`` matter; the interval
-    between checkpoints themselves stays with the Checkpointer's policy.
+    ``lambda_local = f / M`` and ``lambda_L4 = (1 - f) / M``:
+
+    * ``method="formula"``: :func:`hpcckpt.policy.multilevel_intervals` (Benoit
+      et al.'s first-order optimum) gives the integer nested pattern; its
+      ``counts[0]`` (about ``sqrt(f / (1 - f) * flush_cost / local_cost)``) is
+      ``flush_every``.  M cancels out of the ratio.
+    * ``method="learned"``: the learned model
+      (:func:`hpcckpt.policy.learned_levels.predict`) for these costs, restart
+      costs equal to them, ``M = mtbf`` and a job of
+      :data:`LEARNED_WORK_MTBFS` MTBFs; its ratio is ``flush_every``.
+
+    The interval between checkpoints themselves stays with the Checkpointer's policy.
     """
     from ..policy import multilevel_intervals
+    from ..policy.learned_levels import predict
+    from ..policy.multilevel import LevelConfig
 
     f = float(local_fraction)
     if not 0.0 < f < 1.0:
         raise CheckpointError(f"local_failure_fraction must be in (0, 1), got {local_fraction!r}")
-    costs = [max(float(local_cost), 1e-6), max(float(flush_cost), 1e-6)]
+    if method not in LEVEL_METHODS:
+        raise CheckpointError(f"level_method must be one of {LEVEL_METHODS}, got {method!r}")
+    if isinstance(mtbf, bool) or not isinstance(mtbf, (int, float)) or not 0 < mtbf < float("inf"):
+        raise CheckpointError(f"level_mtbf must be a positive number of seconds, got {mtbf!r}")
+    costs = (max(float(local_cost), 1e-6), max(float(flush_cost), 1e-6))
+    if method == "learned":
+        config = LevelConfig(costs, costs, (f / mtbf, (1.0 - f) / mtbf), LEARNED_WORK_MTBFS * mtbf)
+        return predict(config, with_makespan=False).ratios[0]
     return int(multilevel_intervals(costs, [f, 1.0 - f]).counts[0])
 
 

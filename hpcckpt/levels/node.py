@@ -36,7 +36,7 @@ from ..log import logger
 from ..names import METADATA_FILE, rank_file
 from ..storage.posix import atomic_write
 from ..transport.topology import node_layout, ranks_per_node_setting
-from . import DEFAULT_LOCAL_FAILURE_FRACTION, FLUSH_MARKER, LEVELS_FILE, LevelOptions, derived_flush_every, \
+from . import DEFAULT_LEVEL_MTBF, DEFAULT_LOCAL_FAILURE_FRACTION, FLUSH_MARKER, LEVELS_FILE, LevelOptions, derived_flush_every, \
     node_dir, node_leader, parity_groups, partners
 from .flush import FlushThread
 from .parity import ParityLevel
@@ -63,20 +63,23 @@ class NodeLevels:
 
     def __init__(self, comm, root: str, keep: int | None, local_dir, ranks_per_node, partner_every, parity_every,
                  parity_group, flush_every, flush_bandwidth, level_costs,
-                 local_failure_fraction: float = DEFAULT_LOCAL_FAILURE_FRACTION, rs_every=None, rs_group=(6, 2)):
+                 local_failure_fraction: float = DEFAULT_LOCAL_FAILURE_FRACTION, rs_every=None, rs_group=(6, 2),
+                 level_method: str = "formula", level_mtbf: float = DEFAULT_LEVEL_MTBF):
         self.comm, self.root, self.keep = comm, root, keep
         self.rank = comm.Get_rank()
         # no explicit interval: derive them (partner copy every checkpoint, flush_every from Benoit et al.'s
         # multi-level optimum with the given costs, or with the costs measured on the first checkpoint)
         self.auto_levels = partner_every is parity_every is flush_every is rs_every is None
-        if level_costs is not None and not self.auto_levels:
-            raise CheckpointError("level_costs derives partner_every/flush_every: give one or the other")
+        if (level_costs is not None or level_method != "formula") and not self.auto_levels:
+            raise CheckpointError("level_costs and level_method derive partner_every/flush_every: give one or the "
+                                  "other")
         self.local_failure_fraction = local_failure_fraction
+        self.level_method, self.level_mtbf = level_method, level_mtbf
         self.level_costs: tuple | None = None  # (local, flush) seconds the intervals were derived from
         self.levels = LevelOptions(os.fspath(local_dir), partner_every or 0, parity_every or 0, parity_group,
                                    1 if flush_every is None else flush_every, rs_every or 0, rs_group)
         if self.auto_levels:
-            derived_flush_every(1.0, 1.0, local_failure_fraction)  # validates the fraction
+            derived_flush_every(1.0, 1.0, local_failure_fraction, level_method, level_mtbf)  # validates them
             if level_costs is not None:
                 try:
                     local_cost, flush_cost = (float(c) for c in level_costs)
@@ -125,7 +128,8 @@ class NodeLevels:
                "parity_group": self.levels.parity_group, "rs_every": self.levels.rs_every,
                "rs_group": list(self.levels.rs_group), "flush_every": self.levels.flush_every,
                "derived_from_costs": list(self.level_costs) if self.level_costs else None,
-               "local_failure_fraction": self.local_failure_fraction if self.auto_levels else None}
+               "local_failure_fraction": self.local_failure_fraction if self.auto_levels else None,
+               "level_method": self.level_method if self.auto_levels else None}
         try:
             atomic_write(os.path.join(self.root, LEVELS_FILE), json.dumps(doc, indent=1).encode(), fsync=False)
         except OSError as exc:
@@ -133,12 +137,13 @@ class NodeLevels:
 
     def _derive_intervals(self, local_cost: float, flush_cost: float) -> None:
         """Set ``flush_every`` from the two levels' costs (the same inputs, hence result, on every rank)."""
-        k = derived_flush_every(local_cost, flush_cost, self.local_failure_fraction)
+        k = derived_flush_every(local_cost, flush_cost, self.local_failure_fraction, self.level_method, self.level_mtbf)
         self.level_costs = (local_cost, flush_cost)
         self.levels = dataclasses.replace(self.levels, flush_every=k)
         if self.rank == 0:
-            logger.info("multi-level intervals: local level %.3g s, L4 flush %.3g s, %.0f%% of failures local: "
-                        "flush every %d checkpoint(s)", local_cost, flush_cost, 100 * self.local_failure_fraction, k)
+            logger.info("multi-level intervals (%s): local level %.3g s, L4 flush %.3g s, %.0f%% of failures local: "
+                        "flush every %d checkpoint(s)", self.level_method, local_cost, flush_cost,
+                        100 * self.local_failure_fraction, k)
 
     def path(self, name: str) -> str:
         """A version's directory on this rank's node."""

@@ -5,7 +5,9 @@ recomputing after a failure.  This package holds the pure decision logic
 (no MPI): closed-form intervals (formulas), policy objects and the measured
 cost (policies), the persisted failure history (history) and the MTBF
 estimators (estimators), the per-job decision object (schedule), a signal
-flag (signals) and a discrete-event simulator (simulate).  See docs/interval.md.
+flag (signals) and a discrete-event simulator (simulate); multi-level patterns
+(multilevel: exact expected makespan, exhaustive search) and their learned
+intervals (learned_levels), imported on demand.  See docs/interval.md.
 """
 
 from hpcckpt.policy.estimators import (
