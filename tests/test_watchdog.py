@@ -45,7 +45,7 @@ def test_ranks_in_different_calls_raise_one_error_naming_both(tmp_path, nranks):
     raised = sorted(int(r) for r in re.findall(r"ERROR (\d+): collective calls do not match", proc.stdout))
     assert raised == list(range(nranks)), proc.stdout  # every rank raised it
     assert proc.stdout.count("rank 0 is in Checkpointer.save(step=2) (MPI allgather), rank 1 in "
-                             "Checkpointer.restore() (MPI allgather)") == nranks, proc.stdout
+                             "Checkpointer.restore() (MPI bcast)") == nranks, proc.stdout
     assert sorted(re.findall(r"DONE \d+", proc.stdout)) == [f"DONE {r}" for r in range(nranks)], proc.stdout
 
 

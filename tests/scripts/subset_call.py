@@ -54,7 +54,7 @@ def query(root: str, comm) -> None:
         print("LEVELS", lck.steps(), lck.latest(), flush=True)
     lck.close()
     comm.Barrier()
-    print("DONE", comm.rank, flush=True)
+    print(f"DONE {comm.rank}", flush=True)  # one string: lines of several ranks may interleave
 
 
 def save_on_one(root: str, comm) -> None:
@@ -82,7 +82,7 @@ def different_calls(root: str, comm) -> None:
     except hpcckpt.CheckpointError as exc:
         print(f"ERROR {comm.rank}: {exc}", flush=True)
     comm.Barrier()
-    print("DONE", comm.rank, flush=True)
+    print(f"DONE {comm.rank}", flush=True)  # one string: lines of several ranks may interleave
 
 
 def main(root: str, mode: str) -> int:
