@@ -148,12 +148,18 @@ def rebuild(gcomm, lost: int, data_path: str, size: int, parity_path: str, seg: 
         for f in (fd, pfd, out):
             if f is not None:
                 os.close(f)
-    if out is not None:
+    settle_rebuilt(out_path if out is not None else None, error)
+
+
+def settle_rebuilt(path: str | None, error: BaseException | None) -> None:
+    """After a rebuild wrote ``path + ".part"`` (None: this rank rebuilt nothing): move it into place, or remove
+    it and raise ``error`` (the rebuild's, kept until every rank finished its exchanges)."""
+    if path is not None:
         if error is None:
-            os.replace(out_path + ".part", out_path)
+            os.replace(path + ".part", path)
         else:
             try:
-                os.unlink(out_path + ".part")
+                os.unlink(path + ".part")
             except OSError:
                 pass
     if error is not None:

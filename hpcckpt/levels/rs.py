@@ -33,7 +33,7 @@ from ..errors import CheckpointError
 from ..names import rank_file, rs_parity_file
 from ..storage.posix import open_regular
 from .base import Level
-from .parity import read_clipped
+from .parity import read_clipped, settle_rebuilt
 from .rs_layout import data_stripe, holder, leader, parity_stripe, rebuild_plan, segment_bytes
 
 #: Rows of each segment moved per round (memory per rank: about 2 (k + m) times this).
@@ -226,16 +226,7 @@ def rebuild(gcomm, k: int, m: int, seg: int, tasks: list, data_path: str, size: 
         for f in (fd, pfd, out):
             if f is not None:
                 os.close(f)
-    if mine:
-        if error is None:
-            os.replace(data_path + ".part", data_path)
-        else:
-            try:
-                os.unlink(data_path + ".part")
-            except OSError:
-                pass
-    if error is not None:
-        raise error
+    settle_rebuilt(data_path if mine else None, error)
 
 
 class ReedSolomonLevel(Level):
