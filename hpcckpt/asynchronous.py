@@ -54,6 +54,7 @@ from .devices import is_device_array
 from .errors import CheckpointError
 from .levels import DEFAULT_LEVEL_MTBF, DEFAULT_LOCAL_FAILURE_FRACTION, ENGINE_OPTIONS, LevelOptions
 from .levels.node import NodeLevels
+from .levels.pmem import DEFAULT_BLOCK
 from .log import logger
 from .monitor import PhaseTimer
 from .names import parse_version_name, rank_file
@@ -72,7 +73,8 @@ def pop_engine_options(options: dict) -> dict:
 
 
 def engine_wanted(engine_options: dict) -> bool:
-    return bool(engine_options.get("asynchronous")) or engine_options.get("local_dir") is not None
+    return bool(engine_options.get("asynchronous")) or any(engine_options.get(k) is not None
+                                                            for k in ("local_dir", "pmem_dir"))
 
 
 @dataclass
@@ -108,7 +110,8 @@ class Engine:
                  parity_every: int | None = None, parity_group: int = 8, flush_every: int | None = None,
                  flush_bandwidth: float | None = None, level_costs=None,
                  local_failure_fraction: float = DEFAULT_LOCAL_FAILURE_FRACTION, rs_every: int | None = None,
-                 rs_group=(6, 2), level_method: str = "formula", level_mtbf: float = DEFAULT_LEVEL_MTBF):
+                 rs_group=(6, 2), level_method: str = "formula", level_mtbf: float = DEFAULT_LEVEL_MTBF,
+                 pmem_dir=None, pmem_every: int | None = None, pmem_block: int = DEFAULT_BLOCK):
         self.ckpt = ckpt
         self.comm = ckpt.comm
         self.rank = self.comm.Get_rank()
@@ -119,14 +122,18 @@ class Engine:
         self.skip_if_busy = bool(skip_if_busy)
         self.node: NodeLevels | None = None
         if local_dir is None:
-            if level_costs is not None or level_method != "formula":
-                raise CheckpointError("level_costs and level_method need local_dir")
+            given = [name for name, used in (("level_costs", level_costs is not None),
+                                             ("level_method", level_method != "formula"),
+                                             ("pmem_dir", pmem_dir is not None)) if used]
+            if given:
+                raise CheckpointError(f"{' and '.join(given)} {'needs' if len(given) == 1 else 'need'} local_dir")
             LevelOptions(None, partner_every or 0, parity_every or 0, parity_group, flush_every or 1, rs_every or 0,
                          rs_group)  # validates
         else:
             self.node = NodeLevels(self.comm, ckpt.root, ckpt.keep, local_dir, ckpt.options.ranks_per_node,
                                    partner_every, parity_every, parity_group, flush_every, flush_bandwidth,
-                                   level_costs, local_failure_fraction, rs_every, rs_group, level_method, level_mtbf)
+                                   level_costs, local_failure_fraction, rs_every, rs_group, level_method, level_mtbf,
+                                   pmem_dir=pmem_dir, pmem_every=pmem_every, pmem_block=pmem_block)
         self.restored_level: str | None = None
         self.pool: StagingPool | None = None
         self.pending: Pending | None = None

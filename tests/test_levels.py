@@ -54,6 +54,7 @@ def test_level_options_validate_and_intervals():
         LevelOptions(None, partner_every=1)
     lv = LevelOptions("/tmp/x", partner_every=1, parity_every=2, flush_every=3)
     due = [lv.due(i) for i in range(4)]
+    assert not any(d["pmem"] for d in due)
     assert [d["flush"] for d in due] == [True, False, False, True]
     assert [d["parity"] for d in due] == [True, False, True, False]
     assert all(d["partner"] for d in due)

@@ -11,12 +11,17 @@
 * ``rs``: Reed-Solomon parity (zfec) across groups of at least k + m ranks on
   distinct nodes (``rs_group=(k, m)``), so any m lost members of each group
   can be rebuilt (levels/rs.py).
+* PM ``pmem``: each rank's data file also kept in place in a memory-mapped
+  image on a persistent-memory (DAX) or memory file system (``pmem_dir``),
+  two crash-consistent slots updated block by block (levels/pmem.py); the
+  restore on the same ranks maps it instead of reading the L1 file.
 * L4 ``flush``: the shared root, copied from L1 in a background thread and
   committed (metadata written) at a later call into the Checkpointer.
 
 Every level holds the core's format: a version directory with ``metadata.json``
 and ``data/part-<rank>.bin`` (parity segments sit beside it in ``parity/``),
-so the ordinary reader loads from any of them.  The metadata's ``extra.levels``
+so the ordinary reader loads from any of them (PM keeps copies of data files
+only, served to the reader from the map: docs/format.md, section 10).  The metadata's ``extra.levels``
 records the node layout, partners, parity groups and file sizes that a rebuild
 needs.
 """
@@ -32,7 +37,7 @@ from ..transport.topology import NodeLayout
 #: Options of the asynchronous / multi-level engine (Checkpointer keyword arguments).
 ENGINE_OPTIONS = ("asynchronous", "staging_bytes", "skip_if_busy", "local_dir", "partner_every", "parity_every",
                   "parity_group", "rs_every", "rs_group", "flush_every", "flush_bandwidth", "level_costs",
-                  "local_failure_fraction", "level_method", "level_mtbf")
+                  "local_failure_fraction", "level_method", "level_mtbf", "pmem_dir", "pmem_every", "pmem_block")
 
 #: Fraction of failures that the node-local levels (L1 + partner copy) recover from, when the user says nothing:
 #: most failures take out one node (Moody et al., SC10, report 85% or more recoverable without the file system).
@@ -64,7 +69,8 @@ class LevelOptions:
     first checkpoint always reaches it); ``rs_every=k`` (0: never) computes
     Reed-Solomon parity for every k-th in groups of at least ``k + m`` ranks
     on distinct nodes, ``rs_group=(k, m)`` (default (6, 2): SCR's set of 8
-    tolerating 2 failures).
+    tolerating 2 failures); ``pmem_every=k`` (0: never) stores every k-th in
+    the persistent-memory tier.
     """
 
     local_dir: str | None = None
@@ -74,10 +80,11 @@ class LevelOptions:
     flush_every: int = 1
     rs_every: int = 0
     rs_group: tuple[int, int] = (6, 2)
+    pmem_every: int = 0
 
     def __post_init__(self):
         for name, low in (("partner_every", 0), ("parity_every", 0), ("flush_every", 1), ("parity_group", 2),
-                          ("rs_every", 0)):
+                          ("rs_every", 0), ("pmem_every", 0)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise CheckpointError(f"{name} must be an integer >= {low}, got {value!r}")
@@ -91,8 +98,9 @@ class LevelOptions:
             raise CheckpointError(f"rs_group must be (k, m): integers k >= 1 data and m >= 1 check shards with "
                                   f"k + m <= 256, got {self.rs_group!r}")
         object.__setattr__(self, "rs_group", (k, m))
-        if self.local_dir is None and (self.partner_every or self.parity_every or self.rs_every):
-            raise CheckpointError("partner_every/parity_every/rs_every need local_dir (the node-local level L1)")
+        if self.local_dir is None and (self.partner_every or self.parity_every or self.rs_every or self.pmem_every):
+            raise CheckpointError("partner_every/parity_every/rs_every/pmem_every need local_dir (the node-local "
+                                  "level L1)")
 
     @property
     def enabled(self) -> bool:
@@ -102,7 +110,7 @@ class LevelOptions:
         """Which levels the ``count``-th checkpoint (0-based) of this run reaches besides L1."""
         every = lambda k: bool(k) and count % k == 0  # noqa: E731
         return {"partner": every(self.partner_every), "parity": every(self.parity_every),
-                "rs": every(self.rs_every), "flush": every(self.flush_every)}
+                "rs": every(self.rs_every), "pmem": every(self.pmem_every), "flush": every(self.flush_every)}
 
 
 def derived_flush_every(local_cost: float, flush_cost: float,

@@ -4,8 +4,10 @@ Built in: :class:`~hpcckpt.levels.partner.PartnerLevel` (L2, a copy of each
 rank's file on the next node) and :class:`~hpcckpt.levels.parity.ParityLevel`
 (L3, XOR parity over groups of ranks on distinct nodes) and
 :class:`~hpcckpt.levels.rs.ReedSolomonLevel` (RS, Reed-Solomon parity: m losses
-per group of k + m); ``LEVELS`` lists
-them in the order the commit runs them.
+per group of k + m) protect against the loss of nodes;
+:class:`~hpcckpt.levels.pmem.PmemLevel` (PM, each rank's file kept in a
+persistent-memory image) against a crash of the processes only.
+``LEVELS`` lists them in the order the commit runs them.
 """
 
 from __future__ import annotations

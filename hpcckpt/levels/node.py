@@ -41,10 +41,11 @@ from . import DEFAULT_LEVEL_MTBF, DEFAULT_LOCAL_FAILURE_FRACTION, FLUSH_MARKER, 
 from .flush import FlushThread
 from .parity import ParityLevel
 from .partner import PartnerLevel
+from .pmem import DEFAULT_BLOCK, PmemImage, PmemLevel, image_path
 from .rs import ReedSolomonLevel
 
 #: The redundancy levels, in the order the commit runs them (levels/base.py).
-LEVELS = (PartnerLevel(), ParityLevel(), ReedSolomonLevel())
+LEVELS = (PartnerLevel(), ParityLevel(), ReedSolomonLevel(), PmemLevel())
 
 
 @dataclass
@@ -64,7 +65,8 @@ class NodeLevels:
     def __init__(self, comm, root: str, keep: int | None, local_dir, ranks_per_node, partner_every, parity_every,
                  parity_group, flush_every, flush_bandwidth, level_costs,
                  local_failure_fraction: float = DEFAULT_LOCAL_FAILURE_FRACTION, rs_every=None, rs_group=(6, 2),
-                 level_method: str = "formula", level_mtbf: float = DEFAULT_LEVEL_MTBF):
+                 level_method: str = "formula", level_mtbf: float = DEFAULT_LEVEL_MTBF, pmem_dir=None,
+                 pmem_every: int | None = None, pmem_block: int = DEFAULT_BLOCK):
         self.comm, self.root, self.keep = comm, root, keep
         self.rank = comm.Get_rank()
         # no explicit interval: derive them (partner copy every checkpoint, flush_every from Benoit et al.'s
@@ -76,8 +78,12 @@ class NodeLevels:
         self.local_failure_fraction = local_failure_fraction
         self.level_method, self.level_mtbf = level_method, level_mtbf
         self.level_costs: tuple | None = None  # (local, flush) seconds the intervals were derived from
+        if pmem_every is None:
+            pmem_every = 0 if pmem_dir is None else 1
+        elif pmem_every and pmem_dir is None:
+            raise CheckpointError("pmem_every needs pmem_dir (the persistent-memory tier's directory)")
         self.levels = LevelOptions(os.fspath(local_dir), partner_every or 0, parity_every or 0, parity_group,
-                                   1 if flush_every is None else flush_every, rs_every or 0, rs_group)
+                                   1 if flush_every is None else flush_every, rs_every or 0, rs_group, pmem_every)
         if self.auto_levels:
             derived_flush_every(1.0, 1.0, local_failure_fraction, level_method, level_mtbf)  # validates them
             if level_costs is not None:
@@ -105,6 +111,10 @@ class NodeLevels:
         if self.auto_levels and self.partner is not None:
             self.levels = dataclasses.replace(self.levels, partner_every=1)
         agree(comm, f"creating {self.node_dir!r}", lambda: os.makedirs(self.node_dir, exist_ok=True))
+        #: this rank's persistent-memory image (levels/pmem.py), or None without ``pmem_dir``
+        self.pmem = None if pmem_dir is None else PmemImage(
+            image_path(node_dir(os.fspath(pmem_dir), self.layout, self.rank, simulated), self.rank), self.rank,
+            comm.Get_size(), pmem_block)
         if self.rank == 0 and any(getattr(self.levels, f"{level.key}_every") and not level.available(self)
                                   for level in LEVELS):
             warnings.warn("hpcckpt: a single node: partner copies and parity protect nothing and are skipped"
@@ -127,6 +137,7 @@ class NodeLevels:
                "partner_every": self.levels.partner_every, "parity_every": self.levels.parity_every,
                "parity_group": self.levels.parity_group, "rs_every": self.levels.rs_every,
                "rs_group": list(self.levels.rs_group), "flush_every": self.levels.flush_every,
+               "pmem_every": self.levels.pmem_every,
                "derived_from_costs": list(self.level_costs) if self.level_costs else None,
                "local_failure_fraction": self.local_failure_fraction if self.auto_levels else None,
                "level_method": self.level_method if self.auto_levels else None}

@@ -2,6 +2,10 @@
 
 For each committed version, newest first:
 
+0. the persistent-memory tier (PM), when configured: if every rank's image
+   holds the version (written by as many ranks), each rank's own data file is
+   read from the mapped image, the rest as from L1; a node directory that lost
+   the version gets its files back from the map.
 1. node-local (L1): every rank lists what its node directory holds; if every
    data file is at its owner's node, load straight from there (L1).  A file
    missing at its owner but present on another node (a partner copy) is sent
@@ -34,7 +38,10 @@ from ..metadata import Metadata, parse
 from ..names import DATA_DIR, METADATA_FILE, PARITY_DIR, parity_file, parse_version_name, rank_file, \
     split_reference
 from ..metadata_file import read_metadata_bytes
+from ..storage import POSIX
+from ..storage.posix import atomic_write
 from .partner import transfer
+from .pmem import PmemStorage
 
 
 def inventory(vdir: str, references=()) -> dict[str, int]:
@@ -172,6 +179,14 @@ def restore_levels(engine, state, step, strict, cast=False):
         raise CheckpointError(f"no committed checkpoint under {ckpt.root!r} or {node.levels.local_dir!r}")
     reasons = []
     for name in names:
+        if node.pmem is not None and (name in local_sets[0] or name in root_names):
+            out, why = _try_pmem(engine, state, name, local_sets, root_names, strict, cast)
+            if why is None:
+                _report(rank, name, "PM", reasons)
+                ckpt.last_restored = ckpt.chain_base = node.path(name)
+                engine.restored_level = "PM"
+                return out
+            reasons.append(f"{name} cannot be restored from the persistent-memory tier: {why}")
         if name in local_any:
             out, level, why = _try_local(engine, state, name, local_sets, strict, cast)
             if why is None:
@@ -200,6 +215,50 @@ def _report(rank: int, name: str, level: str, reasons: list[str]) -> None:
     if rank == 0 and reasons:
         where = "the shared root (L4)" if level == "L4" else f"the node-local levels ({level})"
         warnings.warn(f"hpcckpt: restoring {name} from {where}; " + "; ".join(reasons), stacklevel=4)
+
+
+def _try_pmem(engine, state, name: str, local_sets, root_names, strict, cast=False):
+    """(restored state, None) or (None, why); collective.  Rank 0 reads the metadata from its node directory
+    (else from the root); after the load, ranks whose node directory lost their file write it from the map."""
+    comm, rank, node = engine.comm, engine.rank, engine.node
+    what = f"restore of {name} from the persistent-memory tier"
+    directory = node.path(name) if name in local_sets[0] else os.path.join(engine.ckpt.root, name)
+
+    def held():
+        try:
+            return node.pmem.holding(name) is not None
+        except OSError:
+            return False
+
+    missing = [r for r, h in enumerate(comm.allgather(held())) if not h]
+    if missing:
+        return None, (f"rank(s) {missing} hold no image of it (a tier gone, another rank count, or an older "
+                      "version)")
+    own = os.path.join(directory, rank_file(rank))
+    opened = node.pmem.open_version(name)  # None if rewritten since: this rank then reads its L1 file
+    storage = PmemStorage(own, *opened) if opened is not None else POSIX
+    try:
+        out = load_version(state, directory, comm, strict=strict, expect_step=_order(name)[0], storage=storage,
+                           cast=cast)
+        raw = comm.bcast(agree(comm, what, lambda: read_metadata_bytes(directory) if rank == 0 else None), root=0)
+        vdir = node.path(name)
+
+        def refill():
+            path = os.path.join(vdir, rank_file(rank))
+            if opened is not None and opened[1]["length"] and not os.path.isfile(path):
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                atomic_write(path, storage.mapped_bytes())
+
+        agree(comm, what + " (node-local files from the map)", refill)
+        agree(comm, what, lambda: node.leader and name not in local_sets[rank] and commit_version(vdir, raw))
+    except TemplateMismatchError:
+        raise
+    except CheckpointError as exc:
+        return None, str(exc)
+    finally:
+        if opened is not None:
+            storage.close()
+    return out, None
 
 
 def _try_local(engine, state, name: str, local_sets, strict, cast=False):
