@@ -74,7 +74,8 @@ def pop_engine_options(options: dict) -> dict:
 
 
 def engine_wanted(engine_options: dict) -> bool:
-    return bool(engine_options.get("asynchronous")) or engine_options.get("local_dir") is not None
+    return bool(engine_options.get("asynchronous")) or engine_options.get("local_dir") is not None or \
+        engine_options.get("precopy") not in (None, False)  # the engine refuses pre-copy without asynchronous
 
 
 @dataclass
@@ -376,7 +377,7 @@ class Engine:
         if chain is not None:
             chain_cache.remember(*chain)
         if self.precopy is not None:
-            self.precopy.committed(p.selection.info)
+            self.precopy.committed(p.selection.info, p.options)
         self.ckpt.chain_base = p.directory
         self._names.add(p.name)
         info = p.selection.info
@@ -478,6 +479,8 @@ class Engine:
         try:
             self.wait()
         finally:
+            if self.precopy is not None:
+                self.precopy.close()
             if self.node is not None:
                 self.node.close()
 

@@ -64,6 +64,7 @@ class PreCopy:
         self.spool = os.path.join(engine.ckpt.root, PRECOPY_DIR, f"r{self.rank:06d}")
         shutil.rmtree(self.spool, ignore_errors=True)  # left by a run that was killed between checkpoints
         self.plan: PrecopyPlan | None = None  # made at the first save (its block size is the save's)
+        self.options = None  # the SaveOptions of the last committed save (rounds describe the state with them)
         self.precopied: dict = {}
         self.rounds: list = []
         self.seconds = 0.0
@@ -80,7 +81,7 @@ class PreCopy:
     def maybe_round(self, state, step, progress: float) -> bool:
         """Run a round now if the plan wants one at ``progress``; True when one ran.  Never raises, no MPI."""
         engine = self.engine
-        if self.plan is None or engine.pending is not None or not engine.plan_cache.valid:
+        if self.options is None or engine.pending is not None or not engine.plan_cache.valid:
             return False
         if not self._absorb(block=False) or not self.plan.wants_round(progress):
             return False
@@ -98,10 +99,11 @@ class PreCopy:
         from .save_pipeline import describe  # the describe stage, as a save runs it (no MPI)
 
         engine, cache = self.engine, self.engine.plan_cache
-        options = dataclasses.replace(engine.ckpt.options, block_bytes=self.plan.block_bytes)
-        local = describe(state, engine.comm, options, step)
+        # described with the last save's options, so that an unchanged layout has the cached plan's key
+        local = describe(state, engine.comm, self.options, step)
         if local["key"] != cache.key:
             raise ValueError("the layout changed since the last save")
+        options = dataclasses.replace(self.options, block_bytes=self.plan.block_bytes)
         starts = {n: b[0] for n, b in cache.boxes.items()}
         dtypes = {n: dtype_from_json(v.dtype) for n, v in cache.variables.items()}
         entries = hash_pieces(written_parts(local["arrays"], starts, cache.replicas), cache.variables, dtypes,
@@ -148,6 +150,11 @@ class PreCopy:
                 self.precopied[keys[(variable, tuple(start))]] = (file, offset, nbytes, checksum)
         return True
 
+    @property
+    def writing(self) -> bool:
+        """Whether a round's background writer is still running on this rank."""
+        return any(not w.done for w, _ in self._writers)
+
     # --------------------------------------------------------------- the save
     def hand_over(self, directory: str) -> dict | None:
         """At a save into ``directory``: the pre-copied blocks, their files moved into the version; no MPI.
@@ -171,14 +178,23 @@ class PreCopy:
         self._reset()
         return moved
 
-    def committed(self, info: dict | None) -> None:
-        """After the commit of a save: the next interval starts, its block size from the global figures."""
+    def committed(self, info: dict | None, options) -> None:
+        """After the commit of a save with ``options``: the next interval starts, its block size from the global
+        figures of ``info`` (the version's ``extra.incremental``)."""
+        self.options = options
         if self.plan is None or not info:
             return
         total = info.get("total_bytes") or 0
         fresh = (info.get("changed_bytes") or 0) - (info.get("precopied_bytes") or 0)
         self.plan.checkpoint_done(fresh / total if total else 0.0, fresh)
         self.rounds, self.seconds = [], 0.0
+
+    def close(self) -> None:
+        """At the Checkpointer's close: wait for the round writers and remove what they wrote (no version takes it)."""
+        for writer, _ in self._writers:
+            writer.join()
+        self._writers = []
+        self._reset()
 
     def _reset(self) -> None:
         self.precopied = {}
