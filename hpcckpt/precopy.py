@@ -44,6 +44,7 @@ from .incremental import hash_pieces
 from .log import logger
 from .names import DATA_DIR, PRECOPY_DIR, precopy_file
 from .precopy_plan import PrecopyConfig, PrecopyPlan
+from .save_pipeline import describe
 from .selection import known_digests, written_parts
 from .staging import SlotQueue, stage
 
@@ -96,8 +97,6 @@ class PreCopy:
         return True
 
     def _round(self, state, step, progress: float) -> None:
-        from .save_pipeline import describe  # the describe stage, as a save runs it (no MPI)
-
         engine, cache = self.engine, self.engine.plan_cache
         # described with the last save's options, so that an unchanged layout has the cached plan's key
         local = describe(state, engine.comm, self.options, step)
