@@ -186,3 +186,26 @@ def test_precopy_under_mpi_restores_exactly_on_other_rank_counts(comm, mpi_tmp):
         _restore_all(root, saved, comm=sub, block=((start, 0), (count, COLS)))
         sub.Free()
     comm.Barrier()
+
+
+def test_precopy_of_device_arrays(tmp_path, monkeypatch):
+    """CuPy state (tests/fakecupy.py): rounds hash on the device (mix128) and stage only new blocks to the host."""
+    import fakecupy
+
+    cupy = fakecupy.install(monkeypatch)
+    rng = np.random.default_rng(5)
+    dev = cupy.asarray(rng.random((ROWS, COLS)))
+    root = str(tmp_path / "root")
+    saved = {}
+    with _checkpointer(root) as ck:
+        ck.register({"u": Block(dev, (0, 0), dev.shape)})
+        for step in range(1, 3 * EVERY + 1):
+            _compute(ck)
+            dev[int(rng.integers(0, ROWS))] += 1.0
+            before = dev.get().copy()
+            if ck.maybe_save(step) is not None:
+                saved[step] = before
+                dev += 1.0  # right after the call
+        ck.wait()
+        assert ck.last_result.incremental["precopied_bytes"] > 0
+    _restore_all(root, saved)
