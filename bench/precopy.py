@@ -62,7 +62,7 @@ def one_run(root: str, precopy: bool, changed: float, args, rng) -> list:
     every = args.every
     extra = {"precopy": True} if precopy else {}
     out = []
-    with Checkpointer(root, comm=comm, asynchronous=True, incremental=True, policy=FixedSteps(every),
+    with Checkpointer(root, comm=comm, keep=2, asynchronous=True, incremental=True, policy=FixedSteps(every),
                       block_bytes=args.block_bytes, track_failures=False, handle_signals=False, **extra) as ck:
         ck.register({"u": Block(a, (rank * rows, 0), (size * rows, args.cols))})
         rounds = 0.0

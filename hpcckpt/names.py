@@ -53,9 +53,9 @@ def parse_version_name(name: str) -> VersionName | None:
 PRECOPY_DIR = ".hpcckpt-precopy"
 
 
-def precopy_file(rank: int, round_index: int) -> str:
-    """The data file of one pre-copy round of a rank, relative to a version directory."""
-    return f"{DATA_DIR}/precopy-{rank:06d}-{round_index:02d}.bin"
+def precopy_file(rank: int, count: int) -> str:
+    """The data file of a rank's ``count``-th pre-copy round of a run, relative to a version directory."""
+    return f"{DATA_DIR}/precopy-{rank:06d}-{count:02d}.bin"
 
 
 def rank_file(rank: int) -> str:

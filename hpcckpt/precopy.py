@@ -14,9 +14,11 @@ allreduce brings from rank 0).  A round, on each rank and without MPI:
 3. hands them to a background writer (background.py) that writes one file
    ``data/precopy-<rank>-<round>.bin`` under ``ROOT/.hpcckpt-precopy/r<rank>/``.
 
-At the checkpoint, ``save`` joins the writers (normally long finished), moves
-the files into the new version's ``data/`` (a rename) and passes the blocks
-they hold to the select stage: it hashes the state *at the call* again, and a
+At the checkpoint, ``save`` takes the rounds whose writers have finished
+(it never waits for one: a round still writing is abandoned, its file removed
+as it ends, and the next intervals start their rounds earlier), moves their
+files into the new version's ``data/`` (a rename) and passes the blocks they
+hold to the select stage: it hashes the state *at the call* again, and a
 block whose content a round wrote is pointed at in that file, every other
 changed block is copied and written as usual.  Correctness never rests on the
 rounds: whatever the application changed after a round gives another content
@@ -34,7 +36,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
-import time
 
 from . import chain_cache
 from .background import BackgroundWrite
@@ -55,7 +56,7 @@ class PreCopy:
     ``precopied``: ``{Key: Location}`` of the blocks the finished rounds of
     this interval wrote (files relative to the version); ``rounds``: the rounds
     of this interval with their progress and changed fraction, for tools and
-    tests; ``seconds``: foreground time spent in rounds this interval.
+    tests.
     """
 
     def __init__(self, engine, config: PrecopyConfig):
@@ -68,9 +69,10 @@ class PreCopy:
         self.options = None  # the SaveOptions of the last committed save (rounds describe the state with them)
         self.precopied: dict = {}
         self.rounds: list = []
-        self.seconds = 0.0
         self._writers: list = []  # (BackgroundWrite, {(variable, start): Key}) of rounds not absorbed yet
-        self._files: list = []
+        self._count = 0  # rounds of this run (their file names)
+        self._late = False  # a round was still writing at the last save (its blocks were not used)
+        self._abandoned: list = []  # those writers, joined at close so that nothing writes after it
 
     def block_bytes(self, options) -> int:
         """The block size of the next save and its rounds (the plan's; the options' before the first save)."""
@@ -86,14 +88,12 @@ class PreCopy:
             return False
         if not self._absorb(block=False) or not self.plan.wants_round(progress):
             return False
-        t0 = time.perf_counter()
         try:
             self._round(state, step, progress)
         except Exception as exc:  # noqa: BLE001 - an optimisation: the checkpoint writes everything instead
             logger.warning("pre-copy round on rank %d failed (%s: %s); the checkpoint writes every changed block",
                            self.rank, type(exc).__name__, exc)
             self.plan.stopped = True
-        self.seconds += time.perf_counter() - t0
         return True
 
     def _round(self, state, step, progress: float) -> None:
@@ -118,11 +118,11 @@ class PreCopy:
         self.rounds.append((progress, changed))
         if not self.plan.round_done(progress, changed) or not dirty:
             return
-        name = precopy_file(self.rank, len(self._files))
+        name = precopy_file(self.rank, self._count)  # never reused in a run: an abandoned writer may still write
+        self._count += 1
         writer = BackgroundWrite(self.spool, name, engine.pool, SlotQueue(),
                                  EncodedPieces.for_save(cache.codecs or {}, local["summaries"], options.codec_threads),
                                  options.fsync, max(64, options.chunk_bytes), known_digests(dirty))
-        self._files.append(name)
         self._writers.append((writer, keys))
         try:
             stage([(e[0], tuple(e[1]), e[3], False) for e in dirty], engine.pool, writer.queue)
@@ -163,7 +163,10 @@ class PreCopy:
         """
         if self.plan is None:
             return None
-        self._absorb(block=True)
+        self._absorb(block=False)
+        self._late = bool(self._writers)  # still writing: abandoned, never waited for (its file is unlinked below)
+        self._abandoned = [w for w in self._abandoned if not w.done] + [w for w, _ in self._writers]
+        self._writers = []
         moved: dict = {}
         try:
             if self.precopied:
@@ -185,19 +188,18 @@ class PreCopy:
             return
         total = info.get("total_bytes") or 0
         fresh = (info.get("changed_bytes") or 0) - (info.get("precopied_bytes") or 0)
-        self.plan.checkpoint_done(fresh / total if total else 0.0, fresh)
-        self.rounds, self.seconds = [], 0.0
+        self.plan.checkpoint_done(fresh / total if total else 0.0, fresh, self._late)
+        self.rounds = []
 
     def close(self) -> None:
         """At the Checkpointer's close: wait for the round writers and remove what they wrote (no version takes it)."""
-        for writer, _ in self._writers:
+        for writer in self._abandoned + [w for w, _ in self._writers]:
             writer.join()
-        self._writers = []
+        self._writers, self._abandoned = [], []
         self._reset()
 
     def _reset(self) -> None:
         self.precopied = {}
-        self._files = []
         shutil.rmtree(self.spool, ignore_errors=True)
 
 

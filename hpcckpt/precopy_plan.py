@@ -12,7 +12,9 @@ holds its rules, free of MPI, I/O and clocks (tested with hypothesis):
   progress, measured by each round (the changed fraction since the previous
   round divided by the progress between them) and by each checkpoint (the
   fraction it found changed since the last round).
-* Rounds: the first at ``progress >= start``; each next one halfway between the
+* Rounds: the first at ``progress >= start`` (a quarter earlier after a
+  checkpoint that found a round still writing, and a stop when that happens
+  with rounds starting at 0 already: the writes are too slow for the interval); each next one halfway between the
   last and the checkpoint, while the fraction expected to change before the
   checkpoint, ``rate * (1 - progress)``, exceeds ``target`` and fewer than
   ``max_rounds`` ran.  So a slowly changing state gets one or two rounds, a
@@ -90,6 +92,7 @@ class PrecopyPlan:
     def __init__(self, config: PrecopyConfig, block_bytes: int):
         self.config = config
         self.block_bytes = min(max(int(block_bytes), config.min_block), config.max_block)
+        self.start = config.start  # moved earlier when rounds were still writing at the checkpoint
         self.rounds = 0
         self.last_progress = 0.0
         self.rate: float | None = None
@@ -102,7 +105,7 @@ class PrecopyPlan:
     def next_progress(self) -> float:
         """The progress at which the next round is due."""
         if self.rounds == 0:
-            return self.config.start
+            return self.start
         return self.last_progress + (1.0 - self.last_progress) / 2.0
 
     def wants_round(self, progress: float) -> bool:
@@ -130,18 +133,26 @@ class PrecopyPlan:
         self.skip = self.backoff
         self.backoff = min(self.backoff * 2, self.config.max_backoff)
 
-    def checkpoint_done(self, changed_fraction: float, changed_bytes: int) -> int:
+    def checkpoint_done(self, changed_fraction: float, changed_bytes: int, late: bool = False) -> int:
         """The checkpoint found ``changed_fraction`` (``changed_bytes``) of the whole state changed since the last
-        round (global figures, the same on every rank); start the next interval and return its block size."""
+        round (global figures, the same on every rank); start the next interval and return its block size.
+
+        ``late``: a round of this rank was still writing at the checkpoint (its blocks were not used): the next
+        intervals start their rounds a quarter earlier, and when they already start at 0 the writes are too slow
+        for the interval and pre-copy stops as if it did not pay.
+        """
         precopied = self.rounds > 0
-        if precopied and changed_fraction >= self.config.stop_fraction and not self.stopped:
+        if late and not self.stopped:  # the figures say nothing of the dirty rate: only the pacing changes
+            if self.start <= 0.0:
+                self._stop()
+            self.start = max(0.0, self.start - 0.25)
+        elif precopied and not self.stopped and changed_fraction >= self.config.stop_fraction:
             self._stop()
         elif precopied and not self.stopped:
             self.backoff = 1
+            self._adapt_block(changed_fraction, changed_bytes)
         elif not precopied and self.skip:
             self.skip -= 1
-        if precopied and not self.stopped:
-            self._adapt_block(changed_fraction, changed_bytes)
         self.rounds, self.last_progress, self.rate, self.stopped = 0, 0.0, None, False
         return self.block_bytes
 

@@ -85,12 +85,13 @@ def test_rounds_write_ahead_and_the_checkpoint_stores_the_values_at_the_call(tmp
     _restore_all(root, saved)
 
 
-def test_a_round_still_writing_at_the_save_is_waited_for(tmp_path, monkeypatch):
+def test_a_round_still_writing_at_the_save_is_abandoned_and_the_next_rounds_start_earlier(tmp_path, monkeypatch):
     original = file_per_rank.SequentialFile.append
+    slow_rounds = [True]
 
     def slow(self, buffer, hasher=None):
-        if "precopy-" in self.name:
-            time.sleep(0.05)
+        if "precopy-" in self.name and slow_rounds[0]:
+            time.sleep(0.2)
         return original(self, buffer, hasher)
 
     monkeypatch.setattr(file_per_rank.SequentialFile, "append", slow)
@@ -99,8 +100,14 @@ def test_a_round_still_writing_at_the_save_is_waited_for(tmp_path, monkeypatch):
     root = str(tmp_path / "root")
     with _checkpointer(root) as ck:
         ck.register({"u": Block(a, (0, 0), a.shape)})
-        saved = _run(ck, a, 3 * EVERY, rng, dirty_rows=2, rounds_too=False)
-        assert ck.last_result.incremental["precopied_bytes"] > 0
+        pc = ck.engine.precopy
+        saved = _run(ck, a, 2 * EVERY, rng, dirty_rows=2, rounds_too=False)
+        assert pc.plan.start == 0.25  # the round of the second interval was still writing at its save
+        assert ck.last_result.incremental["precopied_bytes"] == 0
+        slow_rounds[0] = False
+        saved.update(_run(ck, a, EVERY, rng, dirty_rows=1, first=2 * EVERY + 1))
+        assert pc.rounds == [] and ck.last_result.incremental["precopied_bytes"] > 0
+    assert not os.path.exists(os.path.join(root, ".hpcckpt-precopy", "r000000"))  # the abandoned file too
     _restore_all(root, saved)
 
 

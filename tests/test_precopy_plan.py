@@ -107,3 +107,14 @@ def test_block_size_halves_when_sparse_and_undoes_a_halving_that_did_not_pay():
 def test_bad_settings_are_checkpoint_errors(bad):
     with pytest.raises(CheckpointError):
         PrecopyConfig.from_option(bad)
+
+
+def test_rounds_still_writing_at_the_checkpoint_move_the_start_earlier_then_stop():
+    plan = PrecopyPlan(PrecopyConfig(start=0.5), 1 << 20)
+    starts = []
+    for _ in range(3):
+        run_interval(plan, 0.1)
+        plan.checkpoint_done(0.01, 100, late=True)
+        starts.append(plan.start)
+    assert starts == [0.25, 0.0, 0.0] and plan.skip == 1  # at 0 already: the writes are too slow, stop
+    assert run_interval(plan, 0.1) == []
