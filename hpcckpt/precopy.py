@@ -188,7 +188,9 @@ class PreCopy:
             return
         total = info.get("total_bytes") or 0
         fresh = (info.get("changed_bytes") or 0) - (info.get("precopied_bytes") or 0)
-        self.plan.checkpoint_done(fresh / total if total else 0.0, fresh, self._late)
+        fraction = fresh / total if total else 0.0
+        self.plan.checkpoint_done(fraction, self._late)
+        self.plan.adapt_block(fraction, fresh, (info.get("precopied_bytes") or 0) > 0)
         self.rounds = []
 
     def close(self) -> None:

@@ -26,9 +26,10 @@ holds its rules, free of MPI, I/O and clocks (tested with hypothesis):
   stops), after which one interval probes again.  A checkpoint that finds
   ``stop_fraction`` or more changed since its last round counts as a stop too.
 * Block size: pre-copy and its checkpoint use one block size, the same on
-  every rank (the incremental grid is global), changed only at a commit from
-  the global changed fraction the checkpoint found (identical on every rank,
-  so no message is needed): halved (down to ``min_block``) when under
+  every rank (the incremental grid is global), changed only at a commit of a
+  version that used pre-copied blocks, from the global changed fraction the
+  checkpoint found (identical on every rank, so no message is needed; never
+  from one rank's own rounds): halved (down to ``min_block``) when under
   ``low``, doubled (up to ``max_block``) when over ``high``; a halving that did
   not cut the changed bytes by a quarter is undone and not tried again.
 """
@@ -86,7 +87,7 @@ class PrecopyPlan:
 
     Per interval: :meth:`wants_round` at each call of the application, then
     :meth:`round_done` after each round; at the checkpoint's commit
-    :meth:`checkpoint_done`, which also returns the next block size.
+    :meth:`checkpoint_done` and :meth:`adapt_block` (the next block size, from global figures only).
     """
 
     def __init__(self, config: PrecopyConfig, block_bytes: int):
@@ -133,9 +134,9 @@ class PrecopyPlan:
         self.skip = self.backoff
         self.backoff = min(self.backoff * 2, self.config.max_backoff)
 
-    def checkpoint_done(self, changed_fraction: float, changed_bytes: int, late: bool = False) -> int:
-        """The checkpoint found ``changed_fraction`` (``changed_bytes``) of the whole state changed since the last
-        round (global figures, the same on every rank); start the next interval and return its block size.
+    def checkpoint_done(self, changed_fraction: float, late: bool = False) -> None:
+        """The checkpoint found ``changed_fraction`` of the whole state changed since the last round (a global
+        figure, the same on every rank); the next interval starts.
 
         ``late``: a round of this rank was still writing at the checkpoint (its blocks were not used): the next
         intervals start their rounds a quarter earlier, and when they already start at 0 the writes are too slow
@@ -150,10 +151,16 @@ class PrecopyPlan:
             self._stop()
         elif precopied and not self.stopped:
             self.backoff = 1
-            self._adapt_block(changed_fraction, changed_bytes)
         elif not precopied and self.skip:
             self.skip -= 1
         self.rounds, self.last_progress, self.rate, self.stopped = 0, 0.0, None, False
+
+    def adapt_block(self, fraction: float, changed_bytes: int, precopied_anywhere: bool) -> int:
+        """The block size of the next interval, from a checkpoint's global figures only (so that it is the same on
+        every rank, whatever each rank's rounds did): ``fraction`` and ``changed_bytes`` changed since the rounds,
+        ``precopied_anywhere``: some rank's rounds were used.  Unchanged after a checkpoint without pre-copy."""
+        if precopied_anywhere:
+            self._adapt_block(fraction, changed_bytes)
         return self.block_bytes
 
     def _adapt_block(self, fraction: float, changed_bytes: int) -> None:

@@ -46,9 +46,9 @@ def test_a_state_that_changes_everywhere_stops_and_backs_off(rate):
     run_interval(plan, rate, 100)
     if plan.stopped:  # only when what changes before the checkpoint would be most of the state
         assert plan.rate * (1 - plan.last_progress) >= config.stop_fraction
-        plan.checkpoint_done(1.0, 1 << 30)
+        plan.checkpoint_done(1.0)
         assert not plan.active and not any(plan.wants_round(p / 10) for p in range(10))  # skipped interval
-        plan.checkpoint_done(1.0, 1 << 30)
+        plan.checkpoint_done(1.0)
         assert plan.active  # then it probes again
     else:
         assert plan.rate is None or plan.rate * (1 - plan.last_progress) < config.stop_fraction
@@ -61,10 +61,10 @@ def test_everywhere_every_step_stops_after_the_second_round_and_the_backoff_doub
         run_interval(plan, 50.0)  # everything changes at every call
         assert plan.rounds <= 2
         skips.append(plan.skip)
-        plan.checkpoint_done(1.0, 1 << 30)
+        plan.checkpoint_done(1.0)
         while plan.skip:
             assert run_interval(plan, 50.0) == []
-            plan.checkpoint_done(1.0, 1 << 30)
+            plan.checkpoint_done(1.0)
     assert skips == [1, 2, 4, 8, 8, 8]
 
 
@@ -82,24 +82,33 @@ def test_the_block_size_stays_a_power_of_two_step_within_bounds(checkpoints):
     config = PrecopyConfig(min_block=1 << 16, max_block=1 << 22)
     plan = PrecopyPlan(config, 1 << 20)
     for fraction, nbytes in checkpoints:
-        plan.round_done(0.5, 0.0)
-        size = plan.checkpoint_done(fraction, nbytes)
+        size = plan.adapt_block(fraction, nbytes, True)
         assert config.min_block <= size <= config.max_block
         assert (size & (size - 1)) == 0
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(fractions, st.integers(0, 1 << 30), st.booleans()), max_size=20),
+       st.lists(st.tuples(st.floats(0.0, 5.0, allow_nan=False), st.booleans()), min_size=20, max_size=20))
+def test_the_block_size_depends_on_the_global_figures_only(checkpoints, own):
+    """Two ranks whose own rounds differ (rates, late writers) keep one block size: the grid is global."""
+    a, b = PrecopyPlan(PrecopyConfig(), 1 << 20), PrecopyPlan(PrecopyConfig(), 1 << 20)
+    for (fraction, nbytes, used), (rate, late) in zip(checkpoints, own):
+        run_interval(a, rate)
+        a.checkpoint_done(fraction, late)
+        b.checkpoint_done(fraction)
+        assert a.adapt_block(fraction, nbytes, used) == b.adapt_block(fraction, nbytes, used)
+
+
 def test_block_size_halves_when_sparse_and_undoes_a_halving_that_did_not_pay():
     plan = PrecopyPlan(PrecopyConfig(), 1 << 20)
-    plan.round_done(0.5, 0.0)
-    assert plan.checkpoint_done(0.05, 1000) == 1 << 19
-    plan.round_done(0.5, 0.0)
-    assert plan.checkpoint_done(0.05, 900) == 1 << 20  # 900 > 0.75 * 1000: back
+    assert plan.adapt_block(0.05, 1000, True) == 1 << 19
+    assert plan.adapt_block(0.05, 900, True) == 1 << 20  # 900 > 0.75 * 1000: back
     for _ in range(3):
-        plan.round_done(0.5, 0.0)
-        assert plan.checkpoint_done(0.05, 900) == 1 << 20  # and not halved again
+        assert plan.adapt_block(0.05, 900, True) == 1 << 20  # and not halved again
+    assert plan.adapt_block(0.01, 10, False) == 1 << 20  # no pre-copied block anywhere: no change
     dense = PrecopyPlan(PrecopyConfig(), 1 << 20)
-    dense.round_done(0.5, 0.0)
-    assert dense.checkpoint_done(0.4, 1000) == 1 << 21
+    assert dense.adapt_block(0.4, 1000, True) == 1 << 21
 
 
 @pytest.mark.parametrize("bad", [{"start": 1.5}, {"max_rounds": 0}, {"min_block": 8, "max_block": 4},
@@ -114,7 +123,7 @@ def test_rounds_still_writing_at_the_checkpoint_move_the_start_earlier_then_stop
     starts = []
     for _ in range(3):
         run_interval(plan, 0.1)
-        plan.checkpoint_done(0.01, 100, late=True)
+        plan.checkpoint_done(0.01, late=True)
         starts.append(plan.start)
     assert starts == [0.25, 0.0, 0.0] and plan.skip == 1  # at 0 already: the writes are too slow, stop
     assert run_interval(plan, 0.1) == []
