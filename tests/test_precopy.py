@@ -79,6 +79,9 @@ def test_rounds_write_ahead_and_the_checkpoint_stores_the_values_at_the_call(tmp
     info = results[-1].incremental
     assert info["precopied_bytes"] > 0  # rounds did write blocks of the last version ahead of it
     assert info["written_bytes"] < info["changed_bytes"]  # and the checkpoint wrote only the rest
+    # every block is written now, pre-copied, an older version's or a duplicate, and counted once
+    assert info["written_bytes"] + info["precopied_bytes"] + info["referenced_bytes"] + \
+        info["deduplicated_bytes"] == info["total_bytes"]
     assert not os.path.exists(os.path.join(root, ".hpcckpt-precopy", "r000000"))  # moved in, or removed at close
     files = os.listdir(os.path.join(results[-1].path, "data"))
     assert any(f.startswith("precopy-") for f in files) and "part-000000.bin" in files
