@@ -59,6 +59,8 @@ from .log import logger
 from .monitor import PhaseTimer
 from .names import parse_version_name, rank_file
 from .options import SaveOptions, SaveResult
+from .precopy import PreCopy
+from .precopy_plan import PrecopyConfig
 from .agreement import mismatch, replica_mismatch
 from .save_pipeline import commit_on_root, describe, is_incremental, select, with_per_rank
 from .save_plan import PlanCache, agree_plan, plan_locally, reconcile
@@ -74,7 +76,8 @@ def pop_engine_options(options: dict) -> dict:
 
 def engine_wanted(engine_options: dict) -> bool:
     return bool(engine_options.get("asynchronous")) or any(engine_options.get(k) is not None
-                                                            for k in ("local_dir", "pmem_dir"))
+                                                            for k in ("local_dir", "pmem_dir")) or \
+        engine_options.get("precopy") not in (None, False)  # the engine refuses pre-copy without asynchronous
 
 
 @dataclass
@@ -111,7 +114,7 @@ class Engine:
                  flush_bandwidth: float | None = None, level_costs=None,
                  local_failure_fraction: float = DEFAULT_LOCAL_FAILURE_FRACTION, rs_every: int | None = None,
                  rs_group=(6, 2), level_method: str = "formula", level_mtbf: float = DEFAULT_LEVEL_MTBF,
-                 pmem_dir=None, pmem_every: int | None = None, pmem_block: int = DEFAULT_BLOCK):
+                 pmem_dir=None, pmem_every: int | None = None, pmem_block: int = DEFAULT_BLOCK, precopy=None):
         self.ckpt = ckpt
         self.comm = ckpt.comm
         self.rank = self.comm.Get_rank()
@@ -142,6 +145,12 @@ class Engine:
         self.last_result: SaveResult | None = None
         self.plan_cache = PlanCache()  # the agreed plan, reused while the layout is unchanged
         self._names: set[str] = set()  # every version name that may exist (agreed on every rank)
+        self.precopy: PreCopy | None = None
+        config = PrecopyConfig.from_option(precopy)
+        if config is not None:
+            if not self.asynchronous or not is_incremental(ckpt.options) or local_dir is not None:
+                raise CheckpointError("precopy needs asynchronous=True and incremental=True, without local_dir")
+            self.precopy = PreCopy(self, config)
 
     # ------------------------------------------------------------------ save
     def save(self, state, step: int, **options) -> SaveResult | None:
@@ -184,9 +193,11 @@ class Engine:
             name = new_version_name([_entry(n) for n in self._names], step if isinstance(step, int) and not
                                     isinstance(step, bool) and 0 <= step else 0)
             directory = self._target(name)
+        precopied = self.precopy.hand_over(directory) if self.precopy is not None else None
         with timer.phase("hash" if is_incremental(opts) else "plan"):
             selection = Selection([]) if error is not None else select(
-                self.comm, what, local, self.plan_cache, opts, index, starts, per_rank_files=self.node is not None)
+                self.comm, what, local, self.plan_cache, opts, index, starts, per_rank_files=self.node is not None,
+                precopied=precopied)
         codecs = self.plan_cache.codecs if own is None else own[2]
         writer = self._writer(directory, selection, codecs, local, opts)
         self._stage(selection, writer, opts, timer, error)
@@ -215,7 +226,10 @@ class Engine:
         merged = {**self.ckpt.options.__dict__, **options}
         try:
             check_step(step)
-            return SaveOptions.from_kwargs(**merged), None
+            opts = SaveOptions.from_kwargs(**merged)
+            if self.precopy is not None:  # the rounds' block size, the same on every rank (precopy_plan.py)
+                opts = dataclasses.replace(opts, block_bytes=self.precopy.block_bytes(opts))
+            return opts, None
         except Exception as exc:  # noqa: BLE001 - agreed in the plan stage, or at the commit
             wanted = bool(merged.get("incremental")) or merged.get("base") is not None
             return dataclasses.replace(self.ckpt.options, incremental=wanted, base=None), exc
@@ -371,6 +385,8 @@ class Engine:
                                   settled.summaries if self.rank == 0 else None, all_boxes if self.rank == 0 else None)
         if chain is not None:
             chain_cache.remember(*chain)
+        if self.precopy is not None:
+            self.precopy.committed(p.selection.info, p.options)
         self.ckpt.chain_base = p.directory
         self._names.add(p.name)
         info = p.selection.info
@@ -472,6 +488,8 @@ class Engine:
         try:
             self.wait()
         finally:
+            if self.precopy is not None:
+                self.precopy.close()
             if self.node is not None:
                 self.node.close()
 

@@ -47,6 +47,16 @@ def _keep(key, index: ChainIndex) -> None:
         _INDEXES.pop(next(iter(_INDEXES)))
 
 
+def index_of(directory: str | None) -> ChainIndex | None:
+    """The index of the committed version at ``directory`` if this process holds it, else None (no MPI)."""
+    if directory is None:
+        return None
+    try:
+        return _INDEXES.get((os.path.realpath(directory), stamp(directory)))
+    except OSError:
+        return None
+
+
 def stamp(directory: str) -> tuple:
     """What tells two commits of one directory apart: the metadata file's inode, mtime and size."""
     st = os.stat(os.path.join(directory, METADATA_FILE))

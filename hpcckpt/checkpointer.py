@@ -321,9 +321,15 @@ class Checkpointer:
         """Save if :meth:`should_save` says so; the SaveResult, or None when no save was due.
 
         ``ck.maybe_save(step)`` saves the registered state (:meth:`register`).
+        With ``precopy=True`` a step at which no save is due may run a pre-copy
+        round (hpcckpt.precopy): the changed blocks written ahead of the next save.
         """
         state, step = self._state_and_step(state, step, "maybe_save")
-        return self.save(state, step, **options) if self.should_save(step) else None
+        if self.should_save(step):
+            return self.save(state, step, **options)
+        if self.engine is not None and self.engine.precopy is not None:  # no MPI: a round if one is due
+            self.engine.precopy.maybe_round(state, step, self.pacer.progress)
+        return None
 
     def should_exit(self) -> bool:
         """True on every rank once a decision was taken for a signal, the halt file or the deadline: stop now."""

@@ -302,7 +302,8 @@ def incremental_metadata(variables: dict, dtypes: dict, codecs: dict, parts: lis
     """
     files, tables = assemble(variables, dtypes, codecs, parts)
     written = sum(nbytes for p in parts for _, _, _, nbytes, _, _, _ in p["written"])
-    referenced = sum(r[3] for p in parts for r in p["refs"])
+    # rows into older versions; a ref row into a file of this version (a pre-copy file, hpcckpt.precopy) is not
+    referenced = sum(r[3] for p in parts for r in p["refs"] if split_reference(r[1]) is not None)
     deduplicated = sum(math.prod(d[3]) * dtypes[d[0]].itemsize for p in parts for d in p["dups"])
     summary = {"written_bytes": written, "referenced_bytes": referenced, "deduplicated_bytes": deduplicated}
     extra["incremental"].update(summary)

@@ -48,6 +48,16 @@ def parse_version_name(name: str) -> VersionName | None:
     return None if m is None else VersionName(int(m.group(1)), int(m.group(2) or 0))
 
 
+#: Under a root: where each rank's pre-copy rounds write before the version they belong to is named
+#: (``.hpcckpt-precopy/r<rank>/``; moved into the version by its save, hpcckpt.precopy).
+PRECOPY_DIR = ".hpcckpt-precopy"
+
+
+def precopy_file(rank: int, count: int) -> str:
+    """The data file of a rank's ``count``-th pre-copy round of a run, relative to a version directory."""
+    return f"{DATA_DIR}/precopy-{rank:06d}-{count:02d}.bin"
+
+
 def rank_file(rank: int) -> str:
     """The data file of ``rank`` under the file-per-rank strategy (and on node-local levels)."""
     return f"{DATA_DIR}/part-{rank:06d}.bin"

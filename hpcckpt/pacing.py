@@ -57,6 +57,7 @@ class Pacer:
         self.stop_reason: str | None = None
         self.history = None
         self.schedule = None
+        self.progress = 0.0  # rank 0's progress towards the next checkpoint at the last decision (pre-copy)
         if handle_signals:
             self.signals.install()
         if comm.Get_rank() == 0:
@@ -83,16 +84,23 @@ class Pacer:
         """Collective: why to save now ('signal', 'halt', 'deadline', 'interval') or None, the same on every rank."""
         self.arm()
         mine = (_SIGNAL, self.signals.signum or 0, "") if self.signals.is_set else (_NONE, 0, "")
+        progress = 0.0
         if self.schedule is not None:  # rank 0
             try:
                 reason = halt.requested(self.root)
                 if reason is not None:
                     mine = max(mine, (_HALT, 0, reason))
-                d = self.schedule.decide(time.time(), step, signalled=False)
+                now = time.time()
+                d = self.schedule.decide(now, step, signalled=False)
                 mine = max(mine, ({"deadline": _DEADLINE, "interval": _INTERVAL}.get(d.reason, _NONE), 0, ""))
+                progress = self.schedule.progress(now, step)
             except Exception as exc:  # noqa: BLE001 - a policy bug must not leave the other ranks waiting
                 warnings.warn(f"hpcckpt: the checkpoint policy failed ({exc}); not saving at step {step}")
-        code, signum, detail = mine if self.comm.Get_size() == 1 else self.comm.allreduce(mine, op=_mpi_max())
+        # rank 0's progress rides last: the tuples of the other ranks tie with rank 0's up to it unless a save
+        # is decided anyway (a signal), so MAX hands every rank rank 0's progress when it matters
+        mine = mine + (progress,)
+        code, signum, detail, self.progress = mine if self.comm.Get_size() == 1 else \
+            self.comm.allreduce(mine, op=_mpi_max())
         reason = _REASONS[code]
         if reason in FINAL and self.final_reason is None:
             self.final_reason = reason

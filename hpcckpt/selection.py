@@ -122,7 +122,7 @@ def region_digest(arr) -> str:
 
 def select_changed(comm, what: str, arrays: dict, boxes: dict, variables: dict, codecs: dict,
                    options: SaveOptions, index: ChainIndex | None, per_rank_files: bool = False,
-                   replicas: dict | None = None) -> Selection:
+                   replicas: dict | None = None, precopied: dict | None = None) -> Selection:
     """Collective: the blocks of this rank that the chain does not hold, and what the others point at.
 
     One allgather (every rank's changed and total bytes, and the keys of its
@@ -130,9 +130,12 @@ def select_changed(comm, what: str, arrays: dict, boxes: dict, variables: dict, 
     version with reusable blocks into a full one.  ``per_rank_files``
     (multi-level saves): a rank reuses only blocks of its own rank file and
     nothing is deduplicated across ranks, so every block a rank reads back on
-    its node is on that node.
+    its node is on that node.  ``precopied``: blocks this rank already wrote into files of this version ahead
+    of the call (pre-copy, hpcckpt.precopy), ``{Key: Location}`` with the file relative to the version: a
+    block found there is not written again (it counts as changed for the policy: it is new to the chain).
     """
     rank = comm.Get_rank()
+    pre = precopied or {}
     if per_rank_files and index is not None:
         index = index.restricted(rank_file(rank))
     dedup = options.dedup and not per_rank_files
@@ -142,9 +145,9 @@ def select_changed(comm, what: str, arrays: dict, boxes: dict, variables: dict, 
     entries, failure = attempt(lambda: hash_pieces(written_parts(arrays, starts, replicas), variables, dtypes,
                                                    codecs, options.block_bytes, index))
     entries = entries or []
-    new_keys = [e[4] for e in entries if e[6] is None] if dedup else None
+    new_keys = [e[4] for e in entries if e[6] is None and e[4] not in pre] if dedup else None
     mine = (sum(e[5] for e in entries), sum(e[5] for e in entries if e[6] is None), new_keys,
-            sum(1 for e in entries if e[6] is not None))
+            sum(1 for e in entries if e[6] is not None), sum(e[5] for e in entries if e[4] in pre))
     everyone = comm.allgather((failure, None if failure else mine))
     raise_if_failed(comm, what, [f for f, _ in everyone])
     everyone = [m for _, m in everyone]
@@ -155,22 +158,32 @@ def select_changed(comm, what: str, arrays: dict, boxes: dict, variables: dict, 
     keys_per_rank = [m[2] for m in everyone] if dedup else None
     if kind == "full":
         if dedup and any(m[3] for m in everyone):  # reusable blocks are written after all
-            keys_per_rank = comm.allgather([e[4] for e in entries])
+            keys_per_rank = comm.allgather([e[4] for e in entries if e[4] not in pre])
         entries = [e[:6] + (None,) for e in entries]
-    new = [e for e in entries if e[6] is None]
+    own = [e for e in entries if e[6] is None and e[4] in pre]
+    new = [e for e in entries if e[6] is None and e[4] not in pre]
     dup = duplicates(keys_per_rank, rank) if dedup else [False] * len(new)
     to_write = [e for e, d in zip(new, dup) if not d]
     info = {"kind": kind, "base": index.name if kind == "incremental" else None,
             "depth": index.depth + 1 if kind == "incremental" else 0, "reason": reason,
             "hash": HASH_ALGORITHM, "block_bytes": options.block_bytes, "total_bytes": total_bytes,
             "changed_bytes": changed_bytes}
+    if precopied is not None:
+        info["precopied_bytes"] = sum(m[4] for m in everyone)
+    return Selection(items=[(e[0], tuple(e[1]), e[3], False) for e in to_write], info=info,
+                     hashes={(e[0], tuple(e[1])): e[4][0] for e in to_write},
+                     refs=[(e[0], *e[6], e[1], e[2], e[4][0]) for e in entries if e[6] is not None]
+                     + [(e[0], *pre[e[4]], e[1], e[2], e[4][0]) for e in own],
+                     dups=[(e[0], e[4], e[1], e[2], e[4][0]) for e, d in zip(new, dup) if d],
+                     digests=known_digests(to_write), replicas=replica_digests(arrays, starts, replicas))
+
+
+def known_digests(entries) -> dict:
+    """The chunk checksums known from the content hash of hashed blocks (``hash_pieces`` entries), by
+    ``(variable, start)``: uncompressed host blocks, whose xxh3_128 is their checksum's source."""
     digests = {}
-    for e in to_write:
+    for e in entries:
         content, _, ck = e[4]
         if ck == "none" and not content.startswith(f"{blockhash.NAME}:"):  # raw bytes hashed with xxh3_128
             digests[(e[0], tuple(e[1]))] = checksum_from_xxh3_128(content, e[5])
-    return Selection(items=[(e[0], tuple(e[1]), e[3], False) for e in to_write], info=info,
-                     hashes={(e[0], tuple(e[1])): e[4][0] for e in to_write},
-                     refs=[(e[0], *e[6], e[1], e[2], e[4][0]) for e in entries if e[6] is not None],
-                     dups=[(e[0], e[4], e[1], e[2], e[4][0]) for e, d in zip(new, dup) if d], digests=digests,
-                     replicas=replica_digests(arrays, starts, replicas))
+    return digests

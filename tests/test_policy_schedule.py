@@ -232,3 +232,14 @@ def test_signal_flag_outside_main_thread_warns_and_skips():
     t.join()
     assert out == {"installed": False, "warned": True}
     assert signal.getsignal(signal.SIGUSR1) == before
+
+
+def test_progress_towards_the_next_checkpoint():
+    from hpcckpt.policy import FixedSeconds, FixedSteps, Schedule
+
+    steps = Schedule(FixedSteps(8), start_time=0.0)
+    assert [steps.progress(0.0, s) for s in (8, 9, 12, 15, 16)] == [0.0, 0.125, 0.5, 0.875, 0.0]
+    secs = Schedule(FixedSeconds(100.0), start_time=1000.0)
+    assert secs.progress(1000.0, 1) == 0.0 and secs.progress(1025.0, 2) == 0.25 and secs.progress(5000.0, 3) == 1.0
+    secs.record_save(1100.0, 3, 1.0)
+    assert secs.progress(1150.0, 4) == 0.5  # from the last save

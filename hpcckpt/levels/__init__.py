@@ -37,7 +37,8 @@ from ..transport.topology import NodeLayout
 #: Options of the asynchronous / multi-level engine (Checkpointer keyword arguments).
 ENGINE_OPTIONS = ("asynchronous", "staging_bytes", "skip_if_busy", "local_dir", "partner_every", "parity_every",
                   "parity_group", "rs_every", "rs_group", "flush_every", "flush_bandwidth", "level_costs",
-                  "local_failure_fraction", "level_method", "level_mtbf", "pmem_dir", "pmem_every", "pmem_block")
+                  "local_failure_fraction", "level_method", "level_mtbf", "pmem_dir", "pmem_every", "pmem_block",
+                  "precopy")
 
 #: Fraction of failures that the node-local levels (L1 + partner copy) recover from, when the user says nothing:
 #: most failures take out one node (Moody et al., SC10, report 85% or more recoverable without the file system).

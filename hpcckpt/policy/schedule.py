@@ -188,6 +188,23 @@ class Schedule:
         mtbf = None if isinstance(self.policy, FixedSteps) else self.mtbf(now)
         return bool(self.policy.due(now, ref_time, step, ref_step, self.cost_estimate(), mtbf))
 
+    def progress(self, now: float, step: int) -> float:
+        """How far the run is from the last checkpoint to the next one the interval policy wants, in [0, 1].
+
+        Steps for FixedSteps (``step % n / n``: its saves fall on multiples of
+        n), seconds for the others; what pre-copy (hpcckpt.precopy_plan) paces
+        its rounds by.  Pure: reads no clock and changes no estimate.
+        """
+        if isinstance(self.policy, FixedSteps):
+            return (int(step) % self.policy.n) / self.policy.n
+        ref_time = self.last_save_time if self.last_save_time is not None else self.start_time
+        if ref_time is None:
+            return 0.0
+        interval = self.policy.interval(self.cost_estimate(), self.mtbf(now))
+        if not interval or interval <= 0 or not math.isfinite(interval):
+            return 0.0
+        return min(max((float(now) - ref_time) / interval, 0.0), 1.0)
+
     def deadline_window_open(self, now: float) -> bool:
         """True once the final checkpoint must have started (``now >= deadline - margin``)."""
         if self.deadline is None:
