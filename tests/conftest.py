@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 
@@ -20,3 +21,17 @@ def mpi_tmp():
     comm.Barrier()
     if comm.rank == 0:
         shutil.rmtree(path, ignore_errors=True)
+
+
+#: Directories whose tests start their own daemons, nodes and mpiexec jobs: never collected under mpiexec.
+SERIAL_ONLY = tuple(os.path.join(os.path.dirname(os.path.abspath(__file__)), d) for d in ("slurm", "cluster"))
+
+
+def pytest_ignore_collect(collection_path, config):
+    """Skip tests/slurm and tests/cluster under mpiexec (dev.py runs ``pytest --with-mpi -m mpi`` on every rank)."""
+    try:
+        with_mpi = config.getoption("with_mpi")
+    except ValueError:
+        with_mpi = False
+    inside = any(str(collection_path) == d or str(collection_path).startswith(d + os.sep) for d in SERIAL_ONLY)
+    return True if with_mpi and inside else None

@@ -31,15 +31,6 @@ import nodecluster  # noqa: E402
 K = 4
 
 
-def pytest_ignore_collect(collection_path, config):
-    """Skip this directory under mpiexec (dev.py runs ``pytest --with-mpi -m mpi`` on every rank)."""
-    try:
-        with_mpi = config.getoption("with_mpi")
-    except ValueError:
-        with_mpi = False
-    return True if with_mpi else None
-
-
 def pytest_collection_modifyitems(items):
     for item in items:
         if str(item.fspath).startswith(HERE):

@@ -28,15 +28,6 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "slurm: runs jobs on a private SLURM cluster on localhost (tests/slurm)")
 
 
-def pytest_ignore_collect(collection_path, config):
-    """Skip this directory under mpiexec (dev.py runs ``pytest --with-mpi -m mpi`` on every rank)."""
-    try:
-        with_mpi = config.getoption("with_mpi")
-    except ValueError:
-        with_mpi = False
-    return True if with_mpi else None
-
-
 def pytest_collection_modifyitems(items):
     here = os.path.dirname(os.path.abspath(__file__))
     for item in items:
