@@ -26,6 +26,9 @@ from .watchdog import enabled as debug_enabled, unwrapped
 EXIT_STATUS = 1
 #: How long a rank with a CheckpointError waits for the others to have it too (they do within moments).
 AGREE_SECONDS = 10.0
+#: How long a rank waits between printing its error and aborting: MPI_Abort tears the job down at once, and
+#: mpiexec (MPICH's hydra) drops output it has not yet forwarded from the rank (seen under load: an empty stderr).
+DRAIN_SECONDS = 0.5
 
 
 class report_errors(contextlib.ContextDecorator):
@@ -78,6 +81,7 @@ class report_errors(contextlib.ContextDecorator):
         else:
             text = prefixed(f"[rank {rank}] ", "".join(traceback.format_exception(cls, exc, tb)))
         print(text, end="", file=sys.stderr, flush=True)
+        time.sleep(DRAIN_SECONDS)
         try:
             comm.Abort(EXIT_STATUS)
         finally:
