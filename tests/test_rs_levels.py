@@ -18,6 +18,7 @@ from hpcckpt.errors import CheckpointError
 from hpcckpt.levels.status import levels_status
 from hpcckpt.names import rank_file, rs_parity_file
 from hpcckpt.state import Block
+from metadata_tools import rewrite_metadata
 
 pytestmark = pytest.mark.mpi(min_size=2)
 
@@ -157,6 +158,30 @@ def test_a_damaged_data_file_of_a_survivor_is_rebuilt_with_a_lost_node(mpi_tmp):
     step, level, said, exact = _restore(comm, mpi_tmp)
     assert (step, level) == (2, "RS"), said
     assert comm.allgather(exact) == [True] * comm.Get_size()
+
+
+def test_check_blocks_of_another_coder_are_not_decoded_and_the_search_goes_on(mpi_tmp):
+    """A version whose ``extra.levels.rs`` names no coder (the level's earlier zfec code) with m lost nodes: its
+    check blocks are not decoded as ISA-L's; step 1, written by this coder, is rebuilt instead."""
+    comm = _comm()
+    k, m = _shape(comm)
+    _save_two(comm, mpi_tmp)
+
+    def no_coder(doc):
+        del doc["extra"]["levels"]["rs"]["coder"]
+
+    def older():
+        for r in range(m):
+            shutil.rmtree(_node(mpi_tmp, r))
+        for r in range(m, comm.Get_size()):
+            rewrite_metadata(os.path.join(_node(mpi_tmp, r), STEP2), no_coder)
+
+    _between_runs(comm, older)
+    step, level, said, exact = _restore(comm, mpi_tmp)
+    assert (step, level) == (1, "RS") and exact
+    if comm.Get_rank() == 0:
+        assert f"{STEP2} cannot be restored from the node-local levels: its Reed-Solomon check blocks were made by " \
+            "the 'zfec' code, this hpcckpt decodes 'isa_l_rs_cauchy' only" in said, said
 
 
 def test_too_few_nodes_for_the_group_is_warned_and_the_level_skipped(mpi_tmp):
