@@ -37,8 +37,10 @@ from .parity import read_clipped, settle_rebuilt
 from . import rs_coder
 from .rs_layout import data_stripe, holder, leader, parity_stripe, rebuild_plan, segment_bytes
 
-#: Rows of each segment moved per round (memory per rank: about 2 (k + m) times this).
-ROUND_BYTES = 4 << 20
+#: Rows of each segment moved per round (memory per rank: about 2 (k + m) times this).  1 MiB: the coder's
+#: k + m blocks stay in cache; 4 MiB rounds encoded 1.0-1.2x slower at the level, 256 KiB ones 1.7-2x
+#: (more, smaller messages): bench/levels.py --rs-round-kib, docs/performance.md.
+ROUND_BYTES = 1 << 20
 
 
 def _alltoallv(gcomm, sends: dict[int, list], recv_counts: dict[int, int]) -> dict[int, np.ndarray]:
