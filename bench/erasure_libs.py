@@ -25,6 +25,8 @@ import os
 import statistics
 import time
 
+import numpy as np
+
 
 def coders(k: int, m: int, blocks: list[bytes]):
     """name -> (encode(), decode()) closures over the same data; decode loses the first m data blocks."""
@@ -57,10 +59,11 @@ def coders(k: int, m: int, blocks: list[bytes]):
         out[f"pyeclib {ec_type}"] = (lambda d=driver: d.encode(payload), lambda d=driver, h=have_f: d.decode(h))
     from hpcckpt.levels import rs_coder
 
-    checks = rs_coder.encode(k, m, blocks)
+    stripe = np.frombuffer(payload, np.uint8)  # the level receives a stripe's segments contiguous, in order
+    checks = rs_coder.encode(k, m, stripe)
     shards, sources = blocks[m:] + [bytes(c) for c in checks], list(range(m, k + m))
     assert bytes(rs_coder.decode(k, m, shards, sources, 0)) == blocks[0]
-    out["hpcckpt rs_coder"] = (lambda: rs_coder.encode(k, m, blocks), lambda: rs_coder.decode(k, m, shards, sources, 0))
+    out["hpcckpt rs_coder"] = (lambda: rs_coder.encode(k, m, stripe), lambda: rs_coder.decode(k, m, shards, sources, 0))
     return out
 
 

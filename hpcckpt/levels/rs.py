@@ -37,14 +37,18 @@ from .parity import read_clipped, settle_rebuilt
 from . import rs_coder
 from .rs_layout import data_stripe, holder, leader, parity_stripe, rebuild_plan, segment_bytes
 
-#: Rows of each segment moved per round (memory per rank: about 2 (k + m) times this).  1 MiB: the coder's
-#: k + m blocks stay in cache; 4 MiB rounds encoded 1.0-1.2x slower at the level, 256 KiB ones 1.7-2x
-#: (more, smaller messages): bench/levels.py --rs-round-kib, docs/performance.md.
+#: Rows of each segment moved per round (memory per rank: about 2 (k + m) times this).  1 MiB: 4 MiB rounds
+#: encoded 1.0-1.2x slower at the level (rebuilds: mixed), 256 KiB ones 1.7-2.1x (more, smaller messages):
+#: bench/levels.py --rs-round-kib, docs/performance.md.
 ROUND_BYTES = 1 << 20
 
 
-def _alltoallv(gcomm, sends: dict[int, list], recv_counts: dict[int, int]) -> dict[int, np.ndarray]:
-    """Send the concatenated buffers ``sends[dest]`` to each dest; the bytes received from each source."""
+def _alltoallv(gcomm, sends: dict[int, list], recv_counts: dict[int, int]) -> tuple[np.ndarray, dict[int, np.ndarray]]:
+    """Send the concatenated buffers ``sends[dest]`` to each dest; ``(all bytes received, those of each source)``.
+
+    The received bytes are placed in the order of ``recv_counts``' keys (a
+    stripe leader's k segments arrive as one stripe, in position order).
+    """
     from mpi4py import MPI
 
     g = gcomm.Get_size()
@@ -52,9 +56,10 @@ def _alltoallv(gcomm, sends: dict[int, list], recv_counts: dict[int, int]) -> di
     rcounts = [recv_counts.get(s, 0) for s in range(g)]
     sbuf = np.concatenate([np.concatenate(sends[d]) for d in range(g) if scounts[d]] or [np.empty(0, np.uint8)])
     rbuf = np.empty(sum(rcounts), np.uint8)
-    sdis, rdis = np.cumsum([0] + scounts[:-1]), np.cumsum([0] + rcounts[:-1])
-    gcomm.Alltoallv([sbuf, (scounts, sdis.tolist()), MPI.BYTE], [rbuf, (rcounts, rdis.tolist()), MPI.BYTE])
-    return {s: rbuf[rdis[s]:rdis[s] + rcounts[s]] for s in range(g) if rcounts[s]}
+    rdis = dict(zip(recv_counts, np.cumsum([0] + list(recv_counts.values())[:-1]).tolist()))
+    sdis = np.cumsum([0] + scounts[:-1]).tolist()
+    gcomm.Alltoallv([sbuf, (scounts, sdis), MPI.BYTE], [rbuf, (rcounts, [rdis.get(s, 0) for s in range(g)]), MPI.BYTE])
+    return rbuf, {s: rbuf[rdis[s]:rdis[s] + n] for s, n in recv_counts.items() if n}
 
 
 def encode(gcomm, k: int, m: int, data_path: str, size: int, sizes: list[int], out_path: str, fsync: bool = True,
@@ -93,14 +98,14 @@ def encode(gcomm, k: int, m: int, data_path: str, size: int, sizes: list[int], o
                         error = exc
                 data_hash[q].update(part)
                 sends[leader(g, k, data_stripe(g, j, q))] = [part]
-            got = _alltoallv(gcomm, sends, {holder(g, mine, q): r for q in range(k)})
+            stripe, _ = _alltoallv(gcomm, sends, {holder(g, mine, q): r for q in range(k)})
             try:
-                blocks = rs_coder.encode(k, m, [got[holder(g, mine, q)] for q in range(k)])
+                blocks = rs_coder.encode(k, m, stripe)
             except Exception as exc:  # noqa: BLE001 - finish the exchanges, raise afterwards
                 error = error or exc
                 blocks = [bytes(r)] * m
             fro = [leader(g, k, parity_stripe(g, k, j, t)) for t in range(m)]  # who encodes my check block t
-            got = _alltoallv(gcomm, {holder(g, mine, k + t): [np.frombuffer(blocks[t], np.uint8)]
+            _, got = _alltoallv(gcomm, {holder(g, mine, k + t): [np.frombuffer(blocks[t], np.uint8)]
                                      for t in range(1, m)}, {fro[t]: r for t in range(1, m)})
             for t in range(m):
                 block = blocks[0] if t == 0 else got[fro[t]]
@@ -197,7 +202,7 @@ def rebuild(gcomm, k: int, m: int, seg: int, tasks: list, data_path: str, size: 
             for s, _, sources in mine:
                 for q in sources:
                     counts[holder(g, s, q)] = counts.get(holder(g, s, q), 0) + r
-            got = _alltoallv(gcomm, sends, counts)
+            _, got = _alltoallv(gcomm, sends, counts)
             used = dict.fromkeys(got, 0)
             for s, _, sources in mine:
                 blocks = []

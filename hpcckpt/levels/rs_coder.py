@@ -7,10 +7,10 @@ one data segment.  PyECLib (liberasurecode with Intel ISA-L, bundled in its
 wheel) encodes one payload into k + m *fragments*, each a liberasurecode
 header followed by the block, and decodes only such fragments.  So:
 
-* encoding passes the k segments, concatenated, as the payload: the code is
-  systematic and a payload of k * r bytes becomes k data fragments that are
-  exactly the segments, and m check fragments whose blocks (the last r bytes)
-  are the check blocks;
+* encoding passes the k segments, contiguous (levels/rs.py receives them so),
+  as the payload: the code is systematic and a payload of k * r bytes becomes
+  k data fragments that are exactly the segments, and m check fragments whose
+  blocks (the last r bytes) are the check blocks;
 * decoding puts each shard behind the header the library itself wrote for a
   fragment at that position of a payload of the same size.  With no fragment
   checksum (the driver's default), a header depends only on the position and
@@ -29,6 +29,8 @@ and Swift document it), its Cauchy matrix is, for any k + m <= 256.
 from __future__ import annotations
 
 import functools
+
+import numpy as np
 
 #: The code that makes the check blocks, as PyECLib names it; recorded in ``extra.levels.rs.coder``.
 CODER = "isa_l_rs_cauchy"
@@ -54,11 +56,21 @@ def driver(k: int, m: int):
     return ECDriver(k=k, m=m, ec_type=CODER)
 
 
-def encode(k: int, m: int, segments: list) -> list[memoryview]:
-    """The m check blocks of one stripe whose k data ``segments`` (buffers of r bytes each) are given."""
-    r = memoryview(segments[0]).nbytes
-    fragments = driver(k, m).encode(b"".join(segments))
-    return [memoryview(f)[len(f) - r:] for f in fragments[k:]]
+def encode(k: int, m: int, stripe: np.ndarray) -> list[memoryview]:
+    """The m check blocks of a stripe: ``stripe``, a contiguous uint8 array, is its k data segments in order.
+
+    The array is handed to the library as it is (no copy: PyECLib's ``y#``
+    argument takes numpy arrays, though not memoryviews or bytearrays, which
+    carry a buffer-release hook); the last data fragment is compared with the
+    last segment, so a library that framed its fragments otherwise is found.
+    """
+    r = stripe.nbytes // k
+    fragments = driver(k, m).encode(stripe)
+    blocks = [memoryview(f)[len(f) - r:] for f in fragments]
+    if blocks[k - 1] != memoryview(stripe[(k - 1) * r:]):  # a library that pads or moves the block
+        raise RuntimeError(f"PyECLib {CODER} fragments are not a header followed by the block here: the check "
+                           "blocks cannot be taken from them")
+    return blocks[k:]
 
 
 @functools.lru_cache(maxsize=16)
