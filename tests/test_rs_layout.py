@@ -165,5 +165,22 @@ def test_fragment_headers_do_not_depend_on_the_bytes():
     assert all(len(f) > r for f in zeros)  # framed: the library's own header before the block
 
 
+def test_a_library_that_frames_fragments_otherwise_is_refused(monkeypatch):
+    """The coder takes each block from the end of its fragment; a fragment with bytes after the block (padding)
+    must stop the encoding rather than yield wrong check blocks."""
+    real = rs_coder.driver
+
+    class Padded:
+        def __init__(self, k, m):
+            self.inner = real(k, m)
+
+        def encode(self, payload):
+            return [f + b"\0" * 16 for f in self.inner.encode(payload)]
+
+    monkeypatch.setattr(rs_coder, "driver", Padded)
+    with pytest.raises(RuntimeError, match="not a header followed by the block"):
+        rs_coder.encode(3, 2, _stripe([os.urandom(64) for _ in range(3)]))
+
+
 def test_the_coder_is_available_here():
     assert rs_coder.missing() is None

@@ -67,7 +67,7 @@ def encode(k: int, m: int, stripe: np.ndarray) -> list[memoryview]:
     r = stripe.nbytes // k
     fragments = driver(k, m).encode(stripe)
     blocks = [memoryview(f)[len(f) - r:] for f in fragments]
-    if blocks[k - 1] != memoryview(stripe[(k - 1) * r:]):  # a library that pads or moves the block
+    if not np.array_equal(np.frombuffer(blocks[k - 1], np.uint8), stripe[(k - 1) * r:]):  # pads or moves it
         raise RuntimeError(f"PyECLib {CODER} fragments are not a header followed by the block here: the check "
                            "blocks cannot be taken from them")
     return blocks[k:]
