@@ -106,7 +106,7 @@ def encode(gcomm, k: int, m: int, data_path: str, size: int, sizes: list[int], o
                 blocks = [bytes(r)] * m
             fro = [leader(g, k, parity_stripe(g, k, j, t)) for t in range(m)]  # who encodes my check block t
             _, got = _alltoallv(gcomm, {holder(g, mine, k + t): [np.frombuffer(blocks[t], np.uint8)]
-                                     for t in range(1, m)}, {fro[t]: r for t in range(1, m)})
+                                        for t in range(1, m)}, {fro[t]: r for t in range(1, m)})
             for t in range(m):
                 block = blocks[0] if t == 0 else got[fro[t]]
                 parity_hash[t].update(block)
