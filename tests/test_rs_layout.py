@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -15,6 +16,7 @@ import rs_spec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hpcckpt import Checkpointer
 from hpcckpt.errors import CheckpointError
 from hpcckpt.levels import LevelOptions, parity_groups, rs_coder
 from hpcckpt.levels.rs_layout import check_shape, data_stripe, holder, leader, parity_stripe, rebuild_plan, \
@@ -184,3 +186,10 @@ def test_a_library_that_frames_fragments_otherwise_is_refused(monkeypatch):
 
 def test_the_coder_is_available_here():
     assert rs_coder.missing() is None
+
+
+def test_without_pyeclib_rs_every_is_refused_with_the_install_line(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "pyeclib.ec_iface", None)  # `from pyeclib.ec_iface import ...` fails
+    assert "pip install 'hpcckpt[rs]'" in rs_coder.missing()
+    with pytest.raises(CheckpointError, match=r"rs_every needs the PyECLib library: pip install 'hpcckpt\[rs\]'"):
+        Checkpointer(str(tmp_path / "root"), local_dir=str(tmp_path / "local"), rs_every=1, track_failures=False)
