@@ -7,7 +7,10 @@ Encodes k blocks of ``--mib`` MiB each into m check blocks, and decodes with
 m data blocks lost, with every library importable here: zfec (block API:
 the k blocks in, the m check blocks out) and PyECLib with each Reed-Solomon
 backend its wheel can load (``liberasurecode_rs_vand``, ``isa_l_rs_vand``,
-``isa_l_rs_cauchy``; its API takes one payload and returns framed fragments).
+``isa_l_rs_cauchy``; its API takes one payload and returns framed fragments),
+and the level's own path, ``hpcckpt rs_coder`` (levels/rs_coder.py: ISA-L's
+Cauchy code on plain blocks; its decode frames k shards with the library's
+headers and rebuilds the first lost data block only).
 Rounds alternate the libraries; each figure is the median over repeats of
 the data bytes (k blocks) per second, and ``vs zfec`` the median of the
 paired ratio of times.  Every decode is checked against the input.  A
@@ -21,6 +24,8 @@ import json
 import os
 import statistics
 import time
+
+import numpy as np
 
 
 def coders(k: int, m: int, blocks: list[bytes]):
@@ -52,6 +57,13 @@ def coders(k: int, m: int, blocks: list[bytes]):
         have_f = fragments[m:]
         assert driver.decode(have_f) == payload
         out[f"pyeclib {ec_type}"] = (lambda d=driver: d.encode(payload), lambda d=driver, h=have_f: d.decode(h))
+    from hpcckpt.levels import rs_coder
+
+    stripe = np.frombuffer(payload, np.uint8)  # the level receives a stripe's segments contiguous, in order
+    checks = rs_coder.encode(k, m, stripe)
+    shards, sources = blocks[m:] + [bytes(c) for c in checks], list(range(m, k + m))
+    assert bytes(rs_coder.decode(k, m, shards, sources, 0)) == blocks[0]
+    out["hpcckpt rs_coder"] = (lambda: rs_coder.encode(k, m, stripe), lambda: rs_coder.decode(k, m, shards, sources, 0))
     return out
 
 

@@ -12,7 +12,8 @@ and messages, not a disk), then every repeat runs, in an order that rotates
 from repeat to repeat:
 
 * ``encode``: XOR parity (one member's loss), and Reed-Solomon for each
-  ``--codes`` (k, m) with k + m <= ranks;
+  ``--codes`` (k, m) with k + m <= ranks (and, with ``--rs-round-kib``, for
+  each of those round sizes instead of the level's ``rs.ROUND_BYTES``);
 * ``rebuild``: XOR rebuilding one lost member; Reed-Solomon rebuilding one
   lost member and m lost members (the lost ranks receive, the others send).
 
@@ -39,7 +40,7 @@ import numpy as np
 from mpi4py import MPI
 
 from benchutil import print_table
-from hpcckpt.levels import parity, rs
+from hpcckpt.levels import parity, rs, rs_coder
 from hpcckpt.levels.rs_layout import rebuild_plan, segment_bytes
 
 
@@ -56,6 +57,8 @@ def main() -> None:
     ap.add_argument("--size-mib", type=float, default=64)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--codes", default="3+1,2+2", help="Reed-Solomon (k, m) pairs as k+m, comma separated")
+    ap.add_argument("--rs-round-kib", default="", help="Reed-Solomon rounds to compare, KiB, comma separated "
+                    "(default: the level's own, rs.ROUND_BYTES)")
     ap.add_argument("--dir", default="/dev/shm")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
@@ -63,6 +66,7 @@ def main() -> None:
     rank, n = comm.Get_rank(), comm.Get_size()
     codes = [tuple(int(x) for x in c.split("+")) for c in args.codes.split(",") if c]
     codes = [(k, m) for k, m in codes if k + m <= n]
+    rounds = [int(x) << 10 for x in args.rs_round_kib.split(",") if x] or [rs.ROUND_BYTES]
     work = comm.bcast(tempfile.mkdtemp(prefix="hpcckpt-levels-", dir=args.dir) if rank == 0 else None)
     size = int(args.size_mib * (1 << 20))
     sizes = [size] * n
@@ -84,10 +88,10 @@ def main() -> None:
         seg = parity.segment_bytes(sizes)
         parity.rebuild(comm, n - 1, mine, size, xor_parity, seg, size, rebuilt, fsync=False)
 
-    def rs_encode(k, m):
-        return lambda: rs.encode(comm, k, m, mine, size, sizes, rs_parity, fsync=False)
+    def rs_encode(k, m, rb):
+        return lambda: rs.encode(comm, k, m, mine, size, sizes, rs_parity, fsync=False, round_bytes=rb)
 
-    def rs_rebuild(k, m, lost):
+    def rs_rebuild(k, m, lost, rb):
         seg = segment_bytes(sizes, k)
         erased = {(j, kind, i) for j in lost for kind, count in (("data", k), ("parity", m)) for i in range(count)}
         tasks, _ = rebuild_plan(n, k, m, erased)
@@ -97,7 +101,7 @@ def main() -> None:
             target = rebuilt if rank in lost else mine
             if rank in lost and os.path.exists(rebuilt):
                 os.unlink(rebuilt)
-            rs.rebuild(comm, k, m, seg, tasks, target, size, rs_parity, size, fsync=False)
+            rs.rebuild(comm, k, m, seg, tasks, target, size, rs_parity, size, fsync=False, round_bytes=rb)
         return run
 
     rows = {}  # name -> (kind, bytes per timing, [seconds])
@@ -106,7 +110,8 @@ def main() -> None:
         rows.setdefault(name, (kind, nbytes, []))[2].append(seconds)
 
     for rep in range(args.repeats):
-        cases = [("XOR", None)] + [(f"RS k={k} m={m}", (k, m)) for k, m in codes]
+        cases = [("XOR", None)] + [(f"RS k={k} m={m}" + (f", {rb >> 10} KiB rounds" if len(rounds) > 1 else ""),
+                                    (k, m, rb)) for k, m in codes for rb in rounds]
         shift = rep % len(cases)
         for name, code in cases[shift:] + cases[:shift]:
             if code is None:
@@ -121,17 +126,19 @@ def main() -> None:
                 if not all(comm.allgather(ok)):
                     raise SystemExit("XOR rebuild differs from the original")
                 continue
-            k, m = code
-            record(name, "encode", size, timed(comm, rs_encode(k, m)))
+            k, m, rb = code
+            record(name, "encode", size, timed(comm, rs_encode(k, m, rb)))
             for lost in sorted({(n - 1,), tuple(range(n - m, n))}):
-                record(f"{name}, {len(lost)} lost", "rebuild", size * len(lost), timed(comm, rs_rebuild(k, m, lost)))
+                record(f"{name}, {len(lost)} lost", "rebuild", size * len(lost),
+                       timed(comm, rs_rebuild(k, m, lost, rb)))
                 if rank in lost:
                     check(rebuilt)
                 else:
                     comm.allgather(True)
     if rank == 0:
         base = {"encode": rows["XOR"][2], "rebuild": rows["XOR, 1 lost"][2]}
-        table, out = [], {"ranks": n, "size_mib": args.size_mib, "repeats": args.repeats, "rows": []}
+        table, out = [], {"ranks": n, "size_mib": args.size_mib, "repeats": args.repeats, "rs_round_bytes": rounds,
+                          "rs_coder": rs_coder.CODER, "rows": []}
         for name, (kind, nbytes, secs) in sorted(rows.items(), key=lambda item: item[1][0] == "rebuild"):
             med = statistics.median(secs)
             ratio = statistics.median(s / b for s, b in zip(secs, base[kind]))

@@ -18,6 +18,8 @@ from hpcckpt.errors import CheckpointError
 from hpcckpt.levels.status import levels_status
 from hpcckpt.names import rank_file, rs_parity_file
 from hpcckpt.state import Block
+import rs_spec
+from metadata_tools import rewrite_metadata
 
 pytestmark = pytest.mark.mpi(min_size=2)
 
@@ -157,6 +159,56 @@ def test_a_damaged_data_file_of_a_survivor_is_rebuilt_with_a_lost_node(mpi_tmp):
     step, level, said, exact = _restore(comm, mpi_tmp)
     assert (step, level) == (2, "RS"), said
     assert comm.allgather(exact) == [True] * comm.Get_size()
+
+
+def test_check_blocks_of_another_coder_are_not_decoded_and_the_search_goes_on(mpi_tmp):
+    """A version whose ``extra.levels.rs`` names no coder (the level's earlier zfec code) with m lost nodes: its
+    check blocks are not decoded as ISA-L's; step 1, written by this coder, is rebuilt instead."""
+    comm = _comm()
+    k, m = _shape(comm)
+    _save_two(comm, mpi_tmp)
+
+    def no_coder(doc):
+        del doc["extra"]["levels"]["rs"]["coder"]
+
+    def older():
+        for r in range(m):
+            shutil.rmtree(_node(mpi_tmp, r))
+        for r in range(m, comm.Get_size()):
+            rewrite_metadata(os.path.join(_node(mpi_tmp, r), STEP2), no_coder)
+
+    _between_runs(comm, older)
+    step, level, said, exact = _restore(comm, mpi_tmp)
+    assert (step, level) == (1, "RS") and exact
+    if comm.Get_rank() == 0:
+        assert f"{STEP2} cannot be restored from the node-local levels: its Reed-Solomon check blocks were made by " \
+            "the 'zfec' code, this hpcckpt decodes 'isa_l_rs_cauchy' only" in said, said
+
+
+def test_the_files_are_what_format_md_section_11_says(mpi_tmp):
+    """Every stripe of step 2, read as docs/format.md section 11 lays it out (tests/rs_spec.py, no hpcckpt):
+    the checksums match, the check blocks are the section's code of the data, and the last k positions alone
+    (every check block among them) give the data back."""
+    comm = _comm()
+    _save_two(comm, mpi_tmp)
+    comm.Barrier()
+    if comm.Get_rank() == 0:
+        spec = rs_spec.read_version(os.path.join(_node(mpi_tmp, 0), STEP2),
+                                    lambda r: os.path.join(_node(mpi_tmp, r), STEP2))
+        rs, shards = spec["rs"], spec["shards"]
+        k, m = rs["k"], rs["m"]
+        assert rs["coder"] == "isa_l_rs_cauchy" and rs["groups"] == [list(range(comm.Get_size()))]
+        for gi, group in enumerate(rs["groups"]):
+            g = len(group)
+            for s in range(g):
+                def shard(p):
+                    segments, checks = shards[gi, rs_spec.shard_holder(g, s, p)]
+                    return segments[p] if p < k else checks[p - k]
+
+                data = [shard(p) for p in range(k)]
+                assert rs_spec.check_blocks(k, m, data) == [shard(p) for p in range(k, k + m)], s
+                assert rs_spec.solve(k, m, list(range(m, k + m)), [shard(p) for p in range(m, k + m)]) == data, s
+    comm.Barrier()
 
 
 def test_too_few_nodes_for_the_group_is_warned_and_the_level_skipped(mpi_tmp):

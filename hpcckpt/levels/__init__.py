@@ -8,7 +8,7 @@
 * L3 ``parity``: XOR parity across groups of ranks on distinct nodes (SCR's
   distributed XOR: rank i of a group of g stores one segment of parity), so
   any one lost member of each group can be rebuilt.
-* ``rs``: Reed-Solomon parity (zfec) across groups of at least k + m ranks on
+* ``rs``: Reed-Solomon parity (ISA-L via PyECLib) across groups of at least k + m ranks on
   distinct nodes (``rs_group=(k, m)``), so any m lost members of each group
   can be rebuilt (levels/rs.py).
 * PM ``pmem``: each rank's data file also kept in place in a memory-mapped

@@ -20,7 +20,6 @@ commit then calls, in this order and on every rank:
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 import os
 import shutil
@@ -41,6 +40,7 @@ from . import DEFAULT_LEVEL_MTBF, DEFAULT_LOCAL_FAILURE_FRACTION, FLUSH_MARKER, 
 from .flush import FlushThread
 from .parity import ParityLevel
 from .partner import PartnerLevel
+from . import rs_coder
 from .pmem import DEFAULT_BLOCK, PmemImage, PmemLevel, image_path
 from .rs import ReedSolomonLevel
 
@@ -105,8 +105,10 @@ class NodeLevels:
         self.leader = node_leader(self.layout, self.rank)
         self.partner = partners(self.layout)
         self.groups = parity_groups(self.layout, self.levels.parity_group)
-        if self.levels.rs_every and importlib.util.find_spec("zfec") is None:
-            raise CheckpointError("rs_every needs the zfec library: pip install 'hpcckpt[rs]' (or zfec)")
+        if self.levels.rs_every:  # the same refusal on every rank, even if only one lacks the library
+            why = next((w for w in comm.allgather(rs_coder.missing()) if w is not None), None)
+            if why is not None:
+                raise CheckpointError(why)
         self.rs_groups = parity_groups(self.layout, sum(self.levels.rs_group), least=sum(self.levels.rs_group))
         if self.auto_levels and self.partner is not None:
             self.levels = dataclasses.replace(self.levels, partner_every=1)

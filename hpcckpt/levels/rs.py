@@ -1,9 +1,9 @@
 """Reed-Solomon parity across groups of ranks on distinct nodes: any m lost members of each group are rebuilt.
 
 The shard layout (which member holds which data segment and check block of
-which stripe) is levels/rs_layout.py; the arithmetic is zfec's (Rizzo's
-systematic Vandermonde Reed-Solomon code over GF(2^8)), on blocks that this
-module moves over MPI:
+which stripe) is levels/rs_layout.py; the arithmetic is levels/rs_coder.py's
+(ISA-L's systematic Cauchy Reed-Solomon code over GF(2^8), through PyECLib),
+on blocks that this module moves over MPI:
 
 * encoding, per round of ``ROUND_BYTES`` rows of every segment: each member
   sends its k segments to the k stripe leaders (one ``Alltoallv``), each
@@ -34,14 +34,21 @@ from ..names import rank_file, rs_parity_file
 from ..storage.posix import open_regular
 from .base import Level
 from .parity import read_clipped, settle_rebuilt
+from . import rs_coder
 from .rs_layout import data_stripe, holder, leader, parity_stripe, rebuild_plan, segment_bytes
 
-#: Rows of each segment moved per round (memory per rank: about 2 (k + m) times this).
-ROUND_BYTES = 4 << 20
+#: Rows of each segment moved per round (memory per rank: about 2 (k + m) times this).  1 MiB: 4 MiB rounds
+#: encoded 1.0-1.2x slower at the level (rebuilds: mixed), 256 KiB ones 1.7-2.1x (more, smaller messages):
+#: bench/levels.py --rs-round-kib, docs/performance.md.
+ROUND_BYTES = 1 << 20
 
 
-def _alltoallv(gcomm, sends: dict[int, list], recv_counts: dict[int, int]) -> dict[int, np.ndarray]:
-    """Send the concatenated buffers ``sends[dest]`` to each dest; the bytes received from each source."""
+def _alltoallv(gcomm, sends: dict[int, list], recv_counts: dict[int, int]) -> tuple[np.ndarray, dict[int, np.ndarray]]:
+    """Send the concatenated buffers ``sends[dest]`` to each dest; ``(all bytes received, those of each source)``.
+
+    The received bytes are placed in the order of ``recv_counts``' keys (a
+    stripe leader's k segments arrive as one stripe, in position order).
+    """
     from mpi4py import MPI
 
     g = gcomm.Get_size()
@@ -49,9 +56,10 @@ def _alltoallv(gcomm, sends: dict[int, list], recv_counts: dict[int, int]) -> di
     rcounts = [recv_counts.get(s, 0) for s in range(g)]
     sbuf = np.concatenate([np.concatenate(sends[d]) for d in range(g) if scounts[d]] or [np.empty(0, np.uint8)])
     rbuf = np.empty(sum(rcounts), np.uint8)
-    sdis, rdis = np.cumsum([0] + scounts[:-1]), np.cumsum([0] + rcounts[:-1])
-    gcomm.Alltoallv([sbuf, (scounts, sdis.tolist()), MPI.BYTE], [rbuf, (rcounts, rdis.tolist()), MPI.BYTE])
-    return {s: rbuf[rdis[s]:rdis[s] + rcounts[s]] for s in range(g) if rcounts[s]}
+    rdis = dict(zip(recv_counts, np.cumsum([0] + list(recv_counts.values())[:-1]).tolist()))
+    sdis = np.cumsum([0] + scounts[:-1]).tolist()
+    gcomm.Alltoallv([sbuf, (scounts, sdis), MPI.BYTE], [rbuf, (rcounts, [rdis.get(s, 0) for s in range(g)]), MPI.BYTE])
+    return rbuf, {s: rbuf[rdis[s]:rdis[s] + n] for s, n in recv_counts.items() if n}
 
 
 def encode(gcomm, k: int, m: int, data_path: str, size: int, sizes: list[int], out_path: str, fsync: bool = True,
@@ -60,12 +68,9 @@ def encode(gcomm, k: int, m: int, data_path: str, size: int, sizes: list[int], o
 
     Returns ``(S, checksums of my k data segments, checksums of my m check blocks)``.
     """
-    import zfec
-
     g, j = gcomm.Get_size(), gcomm.Get_rank()
     seg = segment_bytes(sizes, k)
     mine = (j - k) % g  # the stripe this member leads
-    coder = zfec.Encoder(k, k + m)
     data_hash = [xxhash.xxh3_64() for _ in range(k)]
     parity_hash = [xxhash.xxh3_64() for _ in range(m)]
     error = None
@@ -93,16 +98,15 @@ def encode(gcomm, k: int, m: int, data_path: str, size: int, sizes: list[int], o
                         error = exc
                 data_hash[q].update(part)
                 sends[leader(g, k, data_stripe(g, j, q))] = [part]
-            got = _alltoallv(gcomm, sends, {holder(g, mine, q): r for q in range(k)})
+            stripe, _ = _alltoallv(gcomm, sends, {holder(g, mine, q): r for q in range(k)})
             try:
-                blocks = coder.encode(tuple(memoryview(got[holder(g, mine, q)]) for q in range(k)),
-                                      tuple(range(k, k + m)))
+                blocks = rs_coder.encode(k, m, stripe)
             except Exception as exc:  # noqa: BLE001 - finish the exchanges, raise afterwards
                 error = error or exc
                 blocks = [bytes(r)] * m
             fro = [leader(g, k, parity_stripe(g, k, j, t)) for t in range(m)]  # who encodes my check block t
-            got = _alltoallv(gcomm, {holder(g, mine, k + t): [np.frombuffer(blocks[t], np.uint8)]
-                                     for t in range(1, m)}, {fro[t]: r for t in range(1, m)})
+            _, got = _alltoallv(gcomm, {holder(g, mine, k + t): [np.frombuffer(blocks[t], np.uint8)]
+                                        for t in range(1, m)}, {fro[t]: r for t in range(1, m)})
             for t in range(m):
                 block = blocks[0] if t == 0 else got[fro[t]]
                 parity_hash[t].update(block)
@@ -158,11 +162,8 @@ def rebuild(gcomm, k: int, m: int, seg: int, tasks: list, data_path: str, size: 
     member sends the shards the tasks take from it (``size``: its data file's
     size; ``parity_path``: its check blocks).
     """
-    import zfec
-
     g, j = gcomm.Get_size(), gcomm.Get_rank()
     mine = [t for t in tasks if t[1] == j]
-    coder = zfec.Decoder(k, k + m)
     error = None
     fd = pfd = out = None
     try:
@@ -201,7 +202,7 @@ def rebuild(gcomm, k: int, m: int, seg: int, tasks: list, data_path: str, size: 
             for s, _, sources in mine:
                 for q in sources:
                     counts[holder(g, s, q)] = counts.get(holder(g, s, q), 0) + r
-            got = _alltoallv(gcomm, sends, counts)
+            _, got = _alltoallv(gcomm, sends, counts)
             used = dict.fromkeys(got, 0)
             for s, _, sources in mine:
                 blocks = []
@@ -214,7 +215,7 @@ def rebuild(gcomm, k: int, m: int, seg: int, tasks: list, data_path: str, size: 
                 n = max(0, min(r, out_size - offset))
                 if n and out is not None and error is None:
                     try:
-                        segment = coder.decode(tuple(blocks), tuple(sources))[q]
+                        segment = rs_coder.decode(k, m, blocks, sources, q)
                         os.pwrite(out, memoryview(segment)[:n], offset)
                     except Exception as exc:  # noqa: BLE001 - finish the exchanges, raise afterwards
                         error = exc
@@ -252,7 +253,7 @@ class ReedSolomonLevel(Level):
                           [sizes[r] for r in group], os.path.join(directory, rs_parity_file(rank)), fsync)
 
         done = node.comm.allgather(agree(node.comm, what + " (Reed-Solomon parity)", encode_mine))
-        return {"k": k, "m": m, "groups": node.rs_groups, "segment": [done[g[0]][0] for g in node.rs_groups],
+        return {"coder": rs_coder.CODER, "k": k, "m": m, "groups": node.rs_groups, "segment": [done[g[0]][0] for g in node.rs_groups],
                 "checksums": [[[done[r][1], done[r][2]] for r in g] for g in node.rs_groups]}
 
 
@@ -263,10 +264,15 @@ def restore(comm, info: dict, sizes: list[int], inv: list[dict[str, int]], lost:
     ``info``: the version's ``extra.levels.rs``; ``inv``: every rank's
     inventory of the version directory (after partner copies were moved in).
     Raises the same CheckpointError on every rank when a group lost more than
-    m shards of one stripe.
+    m shards of one stripe, or when another code made the check blocks (a
+    version without ``coder`` was written by the level's earlier zfec coder).
     """
     from mpi4py import MPI
 
+    coder = info.get("coder", "zfec")
+    if coder != rs_coder.CODER:
+        raise CheckpointError(f"its Reed-Solomon check blocks were made by the {coder!r} code, this hpcckpt "
+                              f"decodes {rs_coder.CODER!r} only")
     k, m, rank = int(info["k"]), int(info["m"]), comm.Get_rank()
     groups = [list(g) for g in info["groups"]]
     outside = [r for r in lost if not any(r in g for g in groups)]
