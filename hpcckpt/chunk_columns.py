@@ -36,8 +36,11 @@ COLUMNAR_MIN_CHUNKS = 4096
 MAGIC = b"HCKCOLS\0"
 BLOCK_VERSION = 1
 HEADER = struct.Struct("<8sIIQQ")
-#: A decoded block is at most 1 GiB (about 13 million chunks of a 3-d variable); larger is refused unread.
+#: A decoded block is at most 1 GiB (about 13 million chunks of a 3-d variable), and the blocks of one
+#: metadata.json 2 GiB together (the 256 MiB file limit holds about 18 million chunks at 14.6 bytes each, 1.8 GiB
+#: decoded); larger is refused before it is inflated, so a small stream cannot claim a huge allocation.
 MAX_BLOCK_BYTES = 1 << 30
+MAX_TOTAL_BYTES = 1 << 31
 #: The columns after the start and count ones when the table has content hashes (incremental saves).
 HASH_COLUMNS = ("hash_hi", "hash_lo", "hash_kind")
 KEYS = frozenset({"columns", "rows", "data"})
@@ -127,22 +130,33 @@ def encode(table) -> dict:
     return {"columns": names, "rows": n, "data": base64.b64encode(packed).decode("ascii")}
 
 
-def decode(doc: dict, ndim: int) -> dict:
+def decoded_size(doc: dict, ndim: int) -> int:
+    """The bytes the block of a columnar entry decodes to, from its ``columns`` and ``rows``, both checked
+    (CorruptCheckpointError), before anything is decoded."""
+    _expect(isinstance(doc, dict) and KEYS == set(doc), f"a columnar chunk table has exactly the keys {sorted(KEYS)}")
+    plain = column_names(ndim, False)
+    _expect(doc["columns"] in (plain, column_names(ndim, True)),
+            f"the columns must be {plain}, optionally followed by {list(HASH_COLUMNS)}")
+    rows = doc["rows"]
+    _expect(type(rows) is int and rows >= 0, "rows must be a non-negative integer")
+    return HEADER.size + 8 * len(doc["columns"]) * rows
+
+
+def decode(doc: dict, ndim: int, max_bytes: int = MAX_BLOCK_BYTES) -> dict:
     """The columns of a columnar entry, checked: ``file``, ``offset``, ``nbytes`` (int64, n), ``start``,
     ``count`` (int64, (n, ndim)), ``checksum`` and ``hash`` (HexDigests; hash None without one).
+    ``max_bytes``: the most its block may decode to (what is left of MAX_TOTAL_BYTES for the file).
 
     CorruptCheckpointError for anything malformed: keys, names, sizes, base64,
     the zlib stream, magic, header counts, the body's hash, integers outside
     [0, 2^62), a ``hash_kind`` other than 0 or 1.  The caller checks what
     needs the rest of the version (file indexes, bounds, coverage).
     """
-    _expect(isinstance(doc, dict) and KEYS == set(doc), f"a columnar chunk table has exactly the keys {sorted(KEYS)}")
+    size = decoded_size(doc, ndim)
     columns, rows, data = doc["columns"], doc["rows"], doc["data"]
-    plain, hashed = column_names(ndim, False), column_names(ndim, True)
-    _expect(columns in (plain, hashed), f"the columns must be {plain}, optionally followed by {list(HASH_COLUMNS)}")
-    _expect(type(rows) is int and rows >= 0, "rows must be a non-negative integer")
-    size = HEADER.size + 8 * len(columns) * rows
-    _expect(size <= MAX_BLOCK_BYTES, f"the decoded block would be {size} bytes (at most {MAX_BLOCK_BYTES})")
+    limit = min(max_bytes, MAX_BLOCK_BYTES)
+    _expect(size <= limit, f"the decoded block would be {size} bytes (at most {limit}"
+            + (")" if limit == MAX_BLOCK_BYTES else f": what is left of {MAX_TOTAL_BYTES} for all blocks)"))
     _expect(isinstance(data, str) and data.isascii(), "data must be an ASCII base64 string")
     try:
         packed = binascii.a2b_base64(data, strict_mode=True)
@@ -171,7 +185,7 @@ def decode(doc: dict, ndim: int) -> dict:
     out["count"] = np.ascontiguousarray(cols[4 + ndim:4 + 2 * ndim].T, dtype=np.int64)
     out["checksum"] = HexDigests(cols[3:4].T.astype(np.uint64))
     out["hash"] = None
-    if columns == hashed:
+    if columns == column_names(ndim, True):
         kind = cols[-1]
         _expect(bool((kind <= 1).all()), "hash_kind must be 0 or 1")
         tagged = kind.astype(bool)

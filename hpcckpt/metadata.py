@@ -259,10 +259,11 @@ def _parse_doc(doc, sealed: bool) -> Metadata:
     variables_doc = doc["variables"]
     _expect(isinstance(variables_doc, dict), "variables must be an object")
     variables = {}
+    budget = [chunk_columns.MAX_TOTAL_BYTES]  # what the columnar blocks still left may decode to, together
     for name, vdoc in variables_doc.items():
         _expect(name and len(name) <= 1024, f"invalid variable name {name[:40]!r}")
         _expect(name not in values, f"{name!r} is both a variable and a replicated value")
-        variables[name] = _parse_variable(name, vdoc, len(files), version)
+        variables[name] = _parse_variable(name, vdoc, len(files), version, budget)
     return Metadata(step=step, files=files, variables=variables, values=values, nranks=nranks,
                     created=doc["created"], extra=extra, format_version=version)
 
@@ -284,7 +285,7 @@ def _nests_at_most(obj, limit: int) -> bool:
     return True
 
 
-def _parse_variable(name: str, doc, nfiles: int, version: int) -> Variable:
+def _parse_variable(name: str, doc, nfiles: int, version: int, budget: list[int]) -> Variable:
     _expect(isinstance(doc, dict), f"variable {name!r} must be an object")
     _expect(_VARIABLE_KEYS.issuperset(doc), f"variable {name!r} has unknown keys {sorted(set(doc) - _VARIABLE_KEYS)}")
     kind = doc["kind"]
@@ -303,7 +304,7 @@ def _parse_variable(name: str, doc, nfiles: int, version: int) -> Variable:
         codec = check_codec_config(codec, dtype)
     except CorruptCheckpointError as exc:
         raise CorruptCheckpointError(f"variable {name!r}: {exc}") from None
-    chunks = _parse_chunks(name, doc["chunks"], len(shape), nfiles, version)
+    chunks = _parse_chunks(name, doc["chunks"], len(shape), nfiles, version, budget)
     if len(chunks):
         bounds = np.asarray(shape, np.int64)  # start <= shape, then count <= shape - start: no int64 overflow
         _expect(bool(np.all(chunks.start <= bounds) and np.all(chunks.count <= bounds - chunks.start)),
@@ -322,12 +323,13 @@ def _parse_variable(name: str, doc, nfiles: int, version: int) -> Variable:
     return Variable(name=name, kind=kind, dtype=dtype, shape=tuple(shape), chunks=chunks, codec=codec)
 
 
-def _parse_chunks(name: str, doc, ndim: int, nfiles: int, version: int) -> ChunkTable:
+def _parse_chunks(name: str, doc, ndim: int, nfiles: int, version: int, budget: list[int]) -> ChunkTable:
     _expect(isinstance(doc, dict), f"chunks of {name!r} must be an object")
     if "data" in doc:  # the columnar form (format version 3 on)
         _expect(version >= 3, f"chunks of {name!r}: a columnar chunk table needs format version 3, not {version}")
         try:
-            cols = chunk_columns.decode(doc, ndim)
+            cols = chunk_columns.decode(doc, ndim, budget[0])
+            budget[0] -= chunk_columns.decoded_size(doc, ndim)
         except CorruptCheckpointError as exc:
             raise CorruptCheckpointError(f"chunks of {name!r}: {exc}") from None
         _check_files(name, cols["file"], nfiles)

@@ -280,3 +280,16 @@ def test_fuzz_the_decoded_block(data):
         return
     assert np.all(got.file < 2) and np.all((got.start >= 0) & (got.count >= 0))
     assert int(np.prod(got.count, axis=1).sum()) == ROWS * 4
+
+
+def test_the_blocks_of_one_file_are_bounded_together(monkeypatch):
+    """Each block within its own bound, but together over MAX_TOTAL_BYTES (lowered here to 1.5 blocks): the
+    second is refused before it is inflated."""
+    doc = doc_of(metadata(table()))
+    doc["variables"]["u"]["chunks"] = chunk_columns.encode(table())
+    doc["variables"]["w"] = {**doc["variables"]["u"], "chunks": chunk_columns.encode(table())}
+    one = chunk_columns.decoded_size(doc["variables"]["u"]["chunks"], 2)
+    assert len(parse(sealed(doc)).variables) == 2
+    monkeypatch.setattr(chunk_columns, "MAX_TOTAL_BYTES", one * 3 // 2)
+    with pytest.raises(CorruptCheckpointError, match=r"chunks of 'w'.*what is left of"):
+        parse(sealed(doc))
