@@ -70,7 +70,7 @@ class HexDigests(Sequence):
         if isinstance(values, HexDigests):
             return values
         prefix, marks = DEVICE_HASH_TAG + ":", None
-        if tagged:
+        if tagged and set(map(len, values)) != {16 * width}:  # (C loops; most columns have no tagged row)
             marks = np.fromiter((v.startswith(prefix) for v in values), bool, len(values))
             marks = marks if marks.any() else None
         digits = "".join(values) if marks is None else "".join(
