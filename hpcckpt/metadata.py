@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import json
 import posixpath
-from dataclasses import dataclass, field
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
