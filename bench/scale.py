@@ -28,6 +28,17 @@ Measured per rank:
 
 Every rank's load plan is independent given the metadata and the requests, so
 sampled ranks give the per-rank figures without simulating all of them.
+
+``--metadata-only`` measures the metadata rows alone, ``--repeat`` times (best
+CPU): write and parse (seal, JSON, validation) of the save's version, the
+pickled size of what rank 0 broadcasts (parsed, chunk indexes built),
+and of the same version with a content-hash column (an incremental version's
+tables).  Every chunk has a distinct checksum and hash, as real data has (a
+repeated string would make any compressed form look better than it is).  It
+calls only what every hpcckpt since format version 2 has (metadata_from_rows,
+to_json_bytes, parse), so the same script measures an older tree too:
+``PYTHONPATH=OLD_TREE python bench/scale.py --metadata-only`` (paired runs,
+docs/performance.md).
 """
 
 from __future__ import annotations
@@ -49,7 +60,7 @@ from benchutil import print_table  # noqa: E402
 from hpcckpt.commit import metadata_from_rows  # noqa: E402
 from hpcckpt.incremental import ChainIndex, duplicates, incremental_metadata  # noqa: E402
 from hpcckpt.loading import check_template  # noqa: E402
-from hpcckpt.metadata import parse  # noqa: E402
+from hpcckpt.metadata import Variable, parse  # noqa: E402
 from hpcckpt.names import rank_file, reference  # noqa: E402
 from hpcckpt.options import SaveOptions  # noqa: E402
 from hpcckpt.planning import plan_shared_reads  # noqa: E402
@@ -121,6 +132,16 @@ def names(nvars: int) -> list[str]:
     return [f"v{i:02d}" for i in range(nvars)]
 
 
+def chunk_rows(p: int, nvars: int, starts, stops) -> list:
+    """Each rank's written rows, as commit.metadata_from_rows takes them: one chunk per rank and variable."""
+    rows = []
+    for r in range(p):
+        s0, cnt = tuple(starts[r].tolist()), tuple((stops[r] - starts[r]).tolist())
+        nb = int(np.prod(cnt)) * ITEM
+        rows.append([(n, rank_file(r), i * nb, nb, "0123456789abcdef", s0, cnt) for i, n in enumerate(names(nvars))])
+    return rows
+
+
 def save_case(p: int, nvars: int, sample: list[int]) -> tuple[dict, object, list]:
     shape = tuple(int(g) * EDGE for g in grid(p))
     starts, stops = boxes_of(p, shape)
@@ -144,11 +165,7 @@ def save_case(p: int, nvars: int, sample: list[int]) -> tuple[dict, object, list
     payloads = [(True, None, "".join(list(one["digest"]))) for _ in range(p)]  # distinct objects, as received
     bcast_bytes = psize((None, None, payloads, variables, codecs, 0)) + psize(boxes[-1])
     hit_bytes = p * psize((None, True, None, None, one["digest"]))  # the cache-hit allgather, every rank
-    rows = []
-    for r in range(p):
-        s0, cnt = tuple(starts[r].tolist()), tuple((stops[r] - starts[r]).tolist())
-        nb = int(np.prod(cnt)) * ITEM
-        rows.append([(n, rank_file(r), i * nb, nb, "0123456789abcdef", s0, cnt) for i, n in enumerate(names(nvars))])
+    rows = chunk_rows(p, nvars, starts, stops)
     t_build, (meta, _, nchunks) = timed(lambda: metadata_from_rows(variables, rows, codecs, {}, p, 1, {}))
     t_write, raw = timed(meta.to_json_bytes)
     cpu = time.process_time()
@@ -162,6 +179,42 @@ def save_case(p: int, nvars: int, sample: list[int]) -> tuple[dict, object, list
            "meta_parse_s_per_million": t_parse / nchunks * 1e6,
            "meta_parse_cpu_s_per_million": cpu / nchunks * 1e6, "meta_pickle_bytes": psize(parsed)}
     return out, parsed, rows
+
+
+def distinct_digests(meta) -> None:
+    """Give every chunk of ``meta`` its own random checksum and content hash (seeded), as real data has."""
+    rng = np.random.default_rng(20)
+    for var in meta.variables.values():
+        n = len(var.chunks)
+        words = rng.integers(0, 1 << 63, (n, 3), dtype=np.int64).astype(">u8").tobytes().hex()
+        var.chunks.checksum = [words[48 * k:48 * k + 16] for k in range(n)]
+        var.chunks.hash = [words[48 * k + 16:48 * k + 48] for k in range(n)]
+
+
+def metadata_case(p: int, nvars: int, repeat: int) -> dict:
+    """Build, write and parse the metadata of P ranks (best CPU of ``repeat``), without and with a hash column."""
+    shape = tuple(int(g) * EDGE for g in grid(p))
+    starts, stops = boxes_of(p, shape)
+    variables = {n: _plan(Variable(n, "block", np.dtype("<f8"), shape, None)) for n in names(nvars)}
+    meta = metadata_from_rows(variables, chunk_rows(p, nvars, starts, stops), {}, {}, p, 1, {})[0]
+    distinct_digests(meta)
+    hashes = {n: v.chunks.hash for n, v in meta.variables.items()}
+    out = {"ranks": p, "chunks": sum(len(v.chunks) for v in meta.variables.values())}
+    for label, with_hash in (("", False), ("hash_", True)):
+        for n, v in meta.variables.items():
+            v.chunks.hash = hashes[n] if with_hash else None
+        best = {"write": (float("inf"),) * 2, "parse": (float("inf"),) * 2}  # (CPU s, wall s) of the best
+        for _ in range(repeat):
+            wall, cpu, raw = timed_cpu(meta.to_json_bytes)
+            best["write"] = min(best["write"], (cpu, wall))
+            wall, cpu, _ = timed_cpu(lambda raw=raw: parse(raw))
+            best["parse"] = min(best["parse"], (cpu, wall))
+        out[label + "meta_bytes"] = len(raw)
+        out[label + "meta_bcast_bytes"] = psize(parse(raw).indexed())  # what rank 0 broadcasts (untimed)
+        for key in ("write", "parse"):
+            out[f"{label}meta_{key}_cpu_s"], out[f"{label}meta_{key}_s"] = best[key]
+            out[f"{label}meta_{key}_cpu_s_per_million"] = best[key][0] / out["chunks"] * 1e6
+    return out
 
 
 def load_case(meta, q: int, nvars: int, nsample: int, old_full_max: int) -> dict:
@@ -307,6 +360,23 @@ def _plan(var):
     return VariablePlan(var.kind, dtype_to_json(var.dtype), var.shape)
 
 
+def metadata_main(args) -> None:
+    import hpcckpt.metadata as md
+
+    results = [metadata_case(p, args.vars, args.repeat) for p in args.ranks]
+    print(f"\nMetadata (format version {md.FORMAT_VERSION}, hpcckpt from {os.path.dirname(md.__file__)}); "
+          f"CPU s per million chunks, best of {args.repeat}\n")
+    print_table(["P", "chunks", "meta MiB", "write CPU s/M", "parse CPU s/M", "bcast MiB", "with hash: MiB",
+                 "write CPU s/M", "parse CPU s/M", "bcast MiB"],
+                [[r["ranks"], r["chunks"], mib(r["meta_bytes"]), f"{r['meta_write_cpu_s_per_million']:.3f}",
+                  f"{r['meta_parse_cpu_s_per_million']:.3f}", mib(r["meta_bcast_bytes"]), mib(r["hash_meta_bytes"]),
+                  f"{r['hash_meta_write_cpu_s_per_million']:.3f}", f"{r['hash_meta_parse_cpu_s_per_million']:.3f}",
+                  mib(r["hash_meta_bcast_bytes"])] for r in results])
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"format_version": md.FORMAT_VERSION, "metadata": results}, f, indent=1)
+
+
 def mib(n) -> str:
     return "-" if n is None else f"{n / 2**20:.2f}"
 
@@ -318,7 +388,11 @@ def main() -> None:
     ap.add_argument("--sample", type=int, default=8, help="ranks whose new load plan is timed, per case")
     ap.add_argument("--old-full-max", type=int, default=4096, help="above this, the old load plan is sampled")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--metadata-only", action="store_true", help="only the metadata rows (docstring)")
+    ap.add_argument("--repeat", type=int, default=3, help="with --metadata-only: repeats, best CPU reported")
     args = ap.parse_args()
+    if args.metadata_only:
+        return metadata_main(args)
     results = {"save": [], "load": [], "incremental": []}
     for p in args.ranks:
         save, meta, rows = save_case(p, args.vars, sorted({0, p // 2, p - 1}))

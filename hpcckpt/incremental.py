@@ -170,10 +170,11 @@ class ChainIndex:
             ck = codec_key(var.codec, var.dtype)
             raw = ((np.prod(c.count, axis=1) if c.count.shape[1] else np.ones(len(c), np.int64))
                    * var.dtype.itemsize).tolist()
+            hashes, sums = list(c.hash), list(c.checksum)  # the strings at once (columnar tables hold words)
             for k, (fi, off, nb) in enumerate(zip(c.file.tolist(), c.offset.tolist(), c.nbytes.tolist())):
                 file = files[fi]
-                key = (c.hash[k], raw[k], ck)
-                loc = (file, off, nb, c.checksum[k])
+                key = (hashes[k], raw[k], ck)
+                loc = (file, off, nb, sums[k])
                 if not is_ref[fi]:
                     own.setdefault(key, loc)
                 elif key not in refs or loc[0] > refs[key][0]:

@@ -11,7 +11,10 @@ from __future__ import annotations
 import json
 import os
 
-from hpcckpt.metadata import SEAL_LENGTH, SEAL_PREFIX, seal
+import numpy as np
+
+from hpcckpt import chunk_columns
+from hpcckpt.metadata import SEAL_LENGTH, SEAL_PREFIX, ChunkTable, seal
 from hpcckpt.names import METADATA_FILE
 
 
@@ -44,3 +47,24 @@ def rewrite_metadata(directory, edit) -> None:
     out = doc if out is None else out
     with open(os.path.join(directory, METADATA_FILE), "wb") as f:
         f.write(out if isinstance(out, bytes) else sealed(out))
+
+
+def json_columns(entry: dict, ndim: int) -> dict:
+    """The JSON-arrays form of a chunk table entry of either form (docs/format.md 3.3), to edit in tests."""
+    if "data" not in entry:
+        return entry
+    cols = chunk_columns.decode(entry, ndim)
+    out = {"file": cols["file"].tolist(), "offset": cols["offset"].tolist(), "nbytes": cols["nbytes"].tolist(),
+           "checksum": list(cols["checksum"]), "start": cols["start"].ravel().tolist(),
+           "count": cols["count"].ravel().tolist()}
+    return out if cols["hash"] is None else {**out, "hash": list(cols["hash"])}
+
+
+def columnar(entry: dict, ndim: int) -> dict:
+    """The columnar form (hpcckpt.chunk_columns) of a JSON-arrays chunk table entry, its values as they are."""
+    n = len(entry["file"])
+    table = ChunkTable(np.asarray(entry["file"], np.uint64), np.asarray(entry["offset"], np.uint64),
+                       np.asarray(entry["nbytes"], np.uint64), entry["checksum"],
+                       np.asarray(entry["start"], np.uint64).reshape(n, ndim),
+                       np.asarray(entry["count"], np.uint64).reshape(n, ndim), entry.get("hash"))
+    return chunk_columns.encode(table)

@@ -46,8 +46,9 @@ def step_dir(root, step: int, revision: int = 0) -> str:
 
 
 @pytest.fixture
-def root(tmp_path):
-    """A Checkpointer root with committed steps 0, 5 and 10 (several chunks per variable)."""
+def root(tmp_path, table_form):
+    """A Checkpointer root with committed steps 0, 5 and 10 (several chunks per variable), its chunk tables in
+    each form (JSON arrays, columnar)."""
     path = str(tmp_path / "ckpt")
     ck = hpcckpt.Checkpointer(path, comm=None, chunk_bytes=64)
     for step in (0, 5, 10):
@@ -271,6 +272,17 @@ def test_inspect_json(capsys, root):
     np.testing.assert_array_equal(got, expected)
 
 
+@pytest.mark.parametrize("version", [1, 2])
+def test_inspect_gives_an_old_version_its_own_format_version(capsys, version):
+    path = os.path.join(ROOT_DIR, "tests", "data", f"v{version}", "plain")
+    rc, out, _ = run_cli(capsys, "inspect", path)
+    assert rc == 0 and re.search(rf"^format\s+hpcckpt format version {version},", out, re.M)
+    rc, out, _ = run_cli(capsys, "inspect", path, "--json")
+    assert rc == 0 and json.loads(out)["format_version"] == version
+    rc, out, _ = run_cli(capsys, "verify", path)
+    assert rc == 0 and out.startswith("OK: ")
+
+
 def test_inspect_json_without_chunks(capsys, root):
     rc, out, _ = run_cli(capsys, "inspect", step_dir(root, 0), "--json")
     doc = json.loads(out)
@@ -434,7 +446,7 @@ def test_gc_errors(capsys, tmp_path):
     assert_one_line_error(rc, err, "no such checkpoint root")
 
 
-def test_incremental_chain(capsys, tmp_path):
+def test_incremental_chain(capsys, tmp_path, table_form):
     """Incremental versions reference their base's data: gc keeps the base, verify checks the bytes it holds."""
     path = str(tmp_path / "inc")
     ck = hpcckpt.Checkpointer(path, comm=None, incremental=True, block_bytes=4096)

@@ -18,12 +18,14 @@ Three checks:
 
 from __future__ import annotations
 
+import base64
 import importlib.util
 import json
 import math
 import os
 import re
 import struct
+import zlib
 
 import numpy as np
 import pytest
@@ -90,7 +92,7 @@ LOSSLESS = ["none", "lz4", "zstd", "lz4hc", "shuffle+lz4", "shuffle+zstd"]
 
 
 @pytest.mark.parametrize("codec", LOSSLESS)
-def test_section7_reader_reads_what_hpcckpt_writes(tmp_path, codec):
+def test_section7_reader_reads_what_hpcckpt_writes(tmp_path, codec, table_form):
     read_checkpoint = section7()
     rng = np.random.default_rng(1)
     u = rng.standard_normal((7, 5)).astype(">f4")
@@ -265,7 +267,7 @@ class SpecReader:
             assert digest.decode() == format(xxhash.xxh3_64_intdigest(raw[40:]), "016x"), "damaged metadata"
         self.meta = json.loads(raw, object_pairs_hook=self._pairs, parse_constant=self._constant)
         assert self.meta["format"] == "hpcckpt" and self.meta["checksum"] == "xxh3_64"
-        assert self.meta["format_version"] == (2 if self.v2 else 1)
+        assert self.meta["format_version"] in ((2, 3) if self.v2 else (1,))
         if self.v2:
             assert next(iter(self.meta)) == "metadata_checksum"
 
@@ -343,11 +345,41 @@ class SpecReader:
         out[pos] = np.frombuffer(o[8 * n_out:], dtype)
         return out
 
+    def table(self, c: dict, nd: int) -> dict:
+        """A chunk table as the JSON-array columns of section 3.3, from the columnar form of 3.3.1 when it is one
+        (format version 3): base64, zlib, a 32-byte header, then the uint64 columns the entry names."""
+        if "data" not in c:
+            return c
+        assert self.meta["format_version"] == 3 and set(c) == {"columns", "rows", "data"}
+        names = ["file", "offset", "nbytes", "checksum", *(f"start_{i}" for i in range(nd)),
+                 *(f"count_{i}" for i in range(nd))]
+        assert c["columns"] in (names, names + ["hash_hi", "hash_lo", "hash_kind"])
+        rows, ncols = c["rows"], len(c["columns"])
+        assert type(rows) is int and 0 <= rows and 32 + 8 * ncols * rows <= 1 << 30
+        d = zlib.decompressobj()
+        raw = d.decompress(base64.b64decode(c["data"].encode("ascii"), validate=True), 32 + 8 * ncols * rows + 1)
+        assert d.eof and not d.unused_data and len(raw) == 32 + 8 * ncols * rows
+        assert raw[:8] == b"HCKCOLS\0" and struct.unpack_from("<IIQQ", raw, 8)[:3] == (1, ncols, rows)
+        assert struct.unpack_from("<Q", raw, 24)[0] == xxhash.xxh3_64_intdigest(raw[32:]), "damaged block"
+        cols = {name: [int.from_bytes(raw[32 + 8 * (j * rows + k):40 + 8 * (j * rows + k)], "little")
+                       for k in range(rows)] for j, name in enumerate(c["columns"])}
+        assert all(x < 1 << 62 for name in names if name != "checksum" for x in cols[name])
+        out = {key: cols[key] for key in ("file", "offset", "nbytes")}
+        out["checksum"] = [format(x, "016x") for x in cols["checksum"]]
+        out["start"] = [cols[f"start_{i}"][k] for k in range(rows) for i in range(nd)]
+        out["count"] = [cols[f"count_{i}"][k] for k in range(rows) for i in range(nd)]
+        if "hash_hi" in cols:
+            assert all(kind in (0, 1) for kind in cols["hash_kind"])
+            out["hash"] = [("mix128:" if kind else "") + format(hi, "016x") + format(lo, "016x")
+                           for hi, lo, kind in zip(cols["hash_hi"], cols["hash_lo"], cols["hash_kind"])]
+        return out
+
     def read(self) -> dict:
         out = {}
         for name, v in self.meta["variables"].items():
             assert set(v) <= {"kind", "dtype", "shape", "codec", "chunks"}
-            dt, shape, c = self.dtype(v["dtype"]), tuple(v["shape"]), v["chunks"]
+            dt, shape = self.dtype(v["dtype"]), tuple(v["shape"])
+            c = self.table(v["chunks"], len(shape))
             assert set(c) <= {"file", "offset", "nbytes", "checksum", "start", "count", "hash"}
             cfg = v.get("codec", {"id": "none"})
             arr, seen, nd = np.zeros(shape, dt), np.zeros(shape, np.uint8), len(shape)
@@ -398,7 +430,7 @@ def blocks(arrays: dict, codec=None) -> dict:
                                               {"id": "blosc", "cname": "lz4", "clevel": 1, "shuffle": 1,
                                                "blocksize": 256, "typesize": 4}],
                          ids=lambda c: c if isinstance(c, str) else json.dumps(getattr(c, "get_config", lambda: c)()))
-def test_spec_reader_lossless(tmp_path, codec):
+def test_spec_reader_lossless(tmp_path, codec, table_form):
     rng = np.random.default_rng(3)
     state = blocks({"u": np.cumsum(rng.standard_normal((40, 30)), axis=1), "i": np.arange(5000, dtype=">i4"),
                     "z": np.zeros(20000)})
@@ -420,7 +452,7 @@ def test_spec_reader_quantize(tmp_path, spec):
     assert len({w for m, w, _ in modes if m == 1}) >= 2  # several delta widths
 
 
-def test_spec_reader_incremental_references(tmp_path):
+def test_spec_reader_incremental_references(tmp_path, table_form):
     root = tmp_path / "root"
     ck = hpcckpt.Checkpointer(str(root), incremental=True, block_bytes=4096, full_threshold=1.0, comm=None)
     u = np.arange(20000, dtype=np.float64)
@@ -430,8 +462,28 @@ def test_spec_reader_incremental_references(tmp_path):
     path = str(root / "step-000000000002")
     reader = SpecReader(path)
     assert any(f.startswith("@step-000000000001/") for f in reader.meta["files"])
-    assert "hash" in reader.meta["variables"]["u"]["chunks"]
+    chunks = reader.meta["variables"]["u"]["chunks"]
+    assert "hash" in chunks if table_form == "json" else "hash_hi" in chunks["columns"]
     assert_same_as_hpcckpt(path, reader.read())
+
+
+def test_spec_reader_decodes_a_real_columnar_table(tmp_path):
+    """At the writer's own threshold (4096 chunks; no test setting): the block decoded by the spec alone gives
+    every chunk's file, offset, length, checksum and box, and the data read through them is hpcckpt's."""
+    u = np.arange(4100 * 3, dtype="<i2").reshape(4100, 3)
+    path = save(tmp_path / "v", {"u": hpcckpt.Block(u, offset=(0, 0), global_shape=u.shape),
+                                 "s": hpcckpt.Block(np.arange(6.0), offset=(0,), global_shape=(6,))}, chunk_bytes=6)
+    reader = SpecReader(path)
+    assert reader.meta["format_version"] == 3
+    entry = reader.meta["variables"]["u"]["chunks"]
+    assert set(entry) == {"columns", "rows", "data"} and entry["rows"] == 4100
+    assert "file" in reader.meta["variables"]["s"]["chunks"]  # a small table stays JSON arrays
+    table = reader.table(entry, 2)
+    assert sorted(zip(table["start"][0::2], table["count"][0::2])) == [(k, 1) for k in range(4100)]
+    assert set(table["nbytes"]) == {6}
+    arrays = reader.read()
+    assert arrays["u"].tobytes() == u.tobytes()
+    assert_same_as_hpcckpt(path, arrays)
 
 
 def test_zstd_stream_of_several_frames():
@@ -454,7 +506,7 @@ def test_metadata_prefix_is_the_documented_40_bytes(tmp_path):
     assert re.fullmatch(rb'\{"metadata_checksum":"[0-9a-f]{16}",', raw[:40])
     assert raw[22:38] == xxhash.xxh3_64_hexdigest(raw[40:]).encode()
     doc_ = json.loads(raw)
-    assert list(doc_)[0] == "metadata_checksum" and doc_["format_version"] == 2
+    assert list(doc_)[0] == "metadata_checksum" and doc_["format_version"] == 3
     assert SpecReader(path).v2
 
 
@@ -523,9 +575,9 @@ def test_every_emitted_codec_id_and_parameter_is_documented(tmp_path):
 
 # --------------------------------------------------------------------------- old versions stay readable
 
-def v1_versions() -> list[str]:
-    """Every committed version under tests/data/v1 (format version 1, written by an earlier release)."""
-    top = os.path.join(ROOT_DIR, "tests", "data", "v1")
+def old_versions(version: int) -> list[str]:
+    """Every committed version under tests/data/v<version> (written by an earlier release)."""
+    top = os.path.join(ROOT_DIR, "tests", "data", f"v{version}")
     found = []
     for dirpath, _dirs, files in os.walk(top):
         if "metadata.json" in files:
@@ -533,13 +585,13 @@ def v1_versions() -> list[str]:
     return sorted(found)
 
 
-def test_spec_reader_reads_format_version_1():
-    versions = v1_versions()
-    if not versions:
-        pytest.skip("tests/data/v1 is not in this checkout")
+@pytest.mark.parametrize("version", [1, 2])
+def test_spec_reader_reads_old_format_versions(version):
+    versions = old_versions(version)
+    assert len(versions) == 11, f"tests/data/v{version} should hold 11 versions"
     for path in versions:
         reader = SpecReader(path)
-        assert not reader.v2 and reader.meta["format_version"] == 1
+        assert reader.v2 == (version == 2) and reader.meta["format_version"] == version
         assert_same_as_hpcckpt(path, reader.read())
 
 

@@ -55,7 +55,7 @@ def _checkpoint(path, chunk_bytes=256):
     return arrays, parts, values
 
 
-def test_export_round_trip_against_plain_h5py(tmp_path):
+def test_export_round_trip_against_plain_h5py(tmp_path, table_form):
     ck, out = str(tmp_path / "ck"), str(tmp_path / "out.h5")
     arrays, parts, values = _checkpoint(ck)
     seen = []
@@ -87,7 +87,7 @@ def test_export_round_trip_against_plain_h5py(tmp_path):
             assert name not in a and name + ".json" in a
 
 
-def test_export_then_load_hdf5_round_trip(tmp_path):
+def test_export_then_load_hdf5_round_trip(tmp_path, table_form):
     ck, out = str(tmp_path / "ck"), str(tmp_path / "out.h5")
     arrays, parts, values = _checkpoint(ck)
     hdf5.export(ck, out)
@@ -506,3 +506,13 @@ def test_cli_main_export(tmp_path, capsys):
     assert hdf5.is_hdf5(out) and capsys.readouterr().out.startswith("OK:")
     assert main(["export", ck, out]) == 1
     assert "already exists" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_export_of_an_old_version_names_its_format_version(tmp_path, version):
+    src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", f"v{version}", "plain")
+    out = str(tmp_path / "old.h5")
+    hdf5.export(src, out)
+    with h5py.File(out, "r") as f, hpcckpt.open(src) as view:
+        assert f.attrs["hpcckpt.format_version"] == version
+        assert np.array_equal(f["u"][()], view.read("u")) and f["parts"][()].tobytes() == view.read("parts").tobytes()

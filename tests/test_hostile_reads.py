@@ -9,18 +9,21 @@ carries a timeout so that a regression fails instead of hanging the suite.
 
 from __future__ import annotations
 
+import base64
 import os
 import warnings
+import zlib
 
 import numpy as np
 import pytest
 
 import hpcckpt
-from hpcckpt import cli
+from hpcckpt import chunk_columns, cli
 from hpcckpt.collective import SerialComm
 from hpcckpt.chain import compact
 from hpcckpt.errors import CheckpointError, CorruptCheckpointError
 from hpcckpt.metadata_file import read_metadata
+from metadata_tools import read_doc, rewrite_metadata
 
 COMM = SerialComm()
 PART = os.path.join("data", "part-000000.bin")
@@ -290,3 +293,84 @@ def test_mpi_parity_encode_refuses_a_fifo_on_one_rank(mpi_tmp):
     else:
         assert encode(comm, data, 100, [100, 100], out) == 100
     comm.Free()
+
+
+def _damage_columnar_block(version: str, variable: str) -> None:
+    """Re-seal ``version``'s metadata with ``variable``'s columnar block failing its body hash (the seal
+    intact, so what refuses it is the block's own check)."""
+    def edit(doc):
+        chunks = doc["variables"][variable]["chunks"]
+        block = bytearray(zlib.decompress(base64.b64decode(chunks["data"])))
+        block[24] ^= 0x01  # the header's XXH3-64 of the body
+        chunks["data"] = base64.b64encode(zlib.compress(bytes(block), 1)).decode()
+    rewrite_metadata(version, edit)
+
+
+@pytest.mark.timeout(60)
+def test_every_reader_refuses_a_damaged_columnar_block(tmp_path, capsys, monkeypatch):
+    """open, load, hpcckpt verify/export/inspect: one CorruptCheckpointError naming the file and the variable;
+    a Checkpointer restore falls back to the previous version."""
+    monkeypatch.setattr(chunk_columns, "COLUMNAR_MIN_CHUNKS", 1)
+    root = str(tmp_path / "root")
+    ck = hpcckpt.Checkpointer(root, comm=COMM, track_failures=False)
+    for step in (1, 2):
+        ck.save(_state(step), step=step)
+    older, newest = (os.path.join(root, d) for d in sorted(d for d in os.listdir(root) if d.startswith("step-")))
+    assert "data" in read_doc(newest)["variables"]["u"]["chunks"]
+    _damage_columnar_block(newest, "u")
+    message = r"metadata\.json: chunks of 'u': the block fails its checksum"
+    with pytest.raises(CorruptCheckpointError, match=message):
+        hpcckpt.open(newest)
+    with pytest.raises(CorruptCheckpointError, match=message):
+        hpcckpt.load(_template(), newest, comm=COMM)
+    for argv in (["verify", newest], ["inspect", newest], ["export", newest, str(tmp_path / "o.h5")]):
+        assert cli.main(argv) != 0
+        captured = capsys.readouterr()
+        assert "chunks of 'u': the block fails its checksum" in captured.out + captured.err, argv
+    template = _template()
+    with pytest.warns(UserWarning, match="fails its checksum"):
+        out = ck.restore(template)
+    ck.close()
+    assert ck.last_restored == older and out["step"] == 1
+    np.testing.assert_array_equal(template["u"].local, np.arange(40.0).reshape(8, 5) + 1)
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.timeout(60, method="thread")  # a rank blocked in MPI never sees a signal
+def test_mpi_a_damaged_columnar_block_is_one_error_on_every_rank(mpi_tmp, table_form):
+    """A load of a version whose block is damaged raises the same CorruptCheckpointError on every rank; a restore
+    falls back to the previous version on every rank, exactly."""
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    rank, size = comm.Get_rank(), comm.Get_size()
+    n = 4 * size
+
+    def state(step):
+        return {"u": hpcckpt.Block(np.arange(4.0 * rank, 4.0 * rank + 4) * step, offset=(4 * rank,),
+                                   global_shape=(n,)), "step": step}
+
+    def template():
+        return {"u": hpcckpt.Block(np.zeros(4), offset=(4 * rank,), global_shape=(n,)), "step": None}
+
+    ck = hpcckpt.Checkpointer(os.path.join(mpi_tmp, "root"), comm=comm, track_failures=False)
+    for step in (1, 2):
+        ck.save(state(step), step=step)
+    newest = os.path.join(ck.root, sorted(d for d in os.listdir(ck.root) if d.startswith("step-"))[-1])
+    if rank == 0:
+        if table_form == "columnar":
+            _damage_columnar_block(newest, "u")
+        else:  # the JSON form: a chunk's offset out of range, re-sealed
+            rewrite_metadata(newest, lambda doc: doc["variables"]["u"]["chunks"]["offset"].__setitem__(0, 1 << 62))
+    comm.Barrier()
+    with pytest.raises(CorruptCheckpointError) as info:
+        hpcckpt.load(template(), newest, comm=comm)
+    assert "chunks of 'u'" in str(info.value)
+    assert comm.allgather(str(info.value)) == [str(info.value)] * size
+    got = template()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = ck.restore(got)
+    ck.close()
+    assert os.path.basename(ck.last_restored) != os.path.basename(newest) and out["step"] == 1
+    np.testing.assert_array_equal(got["u"].local, np.arange(4.0 * rank, 4.0 * rank + 4))

@@ -81,7 +81,7 @@ def check(path, exp):
                 assert np.array_equal(view.read(name), value), (path, name)
 
 
-def test_chain_retention_compaction_and_gc(tmp_path):
+def test_chain_retention_compaction_and_gc(tmp_path, table_form):
     root = str(tmp_path / "ck")
     rng = np.random.default_rng(0)
     ck = hpcckpt.Checkpointer(root, comm=COMM, keep=2, incremental=True, block_bytes=1024, max_chain=4,
@@ -117,7 +117,8 @@ def test_chain_retention_compaction_and_gc(tmp_path):
         check(e.path, saved[e.step])
         assert referenced(e.path) <= {x.name for x in live}
     oldest = json.load(open(os.path.join(live[0].path, "metadata.json")))
-    assert oldest["extra"]["incremental"]["kind"] == "full"
+    assert oldest["extra"]["incremental"]["kind"] == "full" and oldest["format_version"] == 3
+    assert all(("data" in v["chunks"]) == (table_form == "columnar") for v in oldest["variables"].values())
     assert not any(f.startswith("@") for f in oldest["files"])
     # the running Checkpointer notices the rewritten metadata (its cached index is stale) and continues
     st = state(rng, 9, 60, 900)

@@ -9,6 +9,7 @@ they reference) is read back serially and compared with its step's state.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import random
 
@@ -51,7 +52,8 @@ def parse(stdout: str) -> list[tuple]:
     return out
 
 
-def test_chain_across_rank_counts(tmp_path):
+@pytest.mark.parametrize("form", ["json", "columnar"])
+def test_chain_across_rank_counts(tmp_path, form):
     rng = random.Random(SEED)
     root = str(tmp_path / "ckpt")
     counts = [4, 3, 2, 4] if SEED == 0 else [rng.choice([1, 2, 3, 4]) for _ in range(4)]
@@ -59,7 +61,7 @@ def test_chain_across_rank_counts(tmp_path):
     saves = []
     for i, n in enumerate(counts):
         k = 3
-        proc = run_mpi(n, SCRIPT, root, step, k, SEED, timeout=120)
+        proc = run_mpi(n, SCRIPT, root, step, k, SEED, form, timeout=120)
         if i:
             assert f"RESTORED {step - 1}" in proc.stdout, proc.stdout
         saves += parse(proc.stdout)
@@ -76,6 +78,9 @@ def test_chain_across_rank_counts(tmp_path):
     assert [e.step for e in live][-3:] == [step - 3, step - 2, step - 1]
     for e in live:
         check_version(e.path, SEED)
+        with open(os.path.join(e.path, "metadata.json"), "rb") as f:
+            tables = [v["chunks"] for v in json.loads(f.read())["variables"].values()]
+        assert all(("data" in t) == (form == "columnar") for t in tables), e.path
 
 
 FAIL_SCRIPT = r"""

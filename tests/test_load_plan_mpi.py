@@ -39,7 +39,7 @@ def _shared_seed(comm, k):
 
 
 @pytest.mark.parametrize("k", range(4))
-def test_random_block_reshards_both_ways_are_exact(comm, mpi_tmp, k):
+def test_random_block_reshards_both_ways_are_exact(comm, mpi_tmp, k, table_form):
     """Random uneven 3-D decompositions (empty blocks, permuted): saved on all ranks, loaded on all ranks with
     another decomposition and on one rank fewer (a sub-communicator), exact on every rank."""
     seed = _shared_seed(comm, k)
@@ -115,7 +115,7 @@ def test_a_bad_load_template_fails_on_every_rank(comm, mpi_tmp, problem, ragged)
 
 
 @pytest.mark.parametrize("ragged", [False, True])
-def test_a_load_makes_four_collectives(comm, mpi_tmp, ragged):
+def test_a_load_makes_four_collectives(comm, mpi_tmp, ragged, table_form):
     """bcast (metadata), two alltoalls (the chunk directory) or one allgather (Ragged: every rank's requests),
     the read's agreement; the shared parts move point to point."""
     path, shape = _saved(comm, mpi_tmp, ragged)

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from hpcckpt import CheckpointError, CorruptCheckpointError
 from hpcckpt.metadata import FORMAT_VERSION, ChunkTable, Metadata, Variable, check_relative_path, parse
-from metadata_tools import sealed
+from metadata_tools import columnar, sealed
 
 STRUCT = np.dtype([("id", "<i8"), ("pos", "<f4", (3,)), ("flag", "?")])
 
@@ -35,9 +35,13 @@ def valid_metadata() -> Metadata:
                     created="2024-01-01T00:00:00+00:00", extra={"strategy": "file-per-rank"})
 
 
-def valid_doc() -> dict:
+def valid_doc(form: str = "json") -> dict:
+    """valid_metadata() as a document, its chunk tables in the JSON-arrays or the columnar form."""
     doc = json.loads(valid_metadata().to_json_bytes())
     del doc["metadata_checksum"]
+    if form == "columnar":
+        for var in doc["variables"].values():
+            var["chunks"] = columnar(var["chunks"], len(var["shape"]))
     return doc
 
 
@@ -47,7 +51,7 @@ def corrupt(doc) -> bytes:
     return sealed(doc) if isinstance(doc, dict) else json.dumps(doc).encode()
 
 
-def test_round_trip():
+def test_round_trip(table_form):
     meta = valid_metadata()
     back = parse(meta.to_json_bytes())
     assert back.step == 7 and back.nranks == 2 and back.files == meta.files
@@ -239,7 +243,7 @@ def _paths(obj, prefix=()):
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data())
 def test_fuzz_structural_mutations(data):
-    doc = valid_doc()
+    doc = valid_doc(data.draw(st.sampled_from(["json", "columnar"])))
     for _ in range(data.draw(st.integers(1, 3))):
         paths = [p for p in _paths(doc) if p]
         path = data.draw(st.sampled_from(paths))

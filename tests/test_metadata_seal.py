@@ -18,7 +18,7 @@ import hpcckpt
 from hpcckpt import CheckpointError, CorruptCheckpointError
 from hpcckpt.metadata import SEAL_LENGTH, SEAL_PREFIX, parse
 from hpcckpt.names import METADATA_FILE
-from metadata_tools import read_doc, sealed
+from metadata_tools import columnar, json_columns, read_doc, sealed
 
 
 def small_state(k: int = 0):
@@ -30,7 +30,8 @@ def small_state(k: int = 0):
 
 
 @pytest.fixture
-def version(tmp_path):
+def version(tmp_path, table_form):
+    """A small version, its chunk tables in each form (the seal covers a columnar block like any other byte)."""
     path = str(tmp_path / "v")
     hpcckpt.save(small_state(), path, chunk_bytes=32, step=3)
     with open(os.path.join(path, METADATA_FILE), "rb") as f:
@@ -73,13 +74,20 @@ def test_every_truncation_is_refused(version):
 def test_valid_json_edits_are_refused(version):
     """What the adversarial reader did: edits that leave valid JSON and passed `hpcckpt verify`."""
     path, raw = version
-    doc = read_doc(path)
-    starts = doc["variables"]["u"]["chunks"]["start"]
-    assert len(starts) >= 4 and starts[0:2] != starts[2:4]
-    edits = [raw.replace(b'"<f8"', b'"<i8"'),  # the dtype
+    chunks = read_doc(path)["variables"]["u"]["chunks"]
+    if "data" in chunks:  # columnar: a different base64 character in the block
+        data = chunks["data"].encode()
+        swapped = raw.replace(data, data[:10] + (b"A" if data[10:11] != b"A" else b"B") + data[11:])
+    else:  # JSON: two chunks' starts exchanged
+        starts = chunks["start"]
+        assert len(starts) >= 4 and starts[0:2] != starts[2:4]
+        text = ",".join(map(str, starts)).encode()
+        swapped = raw.replace(text, ",".join(map(str, starts[2:4] + starts[0:2] + starts[4:])).encode())
+    edits = [swapped,
+             raw.replace(b'"<f8"', b'"<i8"'),  # the dtype
              raw.replace(b'"name":"run"', b'"name":"rum"'),  # a value
              raw.replace(b'"u":{', b'"v":{'),  # a variable renamed
-             raw[:SEAL_LENGTH] + raw[SEAL_LENGTH:].replace(b'"format_version":2', b'"format_version":1'),
+             raw[:SEAL_LENGTH] + raw[SEAL_LENGTH:].replace(b'"format_version":3', b'"format_version":2'),
              raw.replace(SEAL_PREFIX, b'{"metadata_checksun":"')]  # the seal's key itself
     for bad in edits:
         assert bad != raw
@@ -109,7 +117,7 @@ def test_duplicate_keys_are_refused(version):
     (lambda d: d["variables"]["u"].update(dtype="f8"), "byte order"),
     (lambda d: d["variables"]["u"].update(dtype="|f8"), "byte order"),
     (lambda d: d["variables"]["u"].update(scale=2), "unknown keys"),
-    (lambda d: d["variables"]["u"]["chunks"].update(stride=[1]), "unknown columns"),
+    (lambda d: d["variables"]["u"]["chunks"].update(stride=[1]), "unknown columns|exactly the keys"),
 ])
 def test_rules_behind_the_seal(version, edit, message):
     path, _ = version
@@ -123,9 +131,11 @@ def test_start_plus_count_overflow_is_refused(version):
     """start + count wrapped around int64 and passed the bounds check."""
     path, _ = version
     doc = read_doc(path)
-    chunks = doc["variables"]["u"]["chunks"]
+    stored = doc["variables"]["u"]["chunks"]
+    chunks = json_columns(stored, 2)
     chunks["start"][0] = (1 << 62) - 1
     chunks["count"][0] = (1 << 62) - 1
+    doc["variables"]["u"]["chunks"] = columnar(chunks, 2) if "data" in stored else chunks
     with pytest.raises(CorruptCheckpointError, match="outside"):
         parse(sealed(doc))
 

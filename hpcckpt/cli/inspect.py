@@ -8,7 +8,7 @@ import os
 
 from ..encoding import dtype_to_json
 from ..errors import CheckpointError
-from ..metadata import CHECKSUM_ALGORITHM, FORMAT_NAME, FORMAT_VERSION
+from ..metadata import CHECKSUM_ALGORITHM, FORMAT_NAME
 from ..view import CheckpointView
 
 
@@ -42,7 +42,7 @@ def cmd_inspect(args) -> int:
         if note:
             print(f"({note})")
         print(f"checkpoint   {path}")
-        print(f"format       hpcckpt format version {FORMAT_VERSION}, chunk checksums {CHECKSUM_ALGORITHM}")
+        print(f"format       hpcckpt format version {meta.format_version}, chunk checksums {CHECKSUM_ALGORITHM}")
         print(f"step         {meta.step if meta.step is not None else '-'}")
         print(f"created      {time_text(meta.created)}")
         print(f"written by   {meta.nranks} rank{'s' if meta.nranks != 1 else ''}")
@@ -99,7 +99,7 @@ def _inspect_json(view: CheckpointView, sizes, with_chunks: bool) -> dict:
                               "start": c.start[k].tolist(), "count": c.count[k].tolist()}
                              for k in range(len(c))]
         variables[name] = doc
-    return {"path": view.path, "format": FORMAT_NAME, "format_version": FORMAT_VERSION,
+    return {"path": view.path, "format": FORMAT_NAME, "format_version": meta.format_version,
             "checksum": CHECKSUM_ALGORITHM, "step": meta.step, "created": meta.created, "nranks": meta.nranks,
             "files": [{"name": n, "size": s} for n, s in zip(meta.files, sizes)],
             "variables": variables, "values": meta.values, "extra": meta.extra}

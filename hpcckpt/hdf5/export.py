@@ -16,7 +16,7 @@ import numpy as np
 
 from ..encoding import encode_value
 from ..errors import CheckpointError
-from ..metadata import FORMAT_NAME, FORMAT_VERSION
+from ..metadata import FORMAT_NAME
 from ..regions import volume
 from .common import INT64_MAX, INT64_MIN, JSON_SUFFIX, LIBVER, RESERVED_PREFIX, h5_errors, h5py_module
 
@@ -81,7 +81,7 @@ def export(checkpoint_path, out_h5, progress=None, *, overwrite: bool = False) -
             try:
                 with h5_errors(f"cannot write the attributes of {tmp!r}", corrupt=False):
                     f.attrs[RESERVED_PREFIX + "format"] = FORMAT_NAME
-                    f.attrs[RESERVED_PREFIX + "format_version"] = np.int64(FORMAT_VERSION)
+                    f.attrs[RESERVED_PREFIX + "format_version"] = np.int64(view.meta.format_version)
                     if view.step is not None:
                         f.attrs[RESERVED_PREFIX + "step"] = np.int64(view.step)
                     f.attrs[RESERVED_PREFIX + "created"] = str(view.meta.created)
