@@ -103,16 +103,17 @@ def resolve_base(directory: str, base, io_root: str | None) -> tuple | None:
     return os.path.realpath(base), stamp(base)
 
 
-def base_index(comm, what: str, key, held_by_rank: list) -> ChainIndex | None:
+def base_index(comm, what: str, key, held_by_all) -> ChainIndex | None:
     """Collective when some rank lacks it: the index of the base ``key`` (rank 0's) on every rank, or None.
 
-    ``held_by_rank``: the keys each rank reported (:func:`held`).  When every
+    ``held_by_all``: the keys every rank holds (the intersection of what the
+    ranks reported from :func:`held`, the same on every rank).  When every
     rank holds the index, no message is sent; otherwise rank 0 reads (or takes
     from its cache) and broadcasts it.
     """
     if key is None:
         return None
-    if not all(key in keys for keys in held_by_rank):
+    if key not in held_by_all:
         def read():
             from .metadata_file import read_metadata
 

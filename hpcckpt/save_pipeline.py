@@ -120,7 +120,8 @@ def save_version(state, directory, comm, options: SaveOptions | dict, step: int 
                                                                 chain_base, storage))
         try:
             root, held, hit = agree_plan(comm, name_of, local, failure, options, cache, root_part,
-                                         chain_cache.held() if incremental else None)
+                                         frozenset(chain_cache.held()) if incremental else None,
+                                         frozenset.intersection)
         except CheckpointError:
             if rank == 0 and root_part:
                 _drop(storage, root_part[0])
