@@ -2,8 +2,8 @@
 
 Rank 0 resolves the base (an explicit ``base``, the version a Checkpointer
 saved or restored last, or the newest committed one under the root) inside the
-plan stage's allgather, in which every rank also reports which indexes it
-holds.  The indexes of the last two versions this process saved or read are
+plan stage's allreduce, in which the ranks' reports of the indexes they hold
+are intersected.  The indexes of the last two versions this process saved or read are
 kept here, so a Checkpointer's repeated incremental saves never ship an index:
 only a first save (or one after a restore) broadcasts it from rank 0.
 """
