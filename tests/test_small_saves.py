@@ -1,19 +1,23 @@
 """Small, frequent saves on one process (issue 20): what a repeated Checkpointer.save costs in collectives and in
 side work (retention's deletions on a thread, the failure history's heartbeat written at most every
-HEARTBEAT_SECONDS), and that none of it changes what is committed or restored."""
+HEARTBEAT_SECONDS), that none of it changes what is committed or restored, and the plan stage's Ballot (the
+allreduce's record: merged alike in any order and grouping)."""
 
 from __future__ import annotations
 
 import json
 import os
+from functools import reduce
 
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 import hpcckpt
 from hpcckpt import pacing
 from hpcckpt.collective import SerialComm
 from hpcckpt.policy import FailureHistory
+from hpcckpt.save_plan import Ballot, merge_ballots, merge_reports
 from mpitools import CountingComm
 
 COLLECTIVES = {"allgather", "gather", "bcast", "scatter", "allreduce", "exscan", "alltoall", "Barrier", "barrier"}
@@ -98,3 +102,46 @@ def test_the_failure_history_is_written_at_most_every_heartbeat_period(tmp_path,
     assert len(writes) == 3
     run = json.loads((root / "failure_history.json").read_text())["runs"][-1]
     assert run["end"] is not None and run["last_alive"] >= alive
+
+
+# ---------------------------------------------------------------- the plan stage's ballot (pure)
+
+_digests = st.one_of(st.none(), st.sampled_from(["0a", "1b", "2c", "ff"]))
+_reports = st.one_of(st.none(), st.frozensets(st.integers(0, 5), max_size=4))
+
+
+@st.composite
+def _ballots(draw):
+    """Every rank's ballot: rank 0 alone hands out a part, a rank that failed may send no digest."""
+    n = draw(st.integers(1, 9))
+    out = []
+    for r in range(n):
+        failed = draw(st.booleans())
+        digest = draw(_digests) if failed else draw(st.sampled_from(["0a", "1b", "2c", "ff"]))
+        out.append(Ballot(failed, draw(st.booleans()), digest, digest, ("dir", r) if r == 0 else None,
+                          draw(_reports)))
+    return out, draw(st.permutations(range(n))), draw(st.integers(0, n))
+
+
+@settings(max_examples=300, deadline=None)
+@given(_ballots())
+def test_ballots_merge_the_same_in_any_order_and_grouping(case):
+    """What an MPI reduction needs (it merges in a tree of its choosing), and what the plan stage reads."""
+    ballots, order, cut = case
+    merge = lambda a, b: merge_ballots(a, b, frozenset.intersection)  # noqa: E731
+    shuffled = [ballots[i] for i in order]
+    left, right = shuffled[:cut], shuffled[cut:]
+    grouped = [reduce(merge, part) for part in (left, right) if part]
+    got = reduce(merge, grouped)
+    assert got == reduce(merge, ballots)
+    digests = [b.low for b in ballots if b.low is not None]
+    reports = [b.report for b in ballots if b.report is not None]
+    assert got.failed == any(b.failed for b in ballots) and got.unchanged == all(b.unchanged for b in ballots)
+    assert (got.low, got.high) == ((min(digests), max(digests)) if digests else (None, None))
+    assert got.root == ("dir", 0)
+    assert got.report == (reduce(frozenset.intersection, reports) if reports else None)
+
+
+def test_reports_without_a_combine_are_none():
+    assert merge_reports(frozenset({1}), frozenset({1}), None) is None
+    assert merge_reports(None, frozenset({2}), frozenset.intersection) == frozenset({2})
