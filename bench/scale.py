@@ -1,6 +1,6 @@
 """Planning and metadata at many ranks, simulated (issue 20): no rank is started.
 
-    python bench/scale.py [--ranks 1024 4096 16384 65536] [--vars 20] [--sample 8] [--json out.json]
+    python bench/scale.py [--ranks 1024 4096 16384 65536] [--vars 20] [--sample 8] [--no-load] [--json out.json]
 
 The planning and metadata code is pure, so it is driven here with what P ranks
 would hand it: a 3-D grid decomposition (P = px*py*pz, 4^3 float64 elements
@@ -11,8 +11,11 @@ Measured per rank:
 
 * save plan: rank 0's plan (plan_variables over P summaries) and every rank's
   own description (describe_state), time and tracemalloc peak; the bytes each
-  rank receives to plan (pickled sizes of the messages of save_plan._plan and
-  of the cache-hit allgather of agree_plan);
+  rank receives to plan (pickled sizes of the messages of save_plan._plan, of
+  the cache-hit allgather agree_plan made before issue 20's save-side change,
+  and of the allreduce of save_plan.Ballot that replaced it: mpi4py reduces
+  pickled objects over a binomial tree, then broadcasts the result, so the
+  rank that receives most, rank 0, gets ceil(log2 P) ballots plus none);
 * metadata: build (commit.metadata_from_rows), size, write (to_json_bytes) and
   parse (metadata.parse: seal, JSON, validation), per million chunks;
 * load plan: the old plan (every rank plans every rank's reads: the tiling
@@ -24,7 +27,11 @@ Measured per rank:
   metadata broadcast, and the requests allgather in its old and new forms);
 * incremental: the base index rank 0 builds and broadcasts
   (incremental.ChainIndex), the allgather of the new blocks' keys and the
-  deduplication (incremental.duplicates) on the last rank, which scans them all.
+  deduplication (incremental.duplicates) on the last rank, which scans them all;
+  against it, the exchange that sends each key only to the rank that owns its
+  hash range (xxh3 of the key modulo P): an alltoall of the keys to their
+  owners and one of the verdicts back (bytes per rank, max and median, empty
+  slots included; not built: see docs/performance.md).
 
 Every rank's load plan is independent given the metadata and the requests, so
 sampled ranks give the per-rank figures without simulating all of them.
@@ -68,6 +75,7 @@ from hpcckpt.box_index import BoxIndex  # noqa: E402
 from hpcckpt.read_directory import decide, directed, parts_for_directories, shared_from_assignments  # noqa: E402
 from hpcckpt.read_plan import encode_requests, rank_reads, target_boxes  # noqa: E402
 from hpcckpt.regions import tiling_problem  # noqa: E402
+from hpcckpt.save_plan import Ballot  # noqa: E402
 from hpcckpt.save_stages import describe_state, plan_variables  # noqa: E402
 from hpcckpt.state import Block  # noqa: E402
 
@@ -164,7 +172,10 @@ def save_case(p: int, nvars: int, sample: list[int]) -> tuple[dict, object, list
     gather_bytes = p * psize((None, summaries[-1], payload))  # what rank 0 receives
     payloads = [(True, None, "".join(list(one["digest"]))) for _ in range(p)]  # distinct objects, as received
     bcast_bytes = psize((None, None, payloads, variables, codecs, 0)) + psize(boxes[-1])
-    hit_bytes = p * psize((None, True, None, None, one["digest"]))  # the cache-hit allgather, every rank
+    hit_bytes = p * psize((None, True, None, None, one["digest"]))  # the old cache-hit allgather, every rank
+    root_part = (f"/scratch/run/step-{1:012d}", "file-per-rank", None, None)  # what rank 0 hands out on a hit
+    ballot = Ballot(False, True, one["digest"], one["digest"], root_part, None)
+    hit_reduce_bytes = max(1, (p - 1).bit_length()) * psize(ballot)  # rank 0: one ballot per level of the tree
     rows = chunk_rows(p, nvars, starts, stops)
     t_build, (meta, _, nchunks) = timed(lambda: metadata_from_rows(variables, rows, codecs, {}, p, 1, {}))
     t_write, raw = timed(meta.to_json_bytes)
@@ -174,7 +185,7 @@ def save_case(p: int, nvars: int, sample: list[int]) -> tuple[dict, object, list
     out = {"ranks": p, "chunks": nchunks, "shape": shape,
            "save_describe_s_max": max(describe), "save_plan_root_s": t_plan, "save_plan_root_peak_bytes": m_plan,
            "save_gather_bytes_root": gather_bytes, "save_bcast_scatter_bytes_rank": bcast_bytes,
-           "save_hit_allgather_bytes_rank": hit_bytes,
+           "save_hit_allgather_bytes_rank": hit_bytes, "save_hit_allreduce_bytes_rank_max": hit_reduce_bytes,
            "meta_build_s": t_build, "meta_bytes": len(raw), "meta_write_s": t_write, "meta_parse_s": t_parse,
            "meta_parse_s_per_million": t_parse / nchunks * 1e6,
            "meta_parse_cpu_s_per_million": cpu / nchunks * 1e6, "meta_pickle_bytes": psize(parsed)}
@@ -348,9 +359,31 @@ def incremental_case(meta, rows: list, p: int, nvars: int) -> dict:
     raw = imeta.to_json_bytes()
     t_parse, _ = timed(lambda: parse(raw))
     t_dup, _ = timed(lambda: duplicates(keys, p - 1))
+    owner_max, owner_median = owner_exchange_bytes(keys, p)
     return {"ranks": p, "chunks": nchunks, "base_index_s": t_index, "base_index_bcast_bytes": psize(index),
             "keys_allgather_bytes_rank": sum(psize((None, (0, 0, k, 0))) for k in keys),
+            "keys_owner_bytes_rank_max": owner_max, "keys_owner_bytes_rank_median": owner_median,
             "dedup_last_rank_s": t_dup, "meta_root_s": t_meta, "meta_bytes": len(raw), "meta_parse_s": t_parse}
+
+
+def owner_exchange_bytes(keys: list[list], p: int) -> tuple[int, int]:
+    """Bytes each rank receives when every key goes only to the rank owning its hash (xxh3 % P): an alltoall of
+    the keys (a list per source, empty slots included), then one of the verdicts (one bool per key) back;
+    ``(max, median)`` over the ranks.  Computed from the pickled sizes of one list per (source, owner) pair."""
+    import xxhash
+
+    per_owner: dict[int, dict[int, list]] = {}
+    for source, mine in enumerate(keys):
+        for key in mine:
+            per_owner.setdefault(xxhash.xxh3_64_intdigest(key[0].encode()) % p, {}).setdefault(source, []).append(key)
+    empty = psize([])
+    received = np.full(p, p * empty, dtype=np.int64)  # the keys round: every slot costs at least an empty list
+    received += p * empty  # the verdicts round, likewise
+    for owner, sources in per_owner.items():
+        for source, got in sources.items():
+            received[owner] += psize(got) - empty  # the keys this owner receives from this source
+            received[source] += psize([False] * len(got)) - empty  # their verdicts, back to the source
+    return int(received.max()), int(np.median(received))
 
 
 def _plan(var):
@@ -387,6 +420,7 @@ def main() -> None:
     ap.add_argument("--vars", type=int, default=20)
     ap.add_argument("--sample", type=int, default=8, help="ranks whose new load plan is timed, per case")
     ap.add_argument("--old-full-max", type=int, default=4096, help="above this, the old load plan is sampled")
+    ap.add_argument("--no-load", action="store_true", help="the save and incremental cases only")
     ap.add_argument("--json", default=None)
     ap.add_argument("--metadata-only", action="store_true", help="only the metadata rows (docstring)")
     ap.add_argument("--repeat", type=int, default=3, help="with --metadata-only: repeats, best CPU reported")
@@ -397,18 +431,20 @@ def main() -> None:
     for p in args.ranks:
         save, meta, rows = save_case(p, args.vars, sorted({0, p // 2, p - 1}))
         results["save"].append(save)
-        for q in (3 * p // 4, 2 * p):
+        for q in () if args.no_load else (3 * p // 4, 2 * p):
             results["load"].append({"saved_on": p, **load_case(meta, q, args.vars, args.sample, args.old_full_max)})
         results["incremental"].append(incremental_case(meta, rows, p, args.vars))
         del meta, rows
         print(f"P={p} done", file=sys.stderr, flush=True)
     print("\nSave plan and metadata (per rank; rank 0 plans)\n")
     print_table(["P", "chunks", "describe ms", "plan rank0 s", "plan rank0 MiB", "gather rank0 MiB",
-                 "bcast+scatter MiB/rank", "hit allgather MiB/rank", "meta MiB", "write s", "parse s",
+                 "bcast+scatter MiB/rank", "hit allgather (old) MiB/rank", "hit allreduce KiB/rank (max)",
+                 "meta MiB", "write s", "parse s",
                  "parse s/M chunks", "parse CPU s/M"],
                 [[s["ranks"], s["chunks"], f"{s['save_describe_s_max'] * 1e3:.2f}", f"{s['save_plan_root_s']:.3f}",
                   mib(s["save_plan_root_peak_bytes"]), mib(s["save_gather_bytes_root"]),
                   mib(s["save_bcast_scatter_bytes_rank"]), mib(s["save_hit_allgather_bytes_rank"]),
+                  f"{s['save_hit_allreduce_bytes_rank_max'] / 1024:.2f}",
                   mib(s["meta_bytes"]), f"{s['meta_write_s']:.3f}", f"{s['meta_parse_s']:.3f}",
                   f"{s['meta_parse_s_per_million']:.3f}", f"{s['meta_parse_cpu_s_per_million']:.3f}"]
                  for s in results["save"]])
@@ -425,10 +461,12 @@ def main() -> None:
                   f"{r['directory_received_bytes_max'] / 1024:.1f} / {r['directory_received_bytes_median'] / 1024:.1f}", mib(r["requests_allgather_gathered_bytes"]),
                   f"{r['agree_allgather_bytes'] / 1024:.1f}"] for r in results["load"]])
     print("\nIncremental version on the P-rank base (10% of the blocks changed)\n")
-    print_table(["P", "chunks", "base index s", "index bcast MiB", "keys allgather MiB/rank", "dedup last rank s",
-                 "meta rank0 s", "meta MiB", "parse s"],
+    print_table(["P", "chunks", "base index s", "index bcast MiB", "keys allgather MiB/rank",
+                 "keys to owners KiB/rank (max / median)", "dedup last rank s", "meta rank0 s", "meta MiB", "parse s"],
                 [[i["ranks"], i["chunks"], f"{i['base_index_s']:.3f}", mib(i["base_index_bcast_bytes"]),
-                  mib(i["keys_allgather_bytes_rank"]), f"{i['dedup_last_rank_s']:.3f}", f"{i['meta_root_s']:.3f}",
+                  mib(i["keys_allgather_bytes_rank"]),
+                  f"{i['keys_owner_bytes_rank_max'] / 1024:.1f} / {i['keys_owner_bytes_rank_median'] / 1024:.1f}",
+                  f"{i['dedup_last_rank_s']:.3f}", f"{i['meta_root_s']:.3f}",
                   mib(i["meta_bytes"]), f"{i['meta_parse_s']:.3f}"] for i in results["incremental"]])
     if args.json:
         with open(args.json, "w") as f:

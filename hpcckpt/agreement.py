@@ -3,7 +3,7 @@
 Every rank hashes what must be the same on all of them: the step, the save
 options, the names and kinds of the variables, and the JSON form of each
 replicated value (xxhash of its canonical text).  The digest rides on a
-collective the save already makes: the plan stage's allgather (blocking and
+collective the save already makes: the plan stage's allreduce or gather (blocking and
 incremental saves, the first asynchronous save), or the commit's gather (an
 asynchronous full save with a cached plan, whose ``save`` calls no MPI).  When
 the digests differ, a CheckpointError on every rank names what differs
@@ -96,7 +96,8 @@ def _difference(a: dict, ra: int, b: dict, rb: int) -> str:
 
 
 def check_digests(comm, what: str, totals: list, details: dict | None) -> None:
-    """Collective when ``totals`` (every rank's :func:`total`, the same list on every rank) differ.
+    """Collective when ``totals`` differ: every rank's :func:`total`, or any list of them that holds the smallest
+    and the largest (save_plan.Ballot), the same list on every rank.
 
     Then every rank sends its entries (one allgather) and every rank raises the
     same CheckpointError naming what differs and two ranks; otherwise no MPI.

@@ -6,7 +6,7 @@ save_pipeline.py split in two:
 * foreground, inside ``save``: describe; plan (the cached plan, checked at the
   commit, so a full save of an unchanged layout calls no MPI at all; an
   incremental save agrees its plan and runs its select stage collectively:
-  two allgathers); stage (a copy of the selected arrays or changed blocks into
+  an allreduce and an allgather); stage (a copy of the selected arrays or changed blocks into
   the staging pool, staging.py); then ``save`` returns.  The caller may
   overwrite its arrays at once.
 * background (one thread per rank, no MPI call in it, background.py): the
@@ -249,15 +249,15 @@ class Engine:
                 report, failure = attempt(self.node.clear_leftovers)
             if self.rank == 0 and failure is None:
                 root_part, failure = attempt(lambda: self._root_start(first, opts, step))
-        if is_incremental(opts):
-            report = (report, chain_cache.held())
-        root, reports, _ = agree_plan(self.comm, what, local, failure, opts, self.plan_cache, root_part, report)
+        report = (frozenset(report or ()), frozenset(chain_cache.held()))
+        root, (names_left, held_by_all), _ = agree_plan(self.comm, what, local, failure, opts, self.plan_cache,
+                                                        root_part, report, _merge_reports)
         names, base_key = root
         if first:
-            self._names = set(names) | {n for r in reports for n in ((r[0] if is_incremental(opts) else r) or ())}
+            self._names = set(names) | names_left
         if not is_incremental(opts):
             return None
-        return chain_cache.base_index(self.comm, what, base_key, [r[1] for r in reports])
+        return chain_cache.base_index(self.comm, what, base_key, held_by_all)
 
     def _root_start(self, first: bool, opts: SaveOptions, step: int) -> tuple:
         """Rank 0's part of an agreed plan: ``(names on the root, or None; base key, or None)``."""
@@ -523,6 +523,12 @@ class Engine:
 
         self.sync()
         return restore_levels(self, state, step, strict, cast)
+
+
+def _merge_reports(a: tuple, b: tuple) -> tuple:
+    """Two ranks' reports of the plan stage as one: the names left in their node directories (a union) and the
+    base indexes they all hold (an intersection)."""
+    return a[0] | b[0], a[1] & b[1]
 
 
 def _entry(name: str, committed: bool = True, path: str = "") -> VersionEntry:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import threading
 import warnings
 from dataclasses import dataclass
 
@@ -117,34 +118,73 @@ def retained(entries: list[VersionEntry], keep: int | None) -> list[VersionEntry
 def remove_versions(entries: list[VersionEntry]) -> list[str]:
     """Delete the given version directories; warn (do not fail) for any that resist.
 
-    Crash safety: every version is first uncommitted (its metadata.json unlinked,
-    newest first, since incremental versions reference older ones), and only then
-    are the directories deleted.  A kill at any instant leaves neither a
-    "committed" version with missing data nor one referencing an uncommitted one;
-    the leftovers are uncommitted directories, removed by the next save or gc.
+    Crash safety: every version is first uncommitted (:func:`uncommit_versions`),
+    and only then are the directories deleted (:func:`delete_directories`).  A
+    kill at any instant leaves neither a "committed" version with missing data
+    nor one referencing an uncommitted one; the leftovers are uncommitted
+    directories, removed by the next save or gc.
     """
-    failed = set()
+    return delete_directories(uncommit_versions(entries))
+
+
+def uncommit_versions(entries: list[VersionEntry]) -> list[VersionEntry]:
+    """Unlink the metadata.json of each version, newest first (incremental versions reference older ones);
+    the entries now uncommitted, which :func:`delete_directories` may delete.  Warns for one that resists, and
+    then keeps every older one committed too (the one that resisted may reference it)."""
+    done = []
     for e in sorted(entries, key=lambda e: e.order, reverse=True):
-        if failed:  # an older version may be referenced by the one that resisted: keep it too
-            failed.add(e.name)
-            continue
         try:
             os.unlink(os.path.join(e.path, METADATA_FILE))
         except FileNotFoundError:
             pass
         except OSError as exc:
-            failed.add(e.name)
-            warnings.warn(f"hpcckpt: could not remove {e.path}: {exc}", stacklevel=2)
+            warnings.warn(f"hpcckpt: could not remove {e.path}: {exc}", stacklevel=3)
+            break
+        done.append(e)
+    return done
+
+
+def delete_directories(entries: list[VersionEntry]) -> list[str]:
+    """Delete the directories of uncommitted versions; the names deleted (warns for one that resists)."""
     removed = []
     for e in entries:
-        if e.name in failed:
-            continue
         try:
             shutil.rmtree(e.path)
             removed.append(e.name)
         except OSError as exc:
             warnings.warn(f"hpcckpt: could not remove {e.path}: {exc}", stacklevel=2)
     return removed
+
+
+class Retirement:
+    """Retention off a save's critical path: versions uncommitted at once, their directories deleted on a thread.
+
+    Rank 0 of a Checkpointer, after each commit: :meth:`retire` unlinks the
+    metadata.json of the versions retention removes (they are no versions any
+    more the moment it returns: what a kill would leave anyway) and hands
+    their directories (unlinking every data file: the slow part) to one
+    thread, so the save returns without waiting for it.  :meth:`wait` joins
+    that thread; the next save calls it before it lists the root, and so does
+    close.  A directory the thread could not delete is an uncommitted
+    leftover, removed by the next save or ``hpcckpt gc``.
+    """
+
+    def __init__(self):
+        self._thread: threading.Thread | None = None
+
+    def retire(self, entries: list[VersionEntry]) -> None:
+        """Uncommit ``entries`` now, delete their directories in the background (after the last deletion)."""
+        self.wait()
+        gone = uncommit_versions(entries)
+        if gone:
+            self._thread = threading.Thread(target=delete_directories, args=(gone,), name="hpcckpt-retention")
+            self._thread.start()
+
+    def wait(self) -> None:
+        """Return once the directories handed over last are deleted."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
 
 
 def gc(root: str, keep: int | None = None) -> list[str]:

@@ -2,8 +2,8 @@
 
 Rank 0 resolves the base (an explicit ``base``, the version a Checkpointer
 saved or restored last, or the newest committed one under the root) inside the
-plan stage's allgather, in which every rank also reports which indexes it
-holds.  The indexes of the last two versions this process saved or read are
+plan stage's allreduce, in which the ranks' reports of the indexes they hold
+are intersected.  The indexes of the last two versions this process saved or read are
 kept here, so a Checkpointer's repeated incremental saves never ship an index:
 only a first save (or one after a restore) broadcasts it from rank 0.
 """
@@ -103,16 +103,17 @@ def resolve_base(directory: str, base, io_root: str | None) -> tuple | None:
     return os.path.realpath(base), stamp(base)
 
 
-def base_index(comm, what: str, key, held_by_rank: list) -> ChainIndex | None:
+def base_index(comm, what: str, key, held_by_all) -> ChainIndex | None:
     """Collective when some rank lacks it: the index of the base ``key`` (rank 0's) on every rank, or None.
 
-    ``held_by_rank``: the keys each rank reported (:func:`held`).  When every
+    ``held_by_all``: the keys every rank holds (the intersection of what the
+    ranks reported from :func:`held`, the same on every rank).  When every
     rank holds the index, no message is sent; otherwise rank 0 reads (or takes
     from its cache) and broadcasts it.
     """
     if key is None:
         return None
-    if not all(key in keys for keys in held_by_rank):
+    if key not in held_by_all:
         def read():
             from .metadata_file import read_metadata
 

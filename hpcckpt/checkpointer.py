@@ -10,7 +10,8 @@ import weakref
 
 from . import rootlock
 from .collective import agree, bcast_checked, best_effort, on_root, resolve_comm
-from .catalog import check_step, current, list_versions, new_version_name, remove_versions, removable, retained
+from .catalog import Retirement, check_step, current, list_versions, new_version_name, remove_versions, removable, \
+    retained
 from .errors import CheckpointError, TemplateMismatchError
 from .file_tracking import FileTracker, rollback
 from .loading import load_version
@@ -97,6 +98,7 @@ class Checkpointer:
         self.last_restored: str | None = None
         self._last_result: SaveResult | None = None
         self._plan_cache = PlanCache()  # the plan of the last blocking save, reused while the layout holds
+        self._retirement = Retirement()  # rank 0: retention's deletions, off the save's critical path
         self._closed = False
         self._registered = None  # the state of register(): read at every save/restore given none
         self._break_lock = bool(break_lock)
@@ -166,6 +168,7 @@ class Checkpointer:
         self.root, self.comm, self.keep, self.options = config["root"], comm, config["keep"], config["options"]
         self.chain_base, self.last_restored = config["chain_base"], config["last_restored"]
         self._last_result, self._plan_cache, self._closed, self._registered = None, PlanCache(), False, None
+        self._retirement = Retirement()
         self._break_lock, self.engine = config["break_lock"], None
         self.files = FileTracker.following(config["files"])  # shared files only: rank 0 records them
         # the lock is rank 0's; the other ranks only mark that it was taken, so the next save agrees on it
@@ -261,7 +264,10 @@ class Checkpointer:
         ``state``: a dict, a Stateful object or a callable returning the dict
         (read now; see hpcckpt.stateful), or omitted for the registered one
         (``ck.save(step)``).  Retention is bookkeeping: a deletion that fails
-        is a warning on rank 0.
+        is a warning on rank 0.  When the save returns, the versions retention
+        removes are no longer committed (their metadata.json is gone); their
+        directories are deleted by a thread of rank 0 that the next save (or
+        :meth:`close`) waits for (catalog.Retirement).
         """
         state, step = self._state_and_step(state, step, "save")
         self._check_open()
@@ -281,7 +287,7 @@ class Checkpointer:
         self._last_result = result
         self.pacer.record_save(step, time.perf_counter() - t0)
         t1 = time.perf_counter()
-        on_root(self.comm, lambda: best_effort(f"retention under {self.root!r}", lambda: remove_versions(
+        on_root(self.comm, lambda: best_effort(f"retention under {self.root!r}", lambda: self._retirement.retire(
             removable(list_versions(self.root), self.keep))))
         result.timings["retention"] = result.this_rank["timings"]["retention"] = time.perf_counter() - t1
         if self.should_exit():  # the final checkpoint is committed: now an application handler may stop us
@@ -343,6 +349,7 @@ class Checkpointer:
 
     def _prepare(self, step: int) -> str:
         """Clear leftovers of interrupted saves (rank 0) and pick the new version's directory name."""
+        self._retirement.wait()  # the last retention's deletions are done: the listing sees the root settled
         entries = list_versions(self.root)
         leftovers = [e for e in entries if not e.committed]
         removed = set(remove_versions(leftovers))
@@ -419,6 +426,7 @@ class Checkpointer:
                 if self.engine is not None:
                     self.engine.close()  # commits a pending save and waits for a flush in progress
             finally:
+                self._retirement.wait()
                 self.pacer.close()
                 if self._unlock is not None:
                     self._unlock()

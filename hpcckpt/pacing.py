@@ -4,7 +4,8 @@ The decision logic itself is pure (policy.Schedule); this module adds what needs
 a communicator, a clock and the process: rank 0's clock decides, a signal
 caught on any rank counts for all, a halt file under the root (hpcckpt.halt)
 is looked for by rank 0 only, the failure history under the checkpoint root is
-updated by rank 0 only, and the answer costs one small allreduce.
+updated by rank 0 only (a save's heartbeat written at most every
+HEARTBEAT_SECONDS), and the answer costs one small allreduce.
 
 Why a signal gives the same decision on every rank: each rank reads its flag
 just before the allreduce, and the allreduce (MAX) hands every rank the same
@@ -33,6 +34,9 @@ _NONE, _INTERVAL, _DEADLINE, _HALT, _SIGNAL = 0, 1, 2, 3, 4
 _REASONS = {_NONE: None, _INTERVAL: "interval", _DEADLINE: "deadline", _HALT: "halt", _SIGNAL: "signal"}
 #: The reasons after which the job should stop (``should_exit``).
 FINAL = ("signal", "halt", "deadline")
+#: Seconds between two writes of the failure history for the heartbeats of saves: a code saving every second
+#: rewrites (and fsyncs) the file at most this often; a failed run's exposure is then short by less than this.
+HEARTBEAT_SECONDS = 30.0
 
 
 class Pacer:
@@ -58,6 +62,7 @@ class Pacer:
         self.history = None
         self.schedule = None
         self.progress = 0.0  # rank 0's progress towards the next checkpoint at the last decision (pre-copy)
+        self._persisted = float("-inf")  # when rank 0 last wrote the failure history
         if handle_signals:
             self.signals.install()
         if comm.Get_rank() == 0:
@@ -108,13 +113,16 @@ class Pacer:
         return reason
 
     def record_save(self, step: int, blocking_seconds: float) -> None:
-        """Feed the measured blocking cost of a save (rank 0's) to the schedule and the history."""
+        """Feed the measured blocking cost of a save (rank 0's) to the schedule and the history (the history's
+        file is rewritten for it at most every HEARTBEAT_SECONDS: small frequent saves do not pay a write and
+        an fsync each)."""
         if self.schedule is not None:
             now = time.time()
             self.schedule.record_save(now, step, blocking_seconds)
             if self.history is not None:
                 self.history.heartbeat(now, persist=False)
-                self._persist("recording a checkpoint")
+                if now - self._persisted >= HEARTBEAT_SECONDS:
+                    self._persist("recording a checkpoint")
 
     def close(self) -> None:
         """Record a clean end of this run (the job stopped on purpose), restore the signal handlers, and
@@ -128,6 +136,7 @@ class Pacer:
 
     def _persist(self, event: str) -> None:
         """Rank 0: write the history; on failure warn once and keep it in memory only (see the module doc)."""
+        self._persisted = time.time()
         if self.history.directory is not None and not best_effort(
                 f"writing the failure history under {self.root!r} ({event})", self.history.save):
             self.history.directory = None

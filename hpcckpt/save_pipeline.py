@@ -3,7 +3,7 @@
 ::
 
     describe   save_stages.describe_state      this rank's summaries, arrays, values (no MPI)
-    plan       save_plan                        agreed before writing (one allgather on a cache hit),
+    plan       save_plan                        agreed before writing (one allreduce on a cache hit),
                                                 or checked at the commit (asynchronous full saves: no MPI)
     select     selection                        full: every array; incremental: the changed blocks
                                                 (one allgather: the policy and deduplication)
@@ -84,12 +84,12 @@ def save_version(state, directory, comm, options: SaveOptions | dict, step: int 
 
     ``directory``: the path, or a callable that rank 0 runs to choose it (a
     Checkpointer clears leftovers and names the version there, inside the
-    plan stage's allgather).  ``io_root``: where bandwidth measurements for
+    plan stage's allreduce).  ``io_root``: where bandwidth measurements for
     ``strategy="auto"`` are kept and, for an incremental save, where the
     newest version is looked up as its base (a Checkpointer's root).
     ``cache``: a PlanCache kept across saves; a repeated save of an unchanged
     layout then makes three collectives with the file-per-rank transport: the
-    allgather of the plan stage, and the gather + broadcast of the commit (an
+    allreduce of the plan stage, and the gather + broadcast of the commit (an
     incremental save adds the allgather of its select stage).
     ``chain_base``: the version an incremental save builds on when it still
     exists (a Checkpointer's last saved or restored one).  ``storage``: where
@@ -98,7 +98,7 @@ def save_version(state, directory, comm, options: SaveOptions | dict, step: int 
     keyword arguments to make them from, validated inside the plan stage (an
     invalid option on one rank is the same CheckpointError on every rank).
     Every rank must pass the same step, options, names, kinds and replicated
-    values (agreement.py; checked in the plan stage's allgather).
+    values (agreement.py; checked in the plan stage's allreduce).
     ``files``: called as ``files(directory)`` on every rank after its data are
     written, returns this rank's records of the tracked output files
     (hpcckpt.file_tracking); rank 0 commits them as ``extra["files"]``.
@@ -106,7 +106,7 @@ def save_version(state, directory, comm, options: SaveOptions | dict, step: int 
     rank, size = comm.Get_rank(), comm.Get_size()
     timer = PhaseTimer()
     cache = cache if cache is not None else PlanCache()
-    options, failure = _options(options)  # a failure is agreed in the plan stage's allgather, below
+    options, failure = _options(options)  # a failure is agreed in the plan stage's allreduce, below
     incremental = failure is None and is_incremental(options)
     name_of = lambda root: f"save of {root[0]!r}" if root else "save of a new version"  # noqa: E731
     with timer.phase("plan"):
@@ -120,7 +120,8 @@ def save_version(state, directory, comm, options: SaveOptions | dict, step: int 
                                                                 chain_base, storage))
         try:
             root, held, hit = agree_plan(comm, name_of, local, failure, options, cache, root_part,
-                                         chain_cache.held() if incremental else None)
+                                         frozenset(chain_cache.held()) if incremental else None,
+                                         frozenset.intersection)
         except CheckpointError:
             if rank == 0 and root_part:
                 _drop(storage, root_part[0])

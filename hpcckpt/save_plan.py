@@ -5,9 +5,10 @@ broadcast: :func:`replan`) and kept in a :class:`PlanCache` while no rank's
 layout changes.  The cache is used in one of two ways, by the kind of writer:
 
 * agreed before the data moves (:func:`agree_plan`; blocking saves and every
-  incremental save): one allgather in which each rank says whether its layout
+  incremental save): one allreduce in which each rank says whether its layout
   still matches the cache, and rank 0 hands out its part (the version's
-  directory, the strategy).  A repeated save of the same layout then needs no
+  directory, the strategy); what each rank receives is bounded whatever the
+  rank count (a few fields, the reduction's tree: O(log P) messages).  A repeated save of the same layout then needs no
   planning collective, and a collective transport runs over a plan that every
   rank holds.
 * checked at the commit (:func:`plan_locally` + :func:`reconcile`;
@@ -22,8 +23,10 @@ Pure apart from :func:`replan` and :func:`agree_plan` (which call MPI through
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from .agreement import check_digests
 from .codecs.core import AUTO
@@ -128,49 +131,94 @@ def _plan_on_root(msgs: list, options: SaveOptions) -> tuple:
     return variables, boxes, codecs, sum(v.nbytes for v in variables.values()), replicas
 
 
+class Ballot(NamedTuple):
+    """What each rank puts into the cache-hit exchange of :func:`agree_plan`, and what the ranks' ballots
+    combine into (:func:`merge_ballots`): of bounded size whatever the rank count.
+
+    ``failed``: some rank failed before the exchange; ``unchanged``: every
+    rank's layout matches the cached plan; ``low`` / ``high``: the smallest and
+    largest digest of the ranks (agreement.py: equal exactly when the ranks
+    agree, or one is None when a rank failed); ``root``: rank 0's part (None
+    from the other ranks); ``report``: the ranks' reports combined by the
+    caller's function (None without one).
+    """
+
+    failed: bool
+    unchanged: bool
+    low: str | None
+    high: str | None
+    root: object
+    report: object
+
+
+def merge_ballots(a: Ballot, b: Ballot, combine=None) -> Ballot:
+    """Two ballots as one (associative and commutative, as an MPI reduction needs; never raises, since it runs
+    inside the reduction); the reports as :func:`merge_reports` merges them."""
+    lows, highs = [d for d in (a.low, b.low) if d is not None], [d for d in (a.high, b.high) if d is not None]
+    return Ballot(a.failed or b.failed, a.unchanged and b.unchanged, min(lows) if lows else None,
+                  max(highs) if highs else None, a.root if a.root is not None else b.root,
+                  merge_reports(a.report, b.report, combine))
+
+
+def merge_reports(a, b, combine=None):
+    """Two ranks' reports as one through ``combine``; None (a rank that failed before it made its report, or
+    no ``combine``: no reports) leaves the other one."""
+    if combine is None:
+        return None
+    return b if a is None else a if b is None else combine(a, b)
+
+
 def agree_plan(comm, what, local: dict | None, failure, options: SaveOptions, cache: PlanCache,
-               root_part=None, report=None) -> tuple:
-    """Collective: the plan every rank writes with; ``(rank 0's part, every rank's report, cache hit)``.
+               root_part=None, report=None, combine=None) -> tuple:
+    """Collective: the plan every rank writes with; ``(rank 0's part, the ranks' reports combined, cache hit)``.
 
     Two ways, chosen alike on every rank from the outcome of the last save
     (``cache.expect_hit``):
 
     * the cache is expected to hold (the last save reused it, or planned
-      afresh): one allgather of ``(failure, layout unchanged, root_part,
-      report, digest)``, then :func:`replan` only when some rank's layout
-      changed; a repeated save of the same layout makes no other collective;
+      afresh): one allreduce of each rank's :class:`Ballot` (failed, layout
+      unchanged, its digest as the low and high end, ``root_part`` from rank
+      0, ``report``), whose result has the same few fields whatever the rank
+      count; then :func:`replan` only when some rank's layout changed.  A
+      repeated save of the same layout makes no other collective;
     * layouts are changing (the last save missed), or there is no plan yet:
       :func:`plan_at_once`, a gather, one broadcast and a scatter, instead of
-      the allgather plus a new plan.
+      the allreduce plus a new plan.
 
-    When the digests differ (the ranks passed different steps, options,
-    names, kinds or replicated values: agreement.py) every rank raises the
-    same error naming what differs.  ``what``: the operation's name for
-    errors, or a function of rank 0's part that gives it.  A failure on any
-    rank raises the same CheckpointError everywhere, with the cache invalidated.
+    ``report``: what this rank tells the others (chain_cache.held: the base
+    indexes it holds), or None; merged pairwise by ``combine`` (associative
+    and commutative: an intersection, a union), which must be the same
+    function on every rank (each rank applies its own inside the reduction);
+    returned combined, or None when ``combine`` is None.  When some rank failed, one more allgather names the
+    ranks and their failures; when the digests differ (the ranks passed
+    different steps, options, names, kinds or replicated values:
+    agreement.py), one more allgather names what differs: every rank raises
+    the same error, and the cache is invalidated.  ``what``: the operation's
+    name for errors, or a function of rank 0's part that gives it.
     """
     if not cache.expect_hit:
-        return plan_at_once(comm, what, local, failure, options, cache, root_part, report)
-    everyone = comm.allgather((failure, local is not None and local["key"] == cache.key, root_part, report,
-                               local["digest"] if local is not None else None))
-    root = everyone[0][2]
-    name = what(root) if callable(what) else what
+        return plan_at_once(comm, what, local, failure, options, cache, root_part, report, combine)
+    digest = local["digest"] if local is not None else None
+    mine = Ballot(failure is not None, failure is None and local is not None and local["key"] == cache.key,
+                  digest, digest, root_part if comm.Get_rank() == 0 else None, report)
+    agreed = comm.allreduce(mine, op=lambda a, b: merge_ballots(a, b, combine))
+    name = what(agreed.root) if callable(what) else what
     try:
-        raise_if_failed(comm, name, [e[0] for e in everyone])
-        check_digests(comm, name, [e[4] for e in everyone], local["details"] if local is not None else None)
-        hit = all(e[1] for e in everyone)
-        if not hit:
+        if agreed.failed:  # the error path: one allgather to name every failed rank and why
+            raise_if_failed(comm, name, comm.allgather(failure))
+        check_digests(comm, name, [agreed.low, agreed.high], local["details"] if local is not None else None)
+        if not agreed.unchanged:
             cache.invalidate()
             replan(comm, name, local, None, options, cache)
             cache.expect_hit = False  # the layout changes: the next save plans at once
     except CheckpointError:
         cache.invalidate()
         raise
-    return root, [e[3] for e in everyone], hit
+    return agreed.root, agreed.report, agreed.unchanged
 
 
 def plan_at_once(comm, what, local: dict | None, failure, options: SaveOptions, cache: PlanCache,
-                 root_part=None, report=None) -> tuple:
+                 root_part=None, report=None, combine=None) -> tuple:
     """Collective: a new plan without asking first whether the cached one holds; as :func:`agree_plan` returns.
 
     Gather of ``(failure, codec-measured summary, layout unchanged, report,
@@ -189,7 +237,7 @@ def plan_at_once(comm, what, local: dict | None, failure, options: SaveOptions, 
         cache.invalidate()
         raise
     cache.expect_hit = fresh or all(p[0] for p in payloads)
-    return root, [p[1] for p in payloads], False
+    return root, functools.reduce(lambda a, b: merge_reports(a, b, combine), [p[1] for p in payloads]), False
 
 
 def plan_locally(local: dict, cache: PlanCache, options: SaveOptions) -> tuple[dict, dict, tuple | None]:

@@ -39,7 +39,7 @@ def test_a_repeated_blocking_save_makes_at_most_three_collectives(world, mpi_tmp
             ck.save(_state(world, k=step), step)
             counts.append([c for c in comm.calls if c in COLLECTIVES])
         assert all(len(c) <= 3 for c in counts), counts
-        assert counts[0] == ["allgather", "gather", "bcast"], counts
+        assert counts[0] == ["allreduce", "gather", "bcast"], counts
         target = _state(world, k=-1)
         out = ck.restore(target)
     assert out["t"] == 4 and np.array_equal(target["u"].local, _state(world, k=4)["u"].local)
@@ -82,7 +82,7 @@ def test_a_failure_after_a_cached_plan_is_agreed_and_the_next_save_replans(world
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("asynchronous", [False, True])
 def test_a_repeated_incremental_save_plans_from_the_cache(world, mpi_tmp, asynchronous):
-    """Incremental saves share the plan cache: the plan's allgather, the select stage's allgather, the commit's
+    """Incremental saves share the plan cache: the plan's allreduce, the select stage's allgather, the commit's
     gather + bcast; the base's block index is never shipped again (every rank holds it from the commit)."""
     comm = CountingComm(world)
     with Checkpointer(f"{mpi_tmp}/root", comm=comm, strategy="file-per-rank", track_failures=False,
@@ -98,7 +98,7 @@ def test_a_repeated_incremental_save_plans_from_the_cache(world, mpi_tmp, asynch
             ck.wait()
             counts.append([c for c in comm.calls if c in COLLECTIVES])
             assert ck.last_result.kind == "incremental" and ck.last_result.bytes_written <= 4096 * world.size
-        assert all(c == ["allgather", "allgather", "gather", "bcast"] for c in counts), counts
+        assert all(c == ["allreduce", "allgather", "gather", "bcast"] for c in counts), counts
         target = _state(world, k=-1)
         ck.restore(target)
     want = _state(world)["u"].local
@@ -119,10 +119,10 @@ def test_a_layout_that_keeps_changing_is_planned_at_once(world, mpi_tmp):
             ck.save(_state(world, k=step, rows=rows), step)
             counts.append([c for c in comm.calls if c in COLLECTIVES])
         commit = ["gather", "bcast"]
-        assert counts[1] == ["allgather", "gather", "bcast", "scatter"] + commit, counts  # expected a hit: missed
+        assert counts[1] == ["allreduce", "gather", "bcast", "scatter"] + commit, counts  # expected a hit: missed
         assert counts[2] == counts[3] == ["gather", "bcast", "scatter"] + commit, counts  # planned at once
         assert counts[4] == ["gather", "bcast", "scatter"] + commit, counts  # unchanged: check the cache next
-        assert counts[5] == ["allgather"] + commit, counts
+        assert counts[5] == ["allreduce"] + commit, counts
         target = _state(world, k=-1, rows=6)
         out = ck.restore(target)
     assert out["t"] == 5 and np.array_equal(target["u"].local, _state(world, k=5, rows=6)["u"].local)

@@ -1,0 +1,147 @@
+"""Small, frequent saves on one process (issue 20): what a repeated Checkpointer.save costs in collectives and in
+side work (retention's deletions on a thread, the failure history's heartbeat written at most every
+HEARTBEAT_SECONDS), that none of it changes what is committed or restored, and the plan stage's Ballot (the
+allreduce's record: merged alike in any order and grouping)."""
+
+from __future__ import annotations
+
+import json
+import os
+from functools import reduce
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import hpcckpt
+from hpcckpt import pacing
+from hpcckpt.collective import SerialComm
+from hpcckpt.policy import FailureHistory
+from hpcckpt.save_plan import Ballot, merge_ballots, merge_reports
+from mpitools import CountingComm
+
+COLLECTIVES = {"allgather", "gather", "bcast", "scatter", "allreduce", "exscan", "alltoall", "Barrier", "barrier"}
+
+
+def _state(k: float, n: int = 512) -> dict:
+    return {"u": hpcckpt.Block(np.arange(n, dtype=np.float64) + k, offset=(0,), global_shape=(n,)), "t": k}
+
+
+def test_a_repeated_save_on_one_rank_makes_three_collectives(tmp_path):
+    comm = CountingComm(SerialComm())
+    with hpcckpt.Checkpointer(tmp_path / "root", comm=comm, keep=2, strategy="file-per-rank",
+                              track_failures=False) as ck:
+        ck.save(_state(0), 0)  # the first save plans: gather, bcast, scatter, then the commit's gather and bcast
+        counts = []
+        for step in (1, 2, 3):
+            comm.calls.clear()
+            ck.save(_state(step), step)
+            counts.append([c for c in comm.calls if c in COLLECTIVES])
+        assert counts == [["allreduce", "gather", "bcast"]] * 3, counts
+        target = _state(-1)
+        out = ck.restore(target)
+    assert out["t"] == 3 and np.array_equal(target["u"].local, _state(3)["u"].local)
+
+
+def test_retention_leaves_no_committed_extra_version_and_deletes_the_rest_before_the_next_save(tmp_path):
+    root = tmp_path / "root"
+    ck = hpcckpt.Checkpointer(root, keep=2, strategy="file-per-rank", track_failures=False)
+    for step in range(5):
+        ck.save(_state(step), step)
+        # right after the save: exactly the newest two committed, whatever the thread has deleted yet
+        committed = sorted(p for p in os.listdir(root) if (root / p / "metadata.json").is_file())
+        assert committed == [f"step-{s:012d}" for s in range(max(0, step - 1), step + 1)]
+        assert ck.steps() == list(range(max(0, step - 1), step + 1))
+        ck._retirement.wait()  # what the next save does first
+        assert sorted(p for p in os.listdir(root) if p.startswith("step-")) == committed
+    ck.close()
+    assert sorted(p for p in os.listdir(root) if p.startswith("step-")) == ["step-000000000003", "step-000000000004"]
+    target = _state(-1)
+    assert hpcckpt.Checkpointer(root, track_failures=False).restore(target)["t"] == 4
+
+
+def test_a_retention_deletion_that_fails_is_a_warning_and_the_version_stays_uncommitted(tmp_path, monkeypatch):
+    from hpcckpt import catalog
+
+    root = tmp_path / "root"
+    with hpcckpt.Checkpointer(root, keep=1, strategy="file-per-rank", track_failures=False) as ck:
+        ck.save(_state(0), 0)
+        real = catalog.shutil.rmtree
+
+        def refuse(path, *a, **k):
+            raise PermissionError(13, "Permission denied", str(path))
+
+        monkeypatch.setattr(catalog.shutil, "rmtree", refuse)
+        with pytest.warns(UserWarning, match="could not remove"):
+            ck.save(_state(1), 1)
+            ck._retirement.wait()
+        monkeypatch.setattr(catalog.shutil, "rmtree", real)
+        assert not (root / "step-000000000000" / "metadata.json").exists()  # uncommitted: never restored
+        assert ck.steps() == [1]
+        ck.save(_state(2), 2)  # clears the leftover first
+        ck._retirement.wait()
+    assert sorted(p for p in os.listdir(root) if p.startswith("step-")) == ["step-000000000002"]
+
+
+def test_the_failure_history_is_written_at_most_every_heartbeat_period(tmp_path, monkeypatch):
+    writes = []
+    real = FailureHistory.save
+    monkeypatch.setattr(FailureHistory, "save", lambda self: (writes.append(1), real(self)))
+    root = tmp_path / "root"
+    ck = hpcckpt.Checkpointer(root, keep=2, strategy="file-per-rank", handle_signals=False)
+    assert len(writes) == 1  # the job start
+    for step in range(4):
+        ck.save(_state(step), step)
+    assert len(writes) == 1  # four saves within HEARTBEAT_SECONDS: no rewrite
+    monkeypatch.setattr(pacing, "HEARTBEAT_SECONDS", 0.0)
+    ck.save(_state(4), 4)
+    assert len(writes) == 2
+    alive = json.loads((root / "failure_history.json").read_text())["runs"][-1]["last_alive"]
+    assert alive is not None
+    ck.close()  # the clean end is written whatever the period
+    assert len(writes) == 3
+    run = json.loads((root / "failure_history.json").read_text())["runs"][-1]
+    assert run["end"] is not None and run["last_alive"] >= alive
+
+
+# ---------------------------------------------------------------- the plan stage's ballot (pure)
+
+_digests = st.one_of(st.none(), st.sampled_from(["0a", "1b", "2c", "ff"]))
+_reports = st.one_of(st.none(), st.frozensets(st.integers(0, 5), max_size=4))
+
+
+@st.composite
+def _ballots(draw):
+    """Every rank's ballot: rank 0 alone hands out a part, a rank that failed may send no digest."""
+    n = draw(st.integers(1, 9))
+    out = []
+    for r in range(n):
+        failed = draw(st.booleans())
+        digest = draw(_digests) if failed else draw(st.sampled_from(["0a", "1b", "2c", "ff"]))
+        out.append(Ballot(failed, draw(st.booleans()), digest, digest, ("dir", r) if r == 0 else None,
+                          draw(_reports)))
+    return out, draw(st.permutations(range(n))), draw(st.integers(0, n))
+
+
+@settings(max_examples=300, deadline=None)
+@given(_ballots())
+def test_ballots_merge_the_same_in_any_order_and_grouping(case):
+    """What an MPI reduction needs (it merges in a tree of its choosing), and what the plan stage reads."""
+    ballots, order, cut = case
+    merge = lambda a, b: merge_ballots(a, b, frozenset.intersection)  # noqa: E731
+    shuffled = [ballots[i] for i in order]
+    left, right = shuffled[:cut], shuffled[cut:]
+    grouped = [reduce(merge, part) for part in (left, right) if part]
+    got = reduce(merge, grouped)
+    assert got == reduce(merge, ballots)
+    digests = [b.low for b in ballots if b.low is not None]
+    reports = [b.report for b in ballots if b.report is not None]
+    assert got.failed == any(b.failed for b in ballots) and got.unchanged == all(b.unchanged for b in ballots)
+    assert (got.low, got.high) == ((min(digests), max(digests)) if digests else (None, None))
+    assert got.root == ("dir", 0)
+    assert got.report == (reduce(frozenset.intersection, reports) if reports else None)
+
+
+def test_reports_without_a_combine_are_none():
+    assert merge_reports(frozenset({1}), frozenset({1}), None) is None
+    assert merge_reports(None, frozenset({2}), frozenset.intersection) == frozenset({2})
