@@ -89,7 +89,7 @@ def document(meta, chunk_entry) -> bytes:
     """The sealed metadata with each variable's chunk table replaced by ``chunk_entry(name, variable)``."""
     doc = {"format": "hpcckpt", "format_version": 3, "checksum": "xxh3_64", "step": meta.step,
            "created": meta.created, "nranks": meta.nranks, "files": meta.files,
-           "variables": {name: {**var.to_json(), "chunks": chunk_entry(name, var)} for name, var in meta.variables.items()},
+           "variables": {name: {**var.to_json(False), "chunks": chunk_entry(name, var)} for name, var in meta.variables.items()},
            "values": meta.values, "extra": meta.extra}
     return seal(json.dumps(doc, separators=(",", ":"), allow_nan=False).encode())
 

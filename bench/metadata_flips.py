@@ -19,7 +19,7 @@ from hpcckpt.metadata import parse
 
 def restore_view(meta) -> str:
     """Everything in parsed metadata that a restore depends on (not ``extra`` or ``created``)."""
-    return json.dumps([meta.step, meta.files, {n: v.to_json() for n, v in meta.variables.items()}, meta.values],
+    return json.dumps([meta.step, meta.files, {n: v.to_json(False) for n, v in meta.variables.items()}, meta.values],
                       sort_keys=True)
 
 

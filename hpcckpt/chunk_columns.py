@@ -29,8 +29,8 @@ import xxhash
 from .blockhash import NAME as DEVICE_HASH_TAG  # hash_kind 1: a block hashed on a GPU, "mix128:<32 hex digits>"
 from .errors import CorruptCheckpointError
 
-#: A writer stores a variable's chunk table in this form when it has at least this many chunks (fewer stay
-#: readable JSON arrays); a reader takes either form at any size (format version 3).
+#: A writer stores every chunk table of a version in this form when the version has at least this many chunks in
+#: all (fewer stay readable JSON arrays); a reader takes either form at any size (format version 3).
 COLUMNAR_MIN_CHUNKS = 4096
 #: The first 8 bytes of a decoded block, then block version, column count, row count and the body's XXH3-64.
 MAGIC = b"HCKCOLS\0"

@@ -104,9 +104,9 @@ class ChunkTable:
                    list(checksum), np.asarray(start, np.int64).reshape(len(rows), ndim),
                    np.asarray(count, np.int64).reshape(len(rows), ndim))
 
-    def to_json(self) -> dict:
-        """The table's JSON entry: columnar (chunk_columns) from COLUMNAR_MIN_CHUNKS rows on, JSON arrays below."""
-        if len(self) >= chunk_columns.COLUMNAR_MIN_CHUNKS:
+    def to_json(self, columnar: bool) -> dict:
+        """The table's JSON entry: a columnar block (chunk_columns) or JSON arrays."""
+        if columnar:
             return chunk_columns.encode(self)
         return {"file": self.file.tolist(), "offset": self.offset.tolist(), "nbytes": self.nbytes.tolist(),
                 "checksum": list(self.checksum), "start": self.start.ravel().tolist(),
@@ -136,9 +136,10 @@ class Variable:
     def stored_bytes(self) -> int:
         return int(self.chunks.nbytes.sum())
 
-    def to_json(self) -> dict:
+    def to_json(self, columnar: bool) -> dict:
+        """The variable's JSON entry, its chunk table columnar or not (Metadata.to_json_bytes decides)."""
         return {"kind": self.kind, "dtype": dtype_to_json(self.dtype), "shape": list(self.shape),
-                "codec": self.codec, "chunks": self.chunks.to_json()}
+                "codec": self.codec, "chunks": self.chunks.to_json(columnar)}
 
 
 @dataclass
@@ -163,10 +164,16 @@ class Metadata:
         return self
 
     def to_json_bytes(self) -> bytes:
-        """The committed bytes of ``metadata.json``: one JSON object, sealed by its own checksum."""
+        """The committed bytes of ``metadata.json``: one JSON object, sealed by its own checksum.
+
+        Every chunk table is a columnar block when the version has at least
+        COLUMNAR_MIN_CHUNKS chunks in all (many small variables parse as
+        slowly as one big one), JSON arrays otherwise (small checkpoints stay
+        readable as text)."""
+        columnar = sum(len(v.chunks) for v in self.variables.values()) >= chunk_columns.COLUMNAR_MIN_CHUNKS
         doc = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "checksum": CHECKSUM_ALGORITHM,
                "step": self.step, "created": self.created, "nranks": self.nranks, "files": self.files,
-               "variables": {name: v.to_json() for name, v in self.variables.items()},
+               "variables": {name: v.to_json(columnar) for name, v in self.variables.items()},
                "values": self.values, "extra": self.extra}
         return seal(json.dumps(doc, separators=(",", ":"), allow_nan=False).encode())
 

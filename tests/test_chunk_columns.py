@@ -79,6 +79,19 @@ def test_the_writer_switches_form_at_the_threshold():
     assert chunks["columns"] == ["file", "offset", "nbytes", "checksum", "start_0", "start_1", "count_0", "count_1"]
 
 
+def test_the_threshold_counts_every_chunk_of_the_version():
+    """Four variables that reach the threshold together are columnar, each: they would parse as slowly as one."""
+    def four_variables(rows: int) -> Metadata:
+        meta = metadata(table(rows))
+        meta.variables = {name: Variable(name, "block", np.dtype("<f8"), (rows, 4), table(rows)) for name in "abcd"}
+        return meta
+
+    below, at = four_variables(COLUMNAR_MIN_CHUNKS // 4 - 1), four_variables(COLUMNAR_MIN_CHUNKS // 4)
+    assert all("file" in v["chunks"] for v in doc_of(below)["variables"].values())
+    assert all(set(v["chunks"]) == {"columns", "rows", "data"} for v in doc_of(at)["variables"].values())
+    assert parse(at.to_json_bytes()).variables["d"].chunks.checksum == at.variables["d"].chunks.checksum
+
+
 @pytest.mark.parametrize("hashes, tagged", [(False, ()), (True, ()), (True, (1, 4))])
 def test_the_block_is_the_documented_layout(table_form, hashes, tagged):
     """Decoded by hand (zlib, struct, numpy): the header and each column hold what the JSON form would."""
