@@ -22,7 +22,8 @@ from .errors import CorruptCheckpointError, TemplateMismatchError
 from .metadata import Metadata, Variable
 from .monitor import PhaseTimer
 from .planning import common_names, plan_rows
-from .load_plan import plan_load
+from .load_plan import directory_way, plan_directory, plan_gathered
+from .read_directory import HOLDS, NEEDS, chunk_roles
 from .read_plan import encode_requests, target_boxes
 from .metadata_file import read_metadata
 from .reader import ChunkReader, allocate
@@ -59,14 +60,32 @@ def load_version(state, directory: str, comm, strict: bool = True, timer: PhaseT
     with timer.phase("metadata"):
         meta = bcast_checked(comm, what, lambda: _step_checked(read_metadata(directory, storage), expect_step,
                                                                     directory).indexed())
+    rank = comm.Get_rank()
     with timer.phase("plan"):
-        rank = comm.Get_rank()
         local, failure = attempt(lambda: read_template(state, meta, strict, cast, rank, comm.Get_size()))
-        boxes, shared = plan_load(comm, what, meta, local, failure)
-    with timer.phase("read"):
-        targets, outgoing, values = agree(comm, what, lambda: _read(directory, meta, local, boxes, shared, rank,
-                                                                    storage))
-        _exchange(comm, meta, targets, shared, outgoing)
+    plan = None
+    if directory_way(meta):  # read first: a failed read rides on the directory's first exchange
+        with timer.phase("read"):
+            roles = None if failure is not None or _asks_ragged(local) else _roles(meta, local)
+            early, failure = (None, failure) if roles is None else attempt(
+                lambda: _read_early(directory, meta, local, roles, storage))
+        with timer.phase("plan"):
+            plan = plan_directory(comm, what, meta, local, roles, failure)
+    if plan is not None:
+        shared, reread = plan
+        targets, held, values = early
+        with timer.phase("read"):
+            if reread:
+                agree(comm, what, lambda: _reread(directory, meta, targets, roles, shared, rank, storage))
+            outgoing = _owed(meta, targets, held, shared, rank)
+            _exchange(comm, meta, targets, shared, outgoing)
+    else:  # a Ragged table: the allgather of every rank's requests, then the reads, then their agreement
+        with timer.phase("plan"):
+            boxes, shared = plan_gathered(comm, what, meta, local, failure)
+        with timer.phase("read"):
+            targets, outgoing, values = agree(comm, what, lambda: _read(directory, meta, local, boxes, shared, rank,
+                                                                        storage))
+            _exchange(comm, meta, targets, shared, outgoing)
     if comm.Get_rank() == 0:
         logger.info("loaded %s on %d ranks: %s", directory, comm.Get_size(),
                     ", ".join(f"{k} {v:.3f} s" for k, v in timer.seconds.items()))
@@ -300,16 +319,89 @@ def plan_targets(requests: list[dict], meta: Metadata) -> list[dict]:
              per_variable.items()} for r in range(len(requests))]
 
 
-def _read(directory: str, meta: Metadata, local: dict, boxes: dict, shared: dict, rank: int, storage: Storage):
-    """This rank's part of the load: its targets filled (but for parts others send), what it owes, the values."""
-    values = {name: decode_value(meta.values[name], repr(name)) for name in local["replicated"]}
+def _asks_ragged(local: dict) -> bool:
+    return any(r[0] == "ragged" for r in local["requests"].values())
+
+
+def _roles(meta: Metadata, local: dict) -> dict:
+    """This rank's role in each chunk its Blocks touch (read_directory.chunk_roles)."""
+    boxes, sendable = {}, set()
+    for name, request in local["requests"].items():
+        boxes[name] = (tuple(request[1]), tuple(request[2]))
+        out = local["distributed"][name].local
+        if isinstance(out, np.ndarray) and out.dtype == meta.variables[name].dtype:
+            sendable.add(name)
+    return chunk_roles(meta, boxes, sendable)
+
+
+def _targets(meta: Metadata, local: dict, boxes: dict) -> dict:
+    """``{name: (start, stop, array to fill)}``: a Block's own array, new rows for a Ragged (the template's dtype)."""
     targets = {}
     for name, value in sorted(local["distributed"].items()):
         start, stop = boxes[name]
-        out = value.local if isinstance(value, Block) else allocate(  # Ragged rows: the template's dtype
+        out = value.local if isinstance(value, Block) else allocate(
             tuple(b - a for a, b in zip(start, stop)), local["dtypes"].get(name, meta.variables[name].dtype), name)
         targets[name] = (start, stop, out)
-    return targets, _read_local(directory, meta, targets, shared, rank, storage), values
+    return targets
+
+
+def _values(meta: Metadata, local: dict) -> dict:
+    return {name: decode_value(meta.values[name], repr(name)) for name in local["replicated"]}
+
+
+def _read_early(directory: str, meta: Metadata, local: dict, roles: dict, storage: Storage):
+    """The directory way's reads, before its plan: ``(targets, held, values)``.
+
+    Every chunk this rank reads (its roles but NEEDS) is read and verified now;
+    a shared chunk whose centre it holds is kept whole in ``held[(name,
+    chunk)]`` (its own part copied out) for the users it may have to send to.
+    """
+    targets = _targets(meta, local, {name: (tuple(r[1]), tuple(r[2])) for name, r in local["requests"].items()})
+    held = {}
+    with ChunkReader(directory, meta, storage) as reader:
+        for name, (start, stop, out) in targets.items():
+            var = meta.variables[name]
+            later = {k: (lo, hi) for k, lo, hi, role in roles[name] if role in (NEEDS, HOLDS)}
+            reader.read_into(var, start, stop, out, skip=later)
+            for k, lo, hi, role in roles[name]:
+                if role == HOLDS:
+                    held[(name, k)] = chunk = reader.chunk_array(var, k, own=True)
+                    copy_into(out[_local_slices(lo, hi, start)], chunk[_local_slices(lo, hi, var.chunks.start[k])])
+    return targets, held, _values(meta, local)
+
+
+def _reread(directory: str, meta: Metadata, targets: dict, roles: dict, shared: dict, rank: int,
+            storage: Storage) -> None:
+    """The parts this rank was told to read itself after the plan (no rank can send them: read_directory)."""
+    with ChunkReader(directory, meta, storage) as reader:
+        for name, (start, _, out) in targets.items():
+            var = meta.variables[name]
+            for k, lo, hi, role in roles[name]:
+                if role == NEEDS and shared[name][k][0] == rank:
+                    chunk = reader.chunk_array(var, k)
+                    copy_into(out[_local_slices(lo, hi, start)], chunk[_local_slices(lo, hi, var.chunks.start[k])])
+
+
+def _owed(meta: Metadata, targets: dict, held: dict, shared: dict, rank: int) -> list:
+    """The parts this rank sends (``(rank, contiguous array)`` in plan order): from the chunks it holds, or from
+    its target where the chunk lies wholly in it."""
+    outgoing = []
+    for name, (start, _, out) in targets.items():
+        for k, (sender, parts) in sorted(shared[name].items()):
+            if sender != rank:
+                continue
+            source, origin = ((held[(name, k)], meta.variables[name].chunks.start[k]) if (name, k) in held
+                              else (out, start))
+            outgoing.extend((dest, np.ascontiguousarray(source[_local_slices(lo, hi, origin)]))
+                            for dest, lo, hi in parts if dest != rank)
+    return outgoing
+
+
+def _read(directory: str, meta: Metadata, local: dict, boxes: dict, shared: dict, rank: int, storage: Storage):
+    """The allgather way's reads, after its plan: the targets filled (but for parts others send), what this rank
+    owes, the values."""
+    targets = _targets(meta, local, boxes)
+    return targets, _read_local(directory, meta, targets, shared, rank, storage), _values(meta, local)
 
 
 def _read_local(directory: str, meta: Metadata, targets: dict, shared: dict, rank: int, storage: Storage) -> list:
@@ -328,7 +420,7 @@ def _read_local(directory: str, meta: Metadata, targets: dict, shared: dict, ran
                 chunk = reader.chunk_array(var, k)
                 c0 = var.chunks.start[k]
                 for dest, lo, hi in parts:
-                    part = chunk[tuple(slice(a - c, b - c) for a, b, c in zip(lo, hi, c0))]
+                    part = chunk[_local_slices(lo, hi, c0)]
                     if dest == rank:
                         copy_into(out[_local_slices(lo, hi, start)], part)
                     else:
