@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .collective import agree, attempt, bcast_checked
+from .collective import agree, attempt, bcast_checked, unpack_checked
 from .arrays import byte_view
 from .devices import copy_into, is_device_array
 from .encoding import PerRankEntries, decode_value, is_per_rank
@@ -35,7 +35,8 @@ from .storage import POSIX, Storage
 
 
 def load_version(state, directory: str, comm, strict: bool = True, timer: PhaseTimer | None = None,
-                 expect_step: int | None = None, storage: Storage = POSIX, cast: bool = False) -> dict:
+                 expect_step: int | None = None, storage: Storage = POSIX, cast: bool = False,
+                 metadata: tuple | None = None) -> dict:
     """Fill the Blocks of ``state`` in place from ``directory``; return the restored state dict.
 
     ``state``: a dict, a Stateful object or a callable (hpcckpt.stateful),
@@ -53,13 +54,16 @@ def load_version(state, directory: str, comm, strict: bool = True, timer: PhaseT
     gives them (under their stored names, at the top level of the result).
     ``cast``: a Block or Ragged whose template dtype differs from the stored
     one is filled by casting (:func:`cast_allowed`); otherwise that is a
-    TemplateMismatchError.
+    TemplateMismatchError.  ``metadata``: the ``(failure, Metadata)`` pair of
+    :func:`version_metadata` that rank 0 already broadcast with something else
+    (Checkpointer.restore: with the listing), so the load makes no broadcast of
+    its own.
     """
     timer = timer or PhaseTimer()
     what = f"load of {directory!r}"
     with timer.phase("metadata"):
-        meta = bcast_checked(comm, what, lambda: _step_checked(read_metadata(directory, storage), expect_step,
-                                                                    directory).indexed())
+        meta = (bcast_checked(comm, what, lambda: version_metadata(directory, storage, expect_step))
+                if metadata is None else unpack_checked(comm, what, metadata))
     rank = comm.Get_rank()
     with timer.phase("plan"):
         local, failure = attempt(lambda: read_template(state, meta, strict, cast, rank, comm.Get_size()))
@@ -179,11 +183,17 @@ def per_rank_value(name: str, template, stored, rank: int, nranks: int) -> PerRa
     return PerRank(stored[rank] if rank < len(stored) else template.value, template.resize)
 
 
-def _step_checked(meta: Metadata, expect_step: int | None, directory: str) -> Metadata:
+def version_metadata(directory: str, storage: Storage = POSIX, expect_step: int | None = None) -> Metadata:
+    """Rank 0's part of a load: the version's metadata, read, validated and indexed, for the broadcast.
+
+    ``expect_step``: the step the directory's name claims; metadata holding
+    another step is a damaged version (CorruptCheckpointError).
+    """
+    meta = read_metadata(directory, storage)
     if expect_step is not None and meta.step != expect_step:
         raise CorruptCheckpointError(f"{directory!r} is named for step {expect_step} but its metadata holds step "
                                      f"{meta.step}")
-    return meta
+    return meta.indexed()
 
 
 def cast_allowed(stored: np.dtype, target: np.dtype) -> bool:
