@@ -67,7 +67,7 @@ WHOLE_UNSENDABLE = 3  # the same, into a target it cannot send from (a cast dtyp
 
 
 def centre(start, stop):
-    """The centre element of the boxes ``[start, stop)`` per axis (numpy arrays or integers): ``(start + stop - 1) // 2``."""
+    """The centre element of the boxes ``[start, stop)``, per axis (numpy arrays or integers)."""
     return (start + stop - 1) // 2
 
 
