@@ -397,8 +397,9 @@ def _reread(directory: str, meta: Metadata, targets: dict, roles: dict, shared: 
 
 
 def _owed(meta: Metadata, targets: dict, held: dict, shared: dict, rank: int) -> list:
-    """The parts this rank sends (``(rank, contiguous array)`` in plan order): from the chunks it holds, or from
-    its target where the chunk lies wholly in it."""
+    """The parts this rank sends, in plan order: ``(rank, source, start, stop)`` with the part
+    ``source[start:stop]`` of a C-contiguous host array, the chunk it holds or its target where the chunk lies
+    wholly in it (no copy: :func:`_exchange` sends a strided part as an MPI subarray)."""
     outgoing = []
     for name, (start, _, out) in targets.items():
         for k, (sender, parts) in sorted(shared[name].items()):
@@ -406,8 +407,14 @@ def _owed(meta: Metadata, targets: dict, held: dict, shared: dict, rank: int) ->
                 continue
             source, origin = ((held[(name, k)], meta.variables[name].chunks.start[k]) if (name, k) in held
                               else (out, start))
-            outgoing.extend((dest, np.ascontiguousarray(source[_local_slices(lo, hi, origin)]))
-                            for dest, lo, hi in parts if dest != rank)
+            for dest, lo, hi in parts:
+                if dest == rank:
+                    continue
+                a, b = [x - o for x, o in zip(lo, origin)], [y - o for y, o in zip(hi, origin)]
+                if not source.flags.c_contiguous:  # a strided target: the part, copied
+                    source, a, b = np.ascontiguousarray(source[_local_slices(lo, hi, origin)]), [0] * len(a), \
+                        [y - x for x, y in zip(a, b)]
+                outgoing.append((dest, source, a, b))
     return outgoing
 
 
@@ -437,13 +444,16 @@ def _read_local(directory: str, meta: Metadata, targets: dict, shared: dict, ran
                     part = chunk[_local_slices(lo, hi, c0)]
                     if dest == rank:
                         copy_into(out[_local_slices(lo, hi, start)], part)
-                    else:
-                        outgoing.append((dest, part.copy()))  # a copy: chunk is the reader's reused scratch
+                    else:  # a copy: chunk is the reader's reused scratch
+                        outgoing.append((dest, part.copy(), [0] * part.ndim, list(part.shape)))
     return outgoing
 
 
 def _exchange(comm, meta: Metadata, targets: dict, shared: dict, outgoing: list) -> None:
-    """Move the shared parts from their readers to the ranks that need them (non-blocking, in plan order)."""
+    """Move the shared parts from their readers to the ranks that need them (non-blocking, in plan order).
+
+    ``outgoing``: ``(rank, source, start, stop)``, the part ``source[start:stop]`` of a C-contiguous array.
+    """
     if comm.Get_size() == 1:
         return
     rank = comm.Get_rank()
@@ -462,11 +472,22 @@ def _exchange(comm, meta: Metadata, targets: dict, shared: dict, outgoing: list)
                         buf = np.empty(dest_view.shape, dtype=meta.variables[name].dtype)
                         incoming.append((out, sel, buf))
                     requests.append(comm.Irecv(byte_view(buf), source=reader_rank, tag=_PART_TAG))
-    for dest, part in outgoing:
-        requests.append(comm.Isend(byte_view(part), dest=dest, tag=_PART_TAG))
     from mpi4py import MPI
 
+    types = []
+    for dest, source, a, b in outgoing:
+        part = source[tuple(slice(x, y) for x, y in zip(a, b))]
+        if part.flags.c_contiguous:
+            requests.append(comm.Isend(byte_view(part), dest=dest, tag=_PART_TAG))
+            continue
+        item = source.itemsize  # a strided part of C-ordered memory: an MPI subarray of its bytes, sent in place
+        sizes, subsizes, starts = list(source.shape), [y - x for x, y in zip(a, b)], list(a)
+        sizes[-1], subsizes[-1], starts[-1] = sizes[-1] * item, subsizes[-1] * item, starts[-1] * item
+        types.append(MPI.BYTE.Create_subarray(sizes, subsizes, starts).Commit())
+        requests.append(comm.Isend([byte_view(source), 1, types[-1]], dest=dest, tag=_PART_TAG))
     MPI.Request.Waitall(requests)  # all parts were read and verified before: nothing here can fail half-way
+    for t in types:
+        t.Free()
     for out, sel, buf in incoming:
         copy_into(out[sel], buf)
 

@@ -222,3 +222,32 @@ def test_a_failure_inside_the_directory_fails_the_load_on_every_rank(comm, mpi_t
     template = {"u": Block(np.zeros((2, 3)), (2 * r, 0), shape), "v": Block(np.zeros((2, 3)), (2 * r, 0), shape)}
     with pytest.raises(CheckpointError, match=f"rank {comm.size - 1}: RuntimeError: directory broke"):
         hpcckpt.load(template, path, comm=comm)
+
+
+def test_strided_parts_are_sent_in_place_and_exact(comm, mpi_tmp, monkeypatch):
+    """A 3-D array saved split along its last axis and loaded with a halo along it: the parts other ranks hold
+    are strided in the sender's memory (its target, or a chunk it holds), sent as MPI subarrays without a copy."""
+    from hpcckpt import loading
+
+    n, r = comm.size, comm.rank
+    shape = (3, 4, 4 * n)
+    g = global_array(shape, np.float64, seed=3)
+    lo2, hi2 = 4 * r, 4 * r + 4
+    path = os.path.join(mpi_tmp, "ck")
+    hpcckpt.save({"u": Block(np.ascontiguousarray(g[:, :, lo2:hi2]), (0, 0, lo2), shape)}, path, comm=comm,
+                 chunk_bytes=int(np.prod(shape[:2])) * 4 * 8 // 2)  # two chunks per rank, split along axis 0
+    strided = []
+    exchange = loading._exchange
+
+    def counted(comm_, meta, targets, shared, outgoing):
+        strided.append(sum(not s[tuple(slice(x, y) for x, y in zip(a, b))].flags.c_contiguous
+                           for _, s, a, b in outgoing))
+        return exchange(comm_, meta, targets, shared, outgoing)
+
+    monkeypatch.setattr(loading, "_exchange", counted)
+    for halo in (1, 2):
+        lo, hi = (0, 0, max(lo2 - halo, 0)), (3, 4, min(hi2 + halo, 4 * n))
+        out = np.full(tuple(b - a for a, b in zip(lo, hi)), -1.0)
+        hpcckpt.load({"u": Block(out, lo, shape)}, path, comm=comm)
+        assert np.array_equal(out, g[tuple(slice(a, b) for a, b in zip(lo, hi))])
+    assert sum(comm.allgather(sum(strided))) > 0  # the subarray path was taken
