@@ -72,7 +72,8 @@ from hpcckpt.names import rank_file, reference  # noqa: E402
 from hpcckpt.options import SaveOptions  # noqa: E402
 from hpcckpt.planning import plan_shared_reads  # noqa: E402
 from hpcckpt.box_index import BoxIndex  # noqa: E402
-from hpcckpt.read_directory import decide, directed, parts_for_directories, shared_from_assignments  # noqa: E402
+from hpcckpt.read_directory import (HOLDS, NEEDS, WHOLE, centre, chunk_roles, decide, directed,  # noqa: E402
+                                    parts_for_directories, shared_from_assignments)
 from hpcckpt.read_plan import encode_requests, rank_reads, target_boxes  # noqa: E402
 from hpcckpt.regions import tiling_problem  # noqa: E402
 from hpcckpt.save_plan import Ballot  # noqa: E402
@@ -256,8 +257,8 @@ def load_case(meta, q: int, nvars: int, nsample: int, old_full_max: int) -> dict
         inbox = directory_inbox(meta, targets, starts, stops, r, q)
         if r == 0:
             inbox = [dict(m or {}, signature=signature) for m in inbox]
-        t1, c1, routed = timed_cpu(lambda: parts_for_directories(meta, box, q))
-        t2, c2, (problem, _) = timed_cpu(lambda: decide(meta, names(nvars), [m.get("parts") for m in inbox], r, q))
+        t1, c1, routed = timed_cpu(lambda: parts_for_directories(meta, chunk_roles(meta, box, set(box)), q))
+        t2, c2, (problem, _, _) = timed_cpu(lambda: decide(meta, names(nvars), [m.get("parts") for m in inbox], r, q))
         assert problem is None
         replies = [None] * q
         for d in sorted(routed):
@@ -274,7 +275,7 @@ def load_case(meta, q: int, nvars: int, nsample: int, old_full_max: int) -> dict
     r = sample[len(sample) // 2]  # (the chunk indexes came with the metadata)
     box = {n: (tuple(starts[r].tolist()), tuple(stops[r].tolist())) for n in names(nvars)}
     inbox = directory_inbox(meta, targets, starts, stops, r, q)
-    peaks.append(traced(lambda: (parts_for_directories(meta, box, q),
+    peaks.append(traced(lambda: (parts_for_directories(meta, chunk_roles(meta, box, set(box)), q),
                                  decide(meta, names(nvars), [m.get("parts") for m in inbox], r, q))))
     # old: every rank plans every rank's reads
     full, k = q <= old_full_max, q
@@ -324,8 +325,11 @@ def directory_inbox(meta, targets, starts, stops, d: int, q: int) -> list:
             for u in targets.query(c.start[k], c.stop[k]).tolist():
                 lo = tuple(np.maximum(starts[u], c.start[k]).tolist())
                 hi = tuple(np.minimum(stops[u], c.stop[k]).tolist())
+                mid = centre(c.start[k], c.stop[k])
+                role = (WHOLE if lo == tuple(c.start[k].tolist()) and hi == tuple(c.stop[k].tolist()) else
+                        HOLDS if all(a <= m < b for a, m, b in zip(lo, mid.tolist(), hi)) else NEEDS)
                 inbox[u] = inbox[u] or {"parts": []}
-                inbox[u]["parts"].append((name, k, lo, hi))
+                inbox[u]["parts"].append((name, k, lo, hi, role))
     return [m or {} for m in inbox]
 
 

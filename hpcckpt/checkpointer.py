@@ -9,12 +9,12 @@ import warnings
 import weakref
 
 from . import rootlock
-from .collective import agree, bcast_checked, best_effort, on_root, resolve_comm
+from .collective import agree, attempt, bcast_checked, best_effort, on_root, resolve_comm
 from .catalog import Retirement, check_step, current, list_versions, new_version_name, remove_versions, removable, \
     retained
 from .errors import CheckpointError, TemplateMismatchError
 from .file_tracking import FileTracker, rollback
-from .loading import load_version
+from .loading import load_version, version_metadata
 from .pacing import Pacer
 from .options import SaveOptions, SaveResult
 from .save_pipeline import save_version
@@ -176,13 +176,25 @@ class Checkpointer:
         self.pacer = Pacer(comm, self.root, handle_signals=config["handle_signals"])  # not rank 0: no history
         return self
 
-    def _live(self) -> list:
+    def _restore_listing(self, step: int | None) -> tuple[list, dict]:
+        """The live versions and ``{path: (failure, metadata)}`` of the one a restore tries first (the newest,
+        of ``step`` if given), read by rank 0 with the listing: one broadcast for both (the load makes none of
+        its own; loading.load_version).  An asynchronous engine's own listing comes without metadata."""
         self._check_open()
         if self.engine is not None:
             live = self.engine.live()  # commits a pending asynchronous save first
             if live is not None:
-                return live
-        return bcast_checked(self.comm, f"listing {self.root!r}", lambda: current(list_versions(self.root)))
+                return live, {}
+
+        def list_and_read():
+            live = current(list_versions(self.root))
+            wanted = [e for e in live if step is None or e.step == step]
+            if not wanted:
+                return live, {}
+            meta, failure = attempt(lambda: version_metadata(wanted[-1].path, expect_step=wanted[-1].step))
+            return live, {wanted[-1].path: (failure, meta)}
+
+        return bcast_checked(self.comm, f"listing {self.root!r}", list_and_read)
 
     def _committed_here(self) -> list:
         """The committed versions as this rank reads them now, without MPI (see :meth:`steps`)."""
@@ -388,7 +400,7 @@ class Checkpointer:
         if self.engine is not None and self.engine.node is not None:
             self._check_open()
             return self.engine.restore(state, step, strict, cast)
-        live = self._live()
+        live, first = self._restore_listing(step)
         if step is not None:
             live = [e for e in live if e.step == step]
             if not live:
@@ -398,7 +410,8 @@ class Checkpointer:
         skipped = []
         for entry in reversed(live):
             try:
-                out = load_version(state, entry.path, self.comm, strict=strict, expect_step=entry.step, cast=cast)
+                out = load_version(state, entry.path, self.comm, strict=strict, expect_step=entry.step, cast=cast,
+                                   metadata=first.get(entry.path))
             except TemplateMismatchError:
                 raise
             except CheckpointError as exc:  # agreed: the same on every rank, so every rank skips alike

@@ -103,7 +103,13 @@ def allgather_checked(comm, what: str, fn: Callable[[], T]) -> list[T]:
 def bcast_checked(comm, what: str, fn: Callable[[], T], root: int = 0) -> T:
     """Run ``fn`` on the root and broadcast its result, or its failure as the same error on every rank."""
     result, failure = attempt(fn) if comm.Get_rank() == root else (None, None)
-    failure, result = comm.bcast((failure, None if failure else result), root=root)
+    return unpack_checked(comm, what, comm.bcast((failure, None if failure else result), root=root), root)
+
+
+def unpack_checked(comm, what: str, pair: tuple, root: int = 0):
+    """The result in a ``(failure, result)`` pair the root broadcast (:func:`bcast_checked`'s, or one riding on
+    another broadcast), or the root's failure as the same error on every rank."""
+    failure, result = pair
     if failure is not None:
         raise collective_error(what, {root: failure}, comm.Get_size())
     return result

@@ -1,19 +1,22 @@
-"""The collective plan of a load: every rank's checked template in, this rank's boxes and shared chunks out.
+"""The collective plan of a load: every rank's checked template in, this rank's shared chunks out.
 
 Two ways, chosen alike on every rank:
 
 * Blocks only (the checkpoint holds no Ragged table, and no rank asks for
   one): the distributed chunk directory of hpcckpt.read_directory, two sparse
   alltoalls whose size per rank is bounded by the chunks it touches and
-  directs;
+  directs (:func:`plan_directory`).  Each rank has read what it reads before
+  them (who reads what is decided locally: read_directory.chunk_roles), so a
+  failed read travels in the first exchange like a failed template check, and
+  the load needs no agreement after its reads;
 * otherwise: one allgather of every rank's compact requests
-  (hpcckpt.read_plan), as a Ragged table's row offsets depend on every rank's
-  row count.
+  (hpcckpt.read_plan, :func:`plan_gathered`), as a Ragged table's row offsets
+  depend on every rank's row count; the reads follow the plan.
 
-The template check's failure (``failure``, from collective.attempt) travels
-in the first exchange, so that it costs no collective of its own: every rank
-raises the same CheckpointError.  Any problem of the plan (blocks that overlap
-or leave a gap, ranks that load different names or kinds) is the same
+A rank's failure (``failure``, from collective.attempt) travels in the first
+exchange, so that it costs no collective of its own: every rank raises the
+same CheckpointError.  Any problem of the plan (blocks that overlap or leave a
+gap, ranks that load different names or kinds) is the same
 TemplateMismatchError on every rank.
 """
 
@@ -26,15 +29,26 @@ from .read_directory import decide, parts_for_directories, shared_from_assignmen
 from .read_plan import encode_requests, rank_reads, target_boxes
 
 
-def plan_load(comm, what: str, meta: Metadata, local: dict | None, failure) -> tuple[dict, dict]:
-    """Collective: ``(boxes, shared)`` of this rank (read_plan.rank_reads's form); see the module docstring."""
+def directory_way(meta: Metadata) -> bool:
+    """Whether a load of ``meta`` is planned through the chunk directory (it holds no Ragged table)."""
+    return not any(v.kind == "ragged" for v in meta.variables.values())
+
+
+def plan_directory(comm, what: str, meta: Metadata, local: dict | None, roles: dict | None,
+                   failure) -> tuple[dict, bool] | None:
+    """Collective: ``(shared, reread)`` of this rank, or None when a rank asked for Ragged rows (then every
+    rank takes :func:`plan_gathered`).
+
+    ``roles``: read_directory.chunk_roles of this rank's Blocks (None with a
+    failure, or when this rank asks for Ragged rows).  ``shared`` is
+    read_plan.rank_reads's form (``{name: {chunk: (sender, parts)}}``) for the
+    chunks whose parts move between ranks; ``reread``: some rank reads a chunk
+    after the plan (read_directory.decide), so the load agrees once more.
+    """
     rank, size = comm.Get_rank(), comm.Get_size()
-    if any(v.kind == "ragged" for v in meta.variables.values()):
-        return _gathered(comm, what, meta, local, failure)
-    ragged = local is not None and any(r[0] == "ragged" for r in local["requests"].values())
-    if failure is None:
-        boxes = {n: (tuple(r[1]), tuple(r[2])) for n, r in local["requests"].items() if r[0] == "block"}
-        routed, failure = attempt(lambda: parts_for_directories(meta, boxes, size))
+    ragged = failure is None and any(r[0] == "ragged" for r in local["requests"].values())
+    if failure is None and not ragged:
+        routed, failure = attempt(lambda: parts_for_directories(meta, roles, size))
     if failure is not None or ragged:  # told to every rank: they all take the same way
         mine = [{"failure": failure, "ragged": ragged}] * size
     else:
@@ -44,21 +58,23 @@ def plan_load(comm, what: str, meta: Metadata, local: dict | None, failure) -> t
     received = [m or {} for m in comm.alltoall(mine)]
     raise_if_failed(comm, what, [m.get("failure") for m in received])
     if any(m.get("ragged") for m in received):
-        return _gathered(comm, what, meta, local, None)
-    names = sorted(n for n, r in local["requests"].items() if r[0] == "block")
+        return None
+    names = sorted(roles)
     verdict, failure = attempt(lambda: _directory(meta, names, local, received, rank, size))
-    problem, assignments = verdict if verdict is not None else (None, {})
+    problem, assignments, reread = verdict if verdict is not None else (None, {}, False)
     if failure is not None or problem is not None:
         answer = [{"failure": failure, "problem": problem}] * size
     else:
         answer = [{"assigned": assignments[d]} if d in assignments else None for d in range(size)]
+        if reread:  # every rank learns that an agreement follows the reads after the plan
+            answer = [dict(m or {}, reread=True) for m in answer]
     replies = [m or {} for m in comm.alltoall(answer)]
     raise_if_failed(comm, what, [m.get("failure") for m in replies])
     problem = next((m["problem"] for m in replies if m.get("problem")), None)  # the lowest rank's: the same everywhere
     if problem is not None:
         raise TemplateMismatchError(f"{what} failed: {problem}")
     shared = shared_from_assignments([m.get("assigned") for m in replies], names)
-    return boxes, shared
+    return shared, any(m.get("reread") for m in replies)
 
 
 def _signature(local: dict) -> tuple:
@@ -70,12 +86,13 @@ def _directory(meta: Metadata, names: list, local: dict, received: list, rank: i
     if rank == 0:
         problem = signature_problem([_signature(local)] + [m.get("signature") for m in received[1:]])
         if problem is not None:
-            return problem, {}
+            return problem, {}, False
     return decide(meta, names, [m.get("parts") for m in received], rank, size)
 
 
-def _gathered(comm, what: str, meta: Metadata, local: dict | None, failure) -> tuple[dict, dict]:
-    """The allgather way: every rank's compact requests, checked alike, then this rank's part (read_plan)."""
+def plan_gathered(comm, what: str, meta: Metadata, local: dict | None, failure) -> tuple[dict, dict]:
+    """Collective, the allgather way: ``(boxes, shared)`` of this rank from every rank's compact requests,
+    checked alike (read_plan)."""
     pairs = comm.allgather((failure, None if failure else encode_requests(local["requests"])))
     raise_if_failed(comm, what, [f for f, _ in pairs])
     try:  # the same inputs on every rank: the same checks pass or fail everywhere; then this rank's part

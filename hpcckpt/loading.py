@@ -4,16 +4,20 @@ metadata (rank 0 reads and validates it once, then broadcasts) -> template check
 (names, kinds, dtypes, shapes, tiling, Ragged row counts; every mismatch names
 the variable on every rank) -> reads (each rank reads only the chunks that
 overlap its own boxes, straight into its buffers where it can) -> the returned
-dict.  Every phase runs under ``agree``: one rank's failure is every rank's
-CheckpointError, and a damaged checkpoint is a CorruptCheckpointError on all
-ranks so that ``Checkpointer.restore`` can fall back to an older version in step.
+dict.  A checkpoint of Blocks is read before its plan (who reads a shared chunk
+is decided by each rank alone: hpcckpt.read_directory) and a failed check or
+read rides on the plan's first exchange; a checkpoint with a Ragged table is
+planned first and its reads run under ``agree``.  Either way one rank's failure
+is every rank's CheckpointError, and a damaged checkpoint is a
+CorruptCheckpointError on all ranks so that ``Checkpointer.restore`` can fall
+back to an older version in step.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from .collective import agree, attempt, bcast_checked
+from .collective import agree, attempt, bcast_checked, unpack_checked
 from .arrays import byte_view
 from .devices import copy_into, is_device_array
 from .encoding import PerRankEntries, decode_value, is_per_rank
@@ -22,7 +26,8 @@ from .errors import CorruptCheckpointError, TemplateMismatchError
 from .metadata import Metadata, Variable
 from .monitor import PhaseTimer
 from .planning import common_names, plan_rows
-from .load_plan import plan_load
+from .load_plan import directory_way, plan_directory, plan_gathered
+from .read_directory import HOLDS, NEEDS, chunk_roles
 from .read_plan import encode_requests, target_boxes
 from .metadata_file import read_metadata
 from .reader import ChunkReader, allocate
@@ -34,7 +39,8 @@ from .storage import POSIX, Storage
 
 
 def load_version(state, directory: str, comm, strict: bool = True, timer: PhaseTimer | None = None,
-                 expect_step: int | None = None, storage: Storage = POSIX, cast: bool = False) -> dict:
+                 expect_step: int | None = None, storage: Storage = POSIX, cast: bool = False,
+                 metadata: tuple | None = None) -> dict:
     """Fill the Blocks of ``state`` in place from ``directory``; return the restored state dict.
 
     ``state``: a dict, a Stateful object or a callable (hpcckpt.stateful),
@@ -52,21 +58,42 @@ def load_version(state, directory: str, comm, strict: bool = True, timer: PhaseT
     gives them (under their stored names, at the top level of the result).
     ``cast``: a Block or Ragged whose template dtype differs from the stored
     one is filled by casting (:func:`cast_allowed`); otherwise that is a
-    TemplateMismatchError.
+    TemplateMismatchError.  ``metadata``: the ``(failure, Metadata)`` pair of
+    :func:`version_metadata` that rank 0 already broadcast with something else
+    (Checkpointer.restore: with the listing), so the load makes no broadcast of
+    its own.
     """
     timer = timer or PhaseTimer()
     what = f"load of {directory!r}"
     with timer.phase("metadata"):
-        meta = bcast_checked(comm, what, lambda: _step_checked(read_metadata(directory, storage), expect_step,
-                                                                    directory).indexed())
+        meta = (bcast_checked(comm, what, lambda: version_metadata(directory, storage, expect_step))
+                if metadata is None else unpack_checked(comm, what, metadata))
+    rank = comm.Get_rank()
     with timer.phase("plan"):
-        rank = comm.Get_rank()
         local, failure = attempt(lambda: read_template(state, meta, strict, cast, rank, comm.Get_size()))
-        boxes, shared = plan_load(comm, what, meta, local, failure)
-    with timer.phase("read"):
-        targets, outgoing, values = agree(comm, what, lambda: _read(directory, meta, local, boxes, shared, rank,
-                                                                    storage))
-        _exchange(comm, meta, targets, shared, outgoing)
+    plan = None
+    if directory_way(meta):  # read first: a failed read rides on the directory's first exchange
+        with timer.phase("read"):
+            roles = None if failure is not None or _asks_ragged(local) else _roles(meta, local)
+            early, failure = (None, failure) if roles is None else attempt(
+                lambda: _read_early(directory, meta, local, roles, storage))
+        with timer.phase("plan"):
+            plan = plan_directory(comm, what, meta, local, roles, failure)
+    if plan is not None:
+        shared, reread = plan
+        targets, held, values = early
+        with timer.phase("read"):
+            if reread:
+                agree(comm, what, lambda: _reread(directory, meta, targets, roles, shared, rank, storage))
+            outgoing = _owed(meta, targets, held, shared, rank)
+            _exchange(comm, meta, targets, shared, outgoing)
+    else:  # a Ragged table: the allgather of every rank's requests, then the reads, then their agreement
+        with timer.phase("plan"):
+            boxes, shared = plan_gathered(comm, what, meta, local, failure)
+        with timer.phase("read"):
+            targets, outgoing, values = agree(comm, what, lambda: _read(directory, meta, local, boxes, shared, rank,
+                                                                        storage))
+            _exchange(comm, meta, targets, shared, outgoing)
     if comm.Get_rank() == 0:
         logger.info("loaded %s on %d ranks: %s", directory, comm.Get_size(),
                     ", ".join(f"{k} {v:.3f} s" for k, v in timer.seconds.items()))
@@ -160,11 +187,17 @@ def per_rank_value(name: str, template, stored, rank: int, nranks: int) -> PerRa
     return PerRank(stored[rank] if rank < len(stored) else template.value, template.resize)
 
 
-def _step_checked(meta: Metadata, expect_step: int | None, directory: str) -> Metadata:
+def version_metadata(directory: str, storage: Storage = POSIX, expect_step: int | None = None) -> Metadata:
+    """Rank 0's part of a load: the version's metadata, read, validated and indexed, for the broadcast.
+
+    ``expect_step``: the step the directory's name claims; metadata holding
+    another step is a damaged version (CorruptCheckpointError).
+    """
+    meta = read_metadata(directory, storage)
     if expect_step is not None and meta.step != expect_step:
         raise CorruptCheckpointError(f"{directory!r} is named for step {expect_step} but its metadata holds step "
                                      f"{meta.step}")
-    return meta
+    return meta.indexed()
 
 
 def cast_allowed(stored: np.dtype, target: np.dtype) -> bool:
@@ -300,16 +333,96 @@ def plan_targets(requests: list[dict], meta: Metadata) -> list[dict]:
              per_variable.items()} for r in range(len(requests))]
 
 
-def _read(directory: str, meta: Metadata, local: dict, boxes: dict, shared: dict, rank: int, storage: Storage):
-    """This rank's part of the load: its targets filled (but for parts others send), what it owes, the values."""
-    values = {name: decode_value(meta.values[name], repr(name)) for name in local["replicated"]}
+def _asks_ragged(local: dict) -> bool:
+    return any(r[0] == "ragged" for r in local["requests"].values())
+
+
+def _roles(meta: Metadata, local: dict) -> dict:
+    """This rank's role in each chunk its Blocks touch (read_directory.chunk_roles)."""
+    boxes, sendable = {}, set()
+    for name, request in local["requests"].items():
+        boxes[name] = (tuple(request[1]), tuple(request[2]))
+        out = local["distributed"][name].local
+        if isinstance(out, np.ndarray) and out.dtype == meta.variables[name].dtype:
+            sendable.add(name)
+    return chunk_roles(meta, boxes, sendable)
+
+
+def _targets(meta: Metadata, local: dict, boxes: dict) -> dict:
+    """``{name: (start, stop, array to fill)}``: a Block's own array, new rows for a Ragged (the template's dtype)."""
     targets = {}
     for name, value in sorted(local["distributed"].items()):
         start, stop = boxes[name]
-        out = value.local if isinstance(value, Block) else allocate(  # Ragged rows: the template's dtype
+        out = value.local if isinstance(value, Block) else allocate(
             tuple(b - a for a, b in zip(start, stop)), local["dtypes"].get(name, meta.variables[name].dtype), name)
         targets[name] = (start, stop, out)
-    return targets, _read_local(directory, meta, targets, shared, rank, storage), values
+    return targets
+
+
+def _values(meta: Metadata, local: dict) -> dict:
+    return {name: decode_value(meta.values[name], repr(name)) for name in local["replicated"]}
+
+
+def _read_early(directory: str, meta: Metadata, local: dict, roles: dict, storage: Storage):
+    """The directory way's reads, before its plan: ``(targets, held, values)``.
+
+    Every chunk this rank reads (its roles but NEEDS) is read and verified now;
+    a shared chunk whose centre it holds is kept whole in ``held[(name,
+    chunk)]`` (its own part copied out) for the users it may have to send to.
+    """
+    targets = _targets(meta, local, {name: (tuple(r[1]), tuple(r[2])) for name, r in local["requests"].items()})
+    held = {}
+    with ChunkReader(directory, meta, storage) as reader:
+        for name, (start, stop, out) in targets.items():
+            var = meta.variables[name]
+            later = {k: (lo, hi) for k, lo, hi, role in roles[name] if role in (NEEDS, HOLDS)}
+            reader.read_into(var, start, stop, out, skip=later)
+            for k, lo, hi, role in roles[name]:
+                if role == HOLDS:
+                    held[(name, k)] = chunk = reader.chunk_array(var, k, own=True)
+                    copy_into(out[_local_slices(lo, hi, start)], chunk[_local_slices(lo, hi, var.chunks.start[k])])
+    return targets, held, _values(meta, local)
+
+
+def _reread(directory: str, meta: Metadata, targets: dict, roles: dict, shared: dict, rank: int,
+            storage: Storage) -> None:
+    """The parts this rank was told to read itself after the plan (no rank can send them: read_directory)."""
+    with ChunkReader(directory, meta, storage) as reader:
+        for name, (start, _, out) in targets.items():
+            var = meta.variables[name]
+            for k, lo, hi, role in roles[name]:
+                if role == NEEDS and shared[name][k][0] == rank:
+                    chunk = reader.chunk_array(var, k)
+                    copy_into(out[_local_slices(lo, hi, start)], chunk[_local_slices(lo, hi, var.chunks.start[k])])
+
+
+def _owed(meta: Metadata, targets: dict, held: dict, shared: dict, rank: int) -> list:
+    """The parts this rank sends, in plan order: ``(rank, source, start, stop)`` with the part
+    ``source[start:stop]`` of a C-contiguous host array, the chunk it holds or its target where the chunk lies
+    wholly in it (no copy: :func:`_exchange` sends a strided part as an MPI subarray)."""
+    outgoing = []
+    for name, (start, _, out) in targets.items():
+        for k, (sender, parts) in sorted(shared[name].items()):
+            if sender != rank:
+                continue
+            source, origin = ((held[(name, k)], meta.variables[name].chunks.start[k]) if (name, k) in held
+                              else (out, start))
+            for dest, lo, hi in parts:
+                if dest == rank:
+                    continue
+                a, b = [x - o for x, o in zip(lo, origin)], [y - o for y, o in zip(hi, origin)]
+                if not source.flags.c_contiguous:  # a strided target: the part, copied
+                    source, a, b = np.ascontiguousarray(source[_local_slices(lo, hi, origin)]), [0] * len(a), \
+                        [y - x for x, y in zip(a, b)]
+                outgoing.append((dest, source, a, b))
+    return outgoing
+
+
+def _read(directory: str, meta: Metadata, local: dict, boxes: dict, shared: dict, rank: int, storage: Storage):
+    """The allgather way's reads, after its plan: the targets filled (but for parts others send), what this rank
+    owes, the values."""
+    targets = _targets(meta, local, boxes)
+    return targets, _read_local(directory, meta, targets, shared, rank, storage), _values(meta, local)
 
 
 def _read_local(directory: str, meta: Metadata, targets: dict, shared: dict, rank: int, storage: Storage) -> list:
@@ -328,16 +441,19 @@ def _read_local(directory: str, meta: Metadata, targets: dict, shared: dict, ran
                 chunk = reader.chunk_array(var, k)
                 c0 = var.chunks.start[k]
                 for dest, lo, hi in parts:
-                    part = chunk[tuple(slice(a - c, b - c) for a, b, c in zip(lo, hi, c0))]
+                    part = chunk[_local_slices(lo, hi, c0)]
                     if dest == rank:
                         copy_into(out[_local_slices(lo, hi, start)], part)
-                    else:
-                        outgoing.append((dest, part.copy()))  # a copy: chunk is the reader's reused scratch
+                    else:  # a copy: chunk is the reader's reused scratch
+                        outgoing.append((dest, part.copy(), [0] * part.ndim, list(part.shape)))
     return outgoing
 
 
 def _exchange(comm, meta: Metadata, targets: dict, shared: dict, outgoing: list) -> None:
-    """Move the shared parts from their readers to the ranks that need them (non-blocking, in plan order)."""
+    """Move the shared parts from their readers to the ranks that need them (non-blocking, in plan order).
+
+    ``outgoing``: ``(rank, source, start, stop)``, the part ``source[start:stop]`` of a C-contiguous array.
+    """
     if comm.Get_size() == 1:
         return
     rank = comm.Get_rank()
@@ -356,11 +472,22 @@ def _exchange(comm, meta: Metadata, targets: dict, shared: dict, outgoing: list)
                         buf = np.empty(dest_view.shape, dtype=meta.variables[name].dtype)
                         incoming.append((out, sel, buf))
                     requests.append(comm.Irecv(byte_view(buf), source=reader_rank, tag=_PART_TAG))
-    for dest, part in outgoing:
-        requests.append(comm.Isend(byte_view(part), dest=dest, tag=_PART_TAG))
     from mpi4py import MPI
 
+    types = []
+    for dest, source, a, b in outgoing:
+        part = source[tuple(slice(x, y) for x, y in zip(a, b))]
+        if part.flags.c_contiguous:
+            requests.append(comm.Isend(byte_view(part), dest=dest, tag=_PART_TAG))
+            continue
+        item = source.itemsize  # a strided part of C-ordered memory: an MPI subarray of its bytes, sent in place
+        sizes, subsizes, starts = list(source.shape), [y - x for x, y in zip(a, b)], list(a)
+        sizes[-1], subsizes[-1], starts[-1] = sizes[-1] * item, subsizes[-1] * item, starts[-1] * item
+        types.append(MPI.BYTE.Create_subarray(sizes, subsizes, starts).Commit())
+        requests.append(comm.Isend([byte_view(source), 1, types[-1]], dest=dest, tag=_PART_TAG))
     MPI.Request.Waitall(requests)  # all parts were read and verified before: nothing here can fail half-way
+    for t in types:
+        t.Free()
     for out, sel, buf in incoming:
         copy_into(out[sel], buf)
 

@@ -3,21 +3,35 @@
 Instead of every rank receiving every rank's requests (an allgather that grows
 with the rank count), each chunk of a variable has a directory rank
 (:func:`directory_of`: chunks in id order, dealt out in contiguous runs).
-Two sparse exchanges (an alltoall each, empty for most pairs):
+
+Who reads a chunk is decided by each rank alone, from the metadata and its own
+box (:func:`chunk_roles`), so that every rank reads before any exchange and a
+failed read travels in the first one: a rank reads every chunk that lies wholly
+inside its box (``WHOLE``) and every chunk it shares whose centre element (per
+axis ``(start + stop - 1) // 2``) lies in its box (``HOLDS``: it keeps the
+chunk to send the other users their parts); it receives its part of any other
+chunk (``NEEDS``).  The blocks of a template that tiles the array hold each
+centre exactly once, so each shared chunk is read once, by the rank holding
+its centre.  Two sparse exchanges (an alltoall each, empty for most pairs):
 
 1. every rank sends each directory the parts of its target boxes that fall in
-   that directory's chunks (found through the chunk index), and rank 0 its
-   signature (the names and kinds it loads); a rank whose template failed sends
-   its failure to every rank instead;
+   that directory's chunks with its role there, and rank 0 its signature (the
+   names and kinds it loads); a rank whose template or reads failed sends its
+   failure to every rank instead;
 2. each directory checks that the parts of each of its chunks cover the chunk
    (the chunks tile the array, so this is the covering of the whole array;
-   parts may overlap: every rank reads its own region), picks the reader of each shared chunk (the
-   largest part, lowest rank on ties) and tells every user the reader and, the
-   reader only, every user's part; rank 0 also checks the signatures.  (Each
-   rank's own block lies inside the array: hpcckpt.state.block_box checks it
-   with the template.)  A
+   parts may overlap: every rank reads its own region), picks the sender of
+   each chunk that a ``NEEDS`` rank uses (the lowest rank that read it and can
+   send it) and tells the sender every such part and each of those users the
+   sender; rank 0 also checks the signatures.  (Each rank's own block lies
+   inside the array: hpcckpt.state.block_box checks it with the template.)  A
    problem found goes to every rank, and every rank raises the one from the
    lowest rank that found one.
+
+Only a template whose blocks overlap can leave a needed chunk without a sender:
+when the only ranks that read it hold it wholly in a target they cannot send
+from (a cast dtype, a device array), the users read it themselves after the
+plan (``reread``: the load then needs an agreement after those reads).
 
 A rank receives O(the chunks it touches + the chunks it directs) parts, plus a
 few bytes per rank for the empty slots of the alltoall; rank 0 receives every
@@ -45,19 +59,49 @@ def directed(rank: int, nchunks: int, nranks: int) -> range:
     return range((rank * nchunks + nranks - 1) // nranks, ((rank + 1) * nchunks + nranks - 1) // nranks)
 
 
-def parts_for_directories(meta: Metadata, boxes: dict, nranks: int) -> dict[int, list]:
-    """Round 1: ``{directory rank: [(name, chunk, lo, hi), ...]}``, the parts of this rank's boxes per chunk."""
-    out: dict[int, list] = {}
+#: A rank's role in a chunk its box touches (:func:`chunk_roles`).
+NEEDS = 0  # it receives its part from the chunk's sender
+HOLDS = 1  # it shares the chunk, holds its centre: reads it whole, keeps it, can send
+WHOLE = 2  # the chunk lies wholly in its box: read into the target, which can send from it
+WHOLE_UNSENDABLE = 3  # the same, into a target it cannot send from (a cast dtype, a device array)
+
+
+def centre(start, stop):
+    """The centre element of the boxes ``[start, stop)``, per axis (numpy arrays or integers)."""
+    return (start + stop - 1) // 2
+
+
+def chunk_roles(meta: Metadata, boxes: dict, sendable=frozenset()) -> dict[str, list]:
+    """``{name: [(chunk, lo, hi, role), ...]}``: this rank's part of each chunk its box touches, and its role.
+
+    ``boxes``: ``{name: (start, stop)}``; ``sendable``: the names whose target
+    holds the stored dtype in host memory (a ``WHOLE`` chunk can be sent from
+    it).  Decided from the metadata and this rank's box alone (the module
+    docstring), so every rank can read before the plan's exchanges.
+    """
+    out: dict[str, list] = {}
     for name in sorted(boxes):
-        lo, hi = boxes[name]
+        lo, hi = (np.asarray(x, np.int64) for x in boxes[name])
         chunks = meta.variables[name].chunks
         ks = chunks.index().query(lo, hi)
-        if not len(ks):
-            continue
-        a = np.maximum(chunks.start[ks], np.asarray(lo, np.int64)).tolist()
-        b = np.minimum(chunks.stop[ks], np.asarray(hi, np.int64)).tolist()
-        for k, pa, pb in zip(ks.tolist(), a, b):
-            out.setdefault(directory_of(k, len(chunks), nranks), []).append((name, k, tuple(pa), tuple(pb)))
+        c0, c1 = chunks.start[ks], chunks.stop[ks]
+        a, b = np.maximum(c0, lo), np.minimum(c1, hi)
+        mid = centre(c0, c1)
+        whole = np.all((a == c0) & (b == c1), axis=1)
+        holds = np.all((mid >= lo) & (mid < hi), axis=1)
+        roles = np.where(whole, WHOLE if name in sendable else WHOLE_UNSENDABLE, np.where(holds, HOLDS, NEEDS))
+        out[name] = [(k, tuple(pa), tuple(pb), role) for k, pa, pb, role in
+                     zip(ks.tolist(), a.tolist(), b.tolist(), roles.tolist())]
+    return out
+
+
+def parts_for_directories(meta: Metadata, roles: dict, nranks: int) -> dict[int, list]:
+    """Round 1: ``{directory rank: [(name, chunk, lo, hi, role), ...]}`` from :func:`chunk_roles`'s answer."""
+    out: dict[int, list] = {}
+    for name in sorted(roles):
+        nchunks = len(meta.variables[name].chunks)
+        for k, lo, hi, role in roles[name]:
+            out.setdefault(directory_of(k, nchunks, nranks), []).append((name, k, lo, hi, role))
     return out
 
 
@@ -76,37 +120,45 @@ def signature_problem(signatures: list) -> str | None:
     return None
 
 
-def decide(meta: Metadata, names: list, received: list, rank: int, nranks: int) -> tuple[str | None, dict]:
-    """Round 2 on a directory: ``(problem, {user rank: [(name, chunk, reader, parts), ...]})``.
+def decide(meta: Metadata, names: list, received: list, rank: int, nranks: int) -> tuple[str | None, dict, bool]:
+    """Round 2 on a directory: ``(problem, {user rank: [(name, chunk, sender, parts), ...]}, reread)``.
 
     ``names``: the variables loaded (this rank's template: rank 0 checks that
     every rank loads the same); ``received``: round 1's part lists, by sender.
     Every chunk this rank directs must be covered by the parts it received
-    (no part at all is a gap).  A shared chunk's users all learn its reader;
-    the reader gets every part, the others their own.
+    (no part at all is a gap).  For a chunk that a ``NEEDS`` rank uses, the
+    sender (the lowest rank that read it and can send it) gets every such
+    part, and each such user its own with the sender; without a sender the
+    users are named their own senders (they read it after the plan) and
+    ``reread`` is True.
     """
     got: dict = {}
     for sender, parts in enumerate(received):
-        for name, k, lo, hi in parts or ():
-            got.setdefault((name, k), []).append((sender, lo, hi))
+        for name, k, lo, hi, role in parts or ():
+            got.setdefault((name, k), []).append((sender, lo, hi, role))
     out: dict[int, list] = {}
+    reread = False
     for name in sorted(names):
         chunks = meta.variables[name].chunks
         for k in directed(rank, len(chunks), nranks):
             parts = got.get((name, k), [])
             c0, c1 = chunks.start[k].tolist(), chunks.stop[k].tolist()
-            problem = _chunk_problem(parts, c0, c1)
+            problem = _chunk_problem([p[:3] for p in parts], c0, c1)
             if problem is not None:
                 where = ", ".join(f"{a}:{b}" for a, b in zip(c0, c1))
                 return (f"variable {name!r}: the template's blocks do not cover the array: {problem} (within the "
-                        f"stored chunk [{where}])"), {}
-            if len(parts) < 2:
+                        f"stored chunk [{where}])"), {}, False
+            needs = [p[:3] for p in parts if p[3] == NEEDS]
+            if not needs:
                 continue
-            sizes = [volume(b - a for a, b in zip(lo, hi)) for _, lo, hi in parts]
-            reader = parts[max(range(len(parts)), key=lambda i: (sizes[i], -parts[i][0]))][0]
-            for part in parts:
-                out.setdefault(part[0], []).append((name, k, reader, parts if part[0] == reader else [part]))
-    return None, out
+            sender = next((p[0] for p in parts if p[3] in (HOLDS, WHOLE)), None)
+            if sender is None:
+                reread = True
+            else:
+                out.setdefault(sender, []).append((name, k, sender, needs))
+            for part in needs:
+                out.setdefault(part[0], []).append((name, k, part[0] if sender is None else sender, [part]))
+    return None, out, reread
 
 
 def _chunk_problem(parts: list, c0: list, c1: list) -> str | None:

@@ -286,9 +286,14 @@ class ChunkReader:
             if not whole:
                 dest[...] = target[part]
 
-    def chunk_array(self, var: Variable, k: int) -> np.ndarray:
-        """Chunk ``k`` of ``var`` as an array of its extent, verified (a view of the reused scratch buffer)."""
+    def chunk_array(self, var: Variable, k: int, own: bool = False) -> np.ndarray:
+        """Chunk ``k`` of ``var`` as an array of its extent, verified: a view of the reused scratch buffer, or
+        (``own``) a new array read straight into, for a caller that keeps it."""
         extent = tuple(int(n) for n in var.chunks.count[k])
+        if own:
+            out = allocate(extent, var.dtype, var.name)
+            self._fetch(var, k, into=out)
+            return out
         return self._fetch(var, k, into=None).view(var.dtype).reshape(extent)
 
     @staticmethod

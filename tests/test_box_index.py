@@ -13,7 +13,8 @@ from hpcckpt.box_index import BoxIndex, tiling_problem_indexed
 from hpcckpt.errors import TemplateMismatchError
 from hpcckpt.metadata import ChunkTable, Metadata, Variable
 from hpcckpt.planning import plan_shared_reads
-from hpcckpt.read_directory import decide, parts_for_directories, shared_from_assignments
+from hpcckpt.read_directory import (HOLDS, NEEDS, WHOLE, WHOLE_UNSENDABLE, chunk_roles, decide,
+                                    parts_for_directories, shared_from_assignments)
 from hpcckpt.read_plan import encode_requests, rank_reads, target_boxes
 from hpcckpt.regions import covering_problem, overlapping, tiling_problem
 
@@ -132,33 +133,70 @@ def inside_boxes(draw, shape):
     return boxes
 
 
-def _directory_plan(meta, targets, nranks):
-    """Both exchanges of the chunk directory, run here for every rank: (first problem, shared per rank)."""
-    sent = [parts_for_directories(meta, {"u": box}, nranks) for box in targets]
-    problems, replies = [], [[None] * nranks for _ in range(nranks)]
+def _directory_plan(meta, targets, nranks, sendable=frozenset({"u"})):
+    """Both exchanges of the chunk directory, run here for every rank: (first problem, roles per rank, shared per
+    rank, reread)."""
+    roles = [chunk_roles(meta, {"u": box}, sendable) for box in targets]
+    sent = [parts_for_directories(meta, r, nranks) for r in roles]
+    problems, replies, reread = [], [[None] * nranks for _ in range(nranks)], False
     for d in range(nranks):
-        problem, out = decide(meta, ["u"], [s.get(d) for s in sent], d, nranks)
+        problem, out, again = decide(meta, ["u"], [s.get(d) for s in sent], d, nranks)
         problems.append(problem)
+        reread |= again
         for user, items in out.items():
             replies[user][d] = items
     problem = next((p for p in problems if p), None)
-    return problem, [shared_from_assignments(replies[r], ["u"])["u"] for r in range(nranks)]
+    return problem, [r["u"] for r in roles], [shared_from_assignments(replies[r], ["u"])["u"] for r in range(nranks)], \
+        reread
+
+
+def _fill_by_plan(g, meta, targets, roles, shared):
+    """Every rank's target as the load would fill it from the plan: what it reads itself (its roles but NEEDS,
+    and a chunk it is its own sender of), and the parts each sender sends it."""
+    chunks = meta.variables["u"].chunks
+    out = []
+    for rank, (lo, hi) in enumerate(targets):
+        t = np.full(tuple(b - a for a, b in zip(lo, hi)), np.nan)
+        for k, a, b, role in roles[rank]:
+            if role == NEEDS:
+                sender, parts = shared[rank][k]
+                assert parts == [(rank, a, b)]
+                if sender != rank:  # the sender read it and lists this rank's part
+                    role_there = {kk: r for kk, _, _, r in roles[sender]}[k]
+                    assert role_there in (HOLDS, WHOLE) and (rank, a, b) in shared[sender][k][1]
+            else:
+                assert (role in (WHOLE, WHOLE_UNSENDABLE)) == (a == tuple(chunks.start[k]) and
+                                                             b == tuple(chunks.stop[k]))
+            t[tuple(slice(x - y, z - y) for x, z, y in zip(a, b, lo))] = g[tuple(slice(x, z) for x, z in zip(a, b))]
+        out.append(t)
+    return out
 
 
 @settings(max_examples=200, deadline=None)
 @given(decompositions(max_ndim=2), st.data())
 def test_the_chunk_directory_finds_every_bad_template_and_plans_the_good_ones(saved, data):
+    """Every rank gets its whole box, each part from a rank that read the chunk; a template that tiles the array
+    (no overlap) reads each chunk once, by the rank holding its centre, and never needs a read after the plan."""
     shape, chunks = saved
-    targets = data.draw(st.one_of(decompositions(shape=shape).map(lambda d: d[1]), inside_boxes(shape)))
+    tiles = data.draw(st.booleans())
+    targets = data.draw(decompositions(shape=shape).map(lambda d: d[1]) if tiles else inside_boxes(shape))
+    sendable = frozenset({"u"}) if data.draw(st.booleans()) else frozenset()
     meta = _meta(shape, chunks)
-    problem, shared = _directory_plan(meta, targets, len(targets))
+    problem, roles, shared, reread = _directory_plan(meta, targets, len(targets), sendable)
     expected = covering_problem(*_arrays(targets, len(shape)), shape)  # a load template's blocks may overlap
     assert (problem is None) == (expected is None), (problem, expected)
     if problem is None:
-        whole = plan_shared_reads(meta.variables["u"].chunks.start, meta.variables["u"].chunks.stop, targets)
-        for rank in range(len(targets)):
-            mine = {k: v for k, v in whole.items() if rank in [p[0] for p in v[1]]}
-            assert shared[rank] == {k: (reader, parts if reader == rank else [p for p in parts if p[0] == rank])
-                                    for k, (reader, parts) in mine.items()}
+        g = np.arange(int(np.prod(shape)), dtype=np.float64).reshape(shape)
+        for (lo, hi), t in zip(targets, _fill_by_plan(g, meta, targets, roles, shared)):
+            assert np.array_equal(t, g[tuple(slice(a, b) for a, b in zip(lo, hi))])
+        if tiles:
+            readers = {}
+            for rank in range(len(targets)):
+                for k, _, _, role in roles[rank]:
+                    if role != NEEDS:
+                        readers.setdefault(k, []).append(rank)
+            touched = {k for r in roles for k, _, _, _ in r}
+            assert all(len(readers.get(k, [])) == 1 for k in touched), readers
+            assert not reread
     else:
         assert "do not cover the array" in problem and "gap" in problem

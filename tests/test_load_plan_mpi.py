@@ -114,22 +114,100 @@ def test_a_bad_load_template_fails_on_every_rank(comm, mpi_tmp, problem, ragged)
         hpcckpt.load(template, path, comm=comm, strict=strict)
 
 
+def _rows(nrows: int, size: int, rank: int, layout: str) -> tuple[int, int]:
+    """Rank ``rank``'s rows of ``nrows`` over a communicator of ``size`` ranks: an even split ("split": the saved
+    blocks of 2 rows per rank on as many ranks as saved, unaligned with them on fewer), the split with every
+    inner boundary moved down a row ("shifted": unaligned on any count), or the split with a row of halo on each
+    side ("halo": the blocks overlap)."""
+    lo, hi = nrows * rank // size, nrows * (rank + 1) // size
+    if layout == "shifted":
+        return lo + (rank > 0), hi + (rank < size - 1)
+    if layout == "halo":
+        return max(lo - 1, 0), min(hi + 1, nrows)
+    return lo, hi
+
+
+@pytest.mark.parametrize("layout", ["split", "shifted", "halo"])
 @pytest.mark.parametrize("ragged", [False, True])
-def test_a_load_makes_four_collectives(comm, mpi_tmp, ragged, table_form):
-    """bcast (metadata), two alltoalls (the chunk directory) or one allgather (Ragged: every rank's requests),
-    the read's agreement; the shared parts move point to point."""
+@pytest.mark.parametrize("ranks", ["all", "fewer", "one"])
+def test_a_load_makes_three_collectives(comm, mpi_tmp, layout, ragged, ranks, table_form):
+    """bcast (metadata), two alltoalls (the chunk directory; the reads come before them, their failures ride on
+    the first) or one allgather and the read's agreement (a Ragged table: every rank's requests); the shared
+    parts move point to point.  On every rank, on one rank fewer (reshard: unaligned with the saved blocks) and
+    on a one-rank communicator (each rank loads the whole array alone, with any layout).  Checkpointer.restore
+    adds the broadcast of the version listing (tests/test_plan_cache.py)."""
     path, shape = _saved(comm, mpi_tmp, ragged)
-    r = comm.rank
+    n = comm.size
+    whole = hpcckpt.open(path).read("u") if comm.rank == 0 else None
+    whole = comm.bcast(whole, root=0)
+    sub = {"all": comm, "fewer": comm.Split(0 if comm.rank < n - 1 else 1, comm.rank),
+           "one": comm.Split(comm.rank, 0)}[ranks]
+    if ranks != "fewer" or comm.rank < n - 1:
+        lo, hi = _rows(2 * n, sub.size, sub.rank, layout)
+        counting = CountingComm(sub)
+        template = {"u": Block(np.full((hi - lo, 3), -1.0), (lo, 0), shape), "v": Block(np.zeros((hi - lo, 3)),
+                                                                                        (lo, 0), shape)}
+        if ragged:
+            template["p"] = Ragged()
+        out = hpcckpt.load(template, path, comm=counting)
+        calls = [c for c in counting.calls if c in COLLECTIVES]
+        assert calls == (["bcast", "allgather", "allgather"] if ragged else ["bcast", "alltoall", "alltoall"]), calls
+        assert np.array_equal(out["u"].local, whole[lo:hi]) and np.array_equal(out["v"].local, np.ones((hi - lo, 3)))
+        if ragged:
+            rows = np.concatenate(sub.allgather(out["p"].local))
+            assert np.array_equal(rows, np.concatenate([np.arange(r + 1.0) for r in range(n)]))
+    if sub is not comm:
+        sub.Free()
+
+
+def test_an_overlapping_cast_load_reads_after_the_plan_and_agrees_once_more(comm, mpi_tmp):
+    """The one case the directory cannot serve from its early reads: a rank needs part of a chunk that only
+    ranks holding it wholly in a cast target read (they cannot send it in the stored dtype).  It reads that part
+    itself after the plan, and the load agrees once more (4 collectives); the data is exact."""
+    path, shape = _saved(comm, mpi_tmp)
+    n, r = comm.size, comm.rank
+    whole = comm.bcast(hpcckpt.open(path).read("u") if r == 0 else None, root=0)
+    lo, hi = _rows(2 * n, n, r, "halo")
     counting = CountingComm(comm)
-    template = {"u": Block(np.zeros((2, 3)), (2 * r, 0), shape), "v": Block(np.zeros((2, 3)), (2 * r, 0), shape)}
-    if ragged:
-        template["p"] = Ragged(rows=r + 1)
-    out = hpcckpt.load(template, path, comm=counting)
+    template = {"u": Block(np.zeros((hi - lo, 3), np.float32 if r % 2 == 0 else np.float64), (lo, 0), shape),
+                "v": Block(np.zeros((hi - lo, 3)), (lo, 0), shape)}
+    out = hpcckpt.load(template, path, comm=counting, cast=True)
     calls = [c for c in counting.calls if c in COLLECTIVES]
-    assert calls == (["bcast", "allgather", "allgather"] if ragged else ["bcast", "alltoall", "alltoall", "allgather"])
-    assert np.array_equal(out["u"].local, np.full((2, 3), float(r)))
-    if ragged:
-        assert np.array_equal(out["p"].local, np.arange(r + 1.0))
+    assert calls == ["bcast", "alltoall", "alltoall", "allgather"], calls
+    assert np.array_equal(out["u"].local, whole[lo:hi].astype(out["u"].local.dtype))
+
+
+@pytest.mark.parametrize("layout", ["same", "reshard"])
+def test_a_corrupt_chunk_read_by_one_rank_fails_the_load_on_every_rank(comm, mpi_tmp, layout):
+    """The reads come before the directory's exchanges and no agreement follows them: a bad checksum found by
+    one rank (its own chunk; in a reshard, a shared chunk it reads for another rank) must still be the same
+    CorruptCheckpointError on every rank, with no rank left waiting."""
+    from hpcckpt import CorruptCheckpointError
+    from hpcckpt.metadata_file import read_metadata
+
+    path, shape = _saved(comm, mpi_tmp)
+    n = comm.size
+    sub = comm if layout == "same" else comm.Split(0 if comm.rank < n - 1 else 1, comm.rank)
+    if comm.rank == 0:
+        chunks = read_metadata(path).variables["u"].chunks
+        k = n - 1  # the same layout: the last rank's own chunk
+        if layout == "reshard":  # a chunk (2 rows) split between two of the n - 1 ranks: read by one, sent on
+            k = next(((e - 1) // 2 for e in (2 * n * (r + 1) // (n - 1) for r in range(n - 1)) if e % 2), k)
+        victim = os.path.join(path, read_metadata(path).files[int(chunks.file[k])])
+        with open(victim, "r+b") as f:
+            f.seek(int(chunks.offset[k]))
+            b = f.read(1)
+            f.seek(int(chunks.offset[k]))
+            f.write(bytes([b[0] ^ 1]))
+    comm.Barrier()
+    if layout == "same" or comm.rank < n - 1:
+        lo, hi = _rows(2 * n, sub.size, sub.rank, "split")
+        template = {"u": Block(np.zeros((hi - lo, 3)), (lo, 0), shape), "v": Block(np.zeros((hi - lo, 3)), (lo, 0),
+                                                                                    shape)}
+        with pytest.raises(CorruptCheckpointError, match="fails its checksum"):
+            hpcckpt.load(template, path, comm=sub)
+    if sub is not comm:
+        sub.Free()
 
 
 def test_a_failure_inside_the_directory_fails_the_load_on_every_rank(comm, mpi_tmp, monkeypatch):
@@ -144,3 +222,32 @@ def test_a_failure_inside_the_directory_fails_the_load_on_every_rank(comm, mpi_t
     template = {"u": Block(np.zeros((2, 3)), (2 * r, 0), shape), "v": Block(np.zeros((2, 3)), (2 * r, 0), shape)}
     with pytest.raises(CheckpointError, match=f"rank {comm.size - 1}: RuntimeError: directory broke"):
         hpcckpt.load(template, path, comm=comm)
+
+
+def test_strided_parts_are_sent_in_place_and_exact(comm, mpi_tmp, monkeypatch):
+    """A 3-D array saved split along its last axis and loaded with a halo along it: the parts other ranks hold
+    are strided in the sender's memory (its target, or a chunk it holds), sent as MPI subarrays without a copy."""
+    from hpcckpt import loading
+
+    n, r = comm.size, comm.rank
+    shape = (3, 4, 4 * n)
+    g = global_array(shape, np.float64, seed=3)
+    lo2, hi2 = 4 * r, 4 * r + 4
+    path = os.path.join(mpi_tmp, "ck")
+    hpcckpt.save({"u": Block(np.ascontiguousarray(g[:, :, lo2:hi2]), (0, 0, lo2), shape)}, path, comm=comm,
+                 chunk_bytes=int(np.prod(shape[:2])) * 4 * 8 // 2)  # two chunks per rank, split along axis 0
+    strided = []
+    exchange = loading._exchange
+
+    def counted(comm_, meta, targets, shared, outgoing):
+        strided.append(sum(not s[tuple(slice(x, y) for x, y in zip(a, b))].flags.c_contiguous
+                           for _, s, a, b in outgoing))
+        return exchange(comm_, meta, targets, shared, outgoing)
+
+    monkeypatch.setattr(loading, "_exchange", counted)
+    for halo in (1, 2):
+        lo, hi = (0, 0, max(lo2 - halo, 0)), (3, 4, min(hi2 + halo, 4 * n))
+        out = np.full(tuple(b - a for a, b in zip(lo, hi)), -1.0)
+        hpcckpt.load({"u": Block(out, lo, shape)}, path, comm=comm)
+        assert np.array_equal(out, g[tuple(slice(a, b) for a, b in zip(lo, hi))])
+    assert sum(comm.allgather(sum(strided))) > 0  # the subarray path was taken
