@@ -149,11 +149,18 @@ def delete_directories(entries: list[VersionEntry]) -> list[str]:
     removed = []
     for e in entries:
         try:
-            shutil.rmtree(e.path)
+            shutil.rmtree(e.path, onerror=already_gone)
             removed.append(e.name)
         except OSError as exc:
             warnings.warn(f"hpcckpt: could not remove {e.path}: {exc}", stacklevel=2)
     return removed
+
+
+def already_gone(function, path, exc_info) -> None:
+    """``shutil.rmtree``'s error handler: a file or directory deleted meanwhile (by retention's thread, or a
+    ``hpcckpt gc`` run beside it) is what was wanted; any other error propagates."""
+    if not issubclass(exc_info[0], FileNotFoundError):
+        raise exc_info[1]
 
 
 class Retirement:

@@ -241,7 +241,8 @@ def test_checkpointer_versions_and_retention(tmp_path):
         ck.save(state_for(step), step=step)
         assert ck.latest() == step
     assert ck.steps() == [10, 15]
-    assert version_dirs(tmp_path / "root") == ["step-000000000010", "step-000000000015"]
+    committed = [e.name for e in list_versions(str(tmp_path / "root")) if e.committed]  # at once: no wait
+    assert committed == ["step-000000000010", "step-000000000015"]
     out = template()
     got = ck.restore(out)
     assert got["step"] == 15 and np.array_equal(out["u"].local, state_for(15)["u"].local)
@@ -249,7 +250,8 @@ def test_checkpointer_versions_and_retention(tmp_path):
     assert got["step"] == 10 and np.array_equal(out["u"].local, state_for(10)["u"].local)
     with pytest.raises(CheckpointError):
         ck.restore(out, step=5)
-    ck.close()
+    ck.close()  # waits for retention's deletions: the retired directories are gone
+    assert version_dirs(tmp_path / "root") == ["step-000000000010", "step-000000000015"]
     with pytest.raises(CheckpointError):
         ck.save(state_for(20), step=20)
 
@@ -268,6 +270,7 @@ def test_checkpointer_resave_same_step_uses_revision(tmp_path):
     assert ck.last_restored.endswith("step-000000000002.r1")
     ck.save(state_for(8), step=2)
     assert ck.restore(out)["step"] == 8 and ck.last_restored.endswith(".r2")
+    ck.close()
     hpcckpt.catalog.gc(str(tmp_path / "root"))
     assert version_dirs(tmp_path / "root") == ["step-000000000001", "step-000000000002.r2"]
 
@@ -296,6 +299,7 @@ def test_leftovers_invisible_and_cleaned(tmp_path):
     out = template()
     assert ck.restore(out)["step"] == 1
     ck.save(state_for(2), step=2)  # the next save cleans leftovers
+    ck.close()  # waits for retention's thread, which deletes them
     assert not os.path.exists(partial)
     assert version_dirs(root) == ["step-000000000001", "step-000000000002"]
     _make_partial(root, 3)

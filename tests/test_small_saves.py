@@ -83,6 +83,37 @@ def test_a_retention_deletion_that_fails_is_a_warning_and_the_version_stays_unco
     assert sorted(p for p in os.listdir(root) if p.startswith("step-")) == ["step-000000000002"]
 
 
+def test_a_directory_deleted_meanwhile_is_deleted_not_a_warning(tmp_path, monkeypatch):
+    """Retention's thread and a ``hpcckpt gc`` beside it may delete the same files: the one that finds a file gone
+    has what it wanted (no warning, the name reported); any other error is still a warning."""
+    import shutil
+    import warnings
+
+    from hpcckpt.catalog import VersionEntry, delete_directories
+
+    version = tmp_path / "step-000000000001"
+    (version / "data").mkdir(parents=True)
+    for k in range(3):
+        (version / "data" / f"part-{k}.bin").write_bytes(b"x")
+    entry = VersionEntry(version.name, str(version), 1, 0, False)
+    real_unlink = os.unlink
+
+    def raced_unlink(path, *args, **kwargs):  # the other deleter got there first
+        real_unlink(path, *args, **kwargs)
+        raise FileNotFoundError(2, "No such file or directory", path)
+
+    monkeypatch.setattr(shutil.os, "unlink", raced_unlink)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert delete_directories([entry]) == [version.name]
+    monkeypatch.undo()
+    assert not version.exists()
+    (version / "data").mkdir(parents=True)
+    monkeypatch.setattr(shutil.os, "rmdir", lambda *a, **k: (_ for _ in ()).throw(PermissionError(13, "denied")))
+    with pytest.warns(UserWarning, match="could not remove"):
+        assert delete_directories([entry]) == []
+
+
 def test_the_failure_history_is_written_at_most_every_heartbeat_period(tmp_path, monkeypatch):
     writes = []
     real = FailureHistory.save
