@@ -309,10 +309,13 @@ def main(argv=None) -> int:
             saves, saved_at = saves + 1, pr.iteration
             inc = result.incremental
             say(f"SAVED {pr.iteration} {inc['kind']} {result.bytes_written} {inc['total_bytes']}")
-            if args.kill_rank == rank and args.kill_after_saves == saves:
-                print(f"[pagerank] rank {rank}: simulating a crash: SIGKILL to myself after iteration "
-                      f"{pr.iteration}", flush=True)
-                os.kill(os.getpid(), signal.SIGKILL)
+            if args.kill_after_saves == saves:  # every rank: the crash comes after rank 0 has said SAVED
+                comm.Barrier()
+                if args.kill_rank == rank:
+                    print(f"[pagerank] rank {rank}: simulating a crash: SIGKILL to myself after iteration "
+                          f"{pr.iteration}", flush=True)
+                    time.sleep(0.5)  # mpiexec drops output it has not forwarded yet when the job is torn down
+                    os.kill(os.getpid(), signal.SIGKILL)
         if ck.should_exit():
             say(f"stopping ({ck.stop_reason}) after iteration {pr.iteration} with a checkpoint")
             ck.close()
