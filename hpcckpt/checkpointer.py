@@ -19,6 +19,7 @@ from .pacing import Pacer
 from .options import SaveOptions, SaveResult
 from .save_pipeline import save_version
 from .save_plan import PlanCache
+from .transport import io_history
 
 
 def _shielded(method):
@@ -440,6 +441,7 @@ class Checkpointer:
                     self.engine.close()  # commits a pending save and waits for a flush in progress
             finally:
                 self._retirement.wait()
+                io_history.flush(self.root, forget=True)  # rank 0's bandwidth measurements not yet written
                 self.pacer.close()
                 if self._unlock is not None:
                     self._unlock()

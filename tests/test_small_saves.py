@@ -114,6 +114,30 @@ def test_a_directory_deleted_meanwhile_is_deleted_not_a_warning(tmp_path, monkey
         assert delete_directories([entry]) == []
 
 
+def test_the_bandwidth_file_is_written_at_most_every_period_and_at_close(tmp_path, monkeypatch):
+    """strategy="auto" records each save's bandwidth: the file is written by the first save, then at most every
+    WRITE_SECONDS (the measurements in between are used from memory), and by close."""
+    from hpcckpt.transport import io_history
+
+    path = tmp_path / io_history.FILE_NAME
+    clock = [1000.0]
+    monkeypatch.setattr(io_history.time, "monotonic", lambda: clock[0])
+    ck = hpcckpt.Checkpointer(tmp_path, keep=2, track_failures=False)
+    block = {"u": hpcckpt.Block(np.arange(1024.0))}
+    ck.save(block, 1)
+    assert len(json.loads(path.read_bytes())["saves"]) == 1
+    ck.save(block, 2)
+    assert len(json.loads(path.read_bytes())["saves"]) == 1 and len(io_history.read(str(tmp_path))) == 2
+    clock[0] += io_history.WRITE_SECONDS
+    ck.save(block, 3)
+    assert len(json.loads(path.read_bytes())["saves"]) == 3
+    ck.save(block, 4)
+    ck.close()
+    assert len(json.loads(path.read_bytes())["saves"]) == 4
+    path.unlink()  # the Checkpointer let the root go: what a later reader sees is the file again
+    assert io_history.read(str(tmp_path)) == []
+
+
 def test_the_failure_history_is_written_at_most_every_heartbeat_period(tmp_path, monkeypatch):
     writes = []
     real = FailureHistory.save
