@@ -77,7 +77,7 @@ class BackgroundWrite:
         target = SequentialFile(self.directory, self.name, self.fsync)
         owners: list = []
         try:
-            _lower_priority()
+            lower_priority()
             if self._staging_error is not None:
                 raise self._staging_error
             os.makedirs(os.path.dirname(os.path.join(self.directory, self.name)), exist_ok=True)
@@ -108,7 +108,7 @@ class BackgroundWrite:
                     self.pool.release(item.buffer)
 
 
-def _lower_priority() -> None:
+def lower_priority() -> None:
     """Run the calling (background) thread at nice 19 so that it yields the cores to the application (Linux)."""
     try:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
