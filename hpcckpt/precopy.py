@@ -22,9 +22,10 @@ the device, where the application's kernels cannot change it meanwhile): the
 copy is then the content that was hashed.
 
 At the checkpoint, ``save`` takes the rounds that have finished (it never
-waits for one: a round still running is cancelled and abandoned, its file
-removed, and the next intervals start their rounds earlier), moves their files
-into the new version's ``data/`` (a rename) and passes the blocks they hold to
+waits for one: a round still running is cancelled, it stops at its next
+block, its file is removed, and the next intervals start their rounds
+earlier), moves their files into the new version's ``data/`` (a rename) and
+passes the blocks they hold to
 the select stage: it hashes the state *at the call* again, and a block whose
 content a round wrote is pointed at in that file, every other changed block is
 copied and written as usual.
@@ -108,7 +109,9 @@ class Round:
             self._produce()
 
     def cancel(self) -> None:
+        """Stop copying and writing (the checkpoint came first): an abandoned round must not compete with it."""
         self.cancelled = True
+        self.writer.cancel()
 
     @property
     def done(self) -> bool:

@@ -132,6 +132,18 @@ def test_a_block_changed_while_a_background_round_copies_it_is_never_taken_from_
     _restore_all(root, saved)
 
 
+@pytest.mark.timeout(120)
+def test_a_round_larger_than_the_staging_pool_streams_through_it(tmp_path):
+    rng = np.random.default_rng(7)
+    a = rng.random((ROWS, COLS))  # 384 KiB: a round after a full save copies most of it
+    root = str(tmp_path / "root")
+    with _checkpointer(root, staging_bytes=3 << 14) as ck:  # room for three 16 KiB blocks only
+        ck.register({"u": Block(a, (0, 0), a.shape)})
+        saved = _run(ck, a, 3 * EVERY, rng, dirty_rows=2)
+        assert ck.last_result.incremental["precopied_bytes"] > 3 << 14
+    _restore_all(root, saved)
+
+
 def test_a_round_still_writing_at_the_save_is_abandoned_and_the_next_rounds_start_earlier(tmp_path, monkeypatch):
     original = file_per_rank.SequentialFile.append
     slow_rounds = [True]
