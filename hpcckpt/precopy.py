@@ -130,11 +130,13 @@ class Round:
         except BaseException as exc:  # noqa: BLE001 - reported by the writer, then this interval stops
             self.writer.fail(exc)
             self.writer.queue.put(None)
-            return
-        try:
-            stage(items, self.pool, self.writer.queue, staged=self._record)
-        except BaseException as exc:  # noqa: BLE001 - as above (stage has ended the writer's queue)
-            self.writer.fail(exc)
+            items = None
+        if items is not None:
+            try:
+                stage(items, self.pool, self.writer.queue, staged=self._record)
+            except BaseException as exc:  # noqa: BLE001 - as above (stage has ended the writer's queue)
+                self.writer.fail(exc)
+        self.parts = []  # no reference to the application's arrays once the copies are staged
 
     def _new_blocks(self) -> list:
         """Hash every block; the items to copy: blocks new to the chain and to this interval (an equal one once)."""
