@@ -201,6 +201,8 @@ class Engine:
             selection = Selection([]) if error is not None else select(
                 self.comm, what, local, self.plan_cache, opts, index, starts, per_rank_files=self.node is not None,
                 precopied=precopied)
+        if precopied:
+            self.precopy.drop_unused(directory, selection.refs)
         codecs = self.plan_cache.codecs if own is None else own[2]
         writer = self._writer(directory, selection, codecs, local, opts)
         self._stage(selection, writer, opts, timer, error)

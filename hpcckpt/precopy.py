@@ -41,7 +41,8 @@ every incremental save).  The producer's first hash of the live block only
 chooses what to copy: when the application changes a block after it, the
 block is either copied anyway (its copy's hash recorded) or skipped (written
 by the checkpoint).  A pre-copied block that no longer matches at the call is
-simply not referenced (its bytes stay unused in the file).
+simply not referenced (its bytes stay unused in the file; a round file of
+which no block is referenced leaves the version, deleted in the background).
 
 Pre-copy is an optimisation, never a failure: a round that fails on a rank
 (a write error, a state that cannot be described) is logged and drops that
@@ -55,16 +56,17 @@ import dataclasses
 import os
 import shutil
 import threading
+import time
 
 from . import chain_cache
 from .arrays import byte_view
-from .background import BackgroundWrite, lower_priority
+from .background import BackgroundRemoval, BackgroundWrite, lower_priority
 from .codecs.pipeline import EncodedPieces
 from .devices import is_device_array
 from .encoding import dtype_from_json
 from .incremental import hash_pieces, raw_hash
 from .log import logger
-from .names import DATA_DIR, PRECOPY_DIR, precopy_file
+from .names import DATA_DIR, PRECOPY_DIR, TRASH_DIR, precopy_file
 from .precopy_plan import PrecopyConfig, PrecopyPlan
 from .save_pipeline import describe
 from .selection import known_digests, written_parts
@@ -191,6 +193,8 @@ class PreCopy:
         self.started = 0  # rounds of this run (their file names)
         self._late = False  # a round was still writing at the last save (its blocks were not used)
         self._abandoned: list = []  # those Rounds, joined at close so that nothing writes after it
+        self._moved: list = []  # the round files the last save moved into its version
+        self._removals: list = []  # deletions of round files no version used (BackgroundRemoval)
 
     def block_bytes(self, options) -> int:
         """The block size of the next save and its rounds (the plan's; the options' before the first save)."""
@@ -285,8 +289,30 @@ class PreCopy:
         except OSError as exc:
             logger.warning("pre-copy on rank %d: moving its files into %s failed (%s); writing every changed block",
                            self.rank, directory, exc)
+        self._moved = sorted({loc[0] for loc in moved.values()})
         self._reset()
         return moved
+
+    def drop_unused(self, directory: str, refs: list) -> None:
+        """After the select stage: the round files moved into ``directory`` that none of ``refs`` (the
+        selection's rows) points at leave the version, into the root's trash, deleted in a background thread
+        (a state that changed everywhere since its rounds leaves no dead bytes in the version).  Never raises:
+        a file that cannot be moved stays, unused."""
+        used = {r[1] for r in refs}
+        unused = [name for name in self._moved if name not in used]
+        self._moved = []
+        self._removals = [r for r in self._removals if not r.done]
+        if not unused:
+            return
+        trash = os.path.join(self.engine.ckpt.root, TRASH_DIR, f"precopy-{self.rank:06d}-{os.getpid()}-"
+                                                                f"{time.monotonic_ns()}")
+        try:
+            os.makedirs(trash)
+            for name in unused:
+                os.replace(os.path.join(directory, name), os.path.join(trash, os.path.basename(name)))
+        except OSError as exc:
+            logger.warning("pre-copy on rank %d: unused round files stay in %s (%s)", self.rank, directory, exc)
+        self._removals.append(BackgroundRemoval([trash]))
 
     def committed(self, info: dict | None, options) -> None:
         """After the commit of a save with ``options``: the next interval starts, its block size from the global
@@ -306,7 +332,9 @@ class PreCopy:
         for job in self._abandoned + self._jobs:
             job.cancel()
             job.join()
-        self._jobs, self._abandoned = [], []
+        for removal in self._removals:
+            removal.join()
+        self._jobs, self._abandoned, self._removals = [], [], []
         self._reset()
 
     def _reset(self) -> None:

@@ -197,15 +197,23 @@ def test_a_state_that_changes_everywhere_every_step_stops_precopy(tmp_path):
     with _checkpointer(root) as ck:
         ck.register({"u": Block(a, (0, 0), a.shape)})
         pc = ck.engine.precopy
-        saved = _run(ck, a, 2 * EVERY, rng, everywhere=True)  # the second interval: two rounds show the rate
+        saved = _run(ck, a, EVERY, rng, everywhere=True)
+        started = [pc.started]
+        saved.update(_run(ck, a, EVERY, rng, everywhere=True, first=EVERY + 1))  # two rounds show the rate
+        started.append(pc.started)
         assert pc.plan.skip == 1 and pc.plan.backoff == 2  # stopped: the next interval is skipped
         saved.update(_run(ck, a, EVERY, rng, everywhere=True, first=2 * EVERY + 1))
+        started.append(pc.started)
         assert pc.plan.skip == 0  # skipped, then the next one probes again
         saved.update(_run(ck, a, EVERY, rng, everywhere=True, first=3 * EVERY + 1))
+        started.append(pc.started)
         assert pc.plan.skip == 2 and pc.plan.backoff == 4  # stopped again: the backoff doubles
-    rounds_in = {step: any(f.startswith("precopy-") for f in os.listdir(os.path.join(root, f"step-{step:012d}", "data")))
-                 for step in saved}
-    assert rounds_in == {8: False, 16: True, 24: False, 32: True}
+        # rounds ran in the second and the fourth interval only
+        assert started[0] == 0 and started[1] > 0 and started[2] == started[1] and started[3] > started[2]
+    # none of their blocks was still the state at the call: their files left the versions (deleted by now)
+    assert not any(f.startswith("precopy-") for step in saved
+                   for f in os.listdir(os.path.join(root, f"step-{step:012d}", "data")))
+    assert not os.listdir(os.path.join(root, ".hpcckpt-trash"))
     _restore_all(root, saved)
 
 
