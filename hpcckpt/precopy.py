@@ -56,17 +56,17 @@ import dataclasses
 import os
 import shutil
 import threading
-import time
 
 from . import chain_cache
 from .arrays import byte_view
-from .background import BackgroundRemoval, BackgroundWrite, lower_priority
+from .background import BackgroundWrite, lower_priority
 from .codecs.pipeline import EncodedPieces
 from .devices import is_device_array
 from .encoding import dtype_from_json
 from .incremental import hash_pieces, raw_hash
 from .log import logger
-from .names import DATA_DIR, PRECOPY_DIR, TRASH_DIR, precopy_file
+from .catalog import Retirement, VersionEntry
+from .names import DATA_DIR, PRECOPY_DIR, precopy_file
 from .precopy_plan import PrecopyConfig, PrecopyPlan
 from .save_pipeline import describe
 from .selection import known_digests, written_parts
@@ -184,7 +184,9 @@ class PreCopy:
         self.config = config
         self.rank = engine.rank
         self.spool = os.path.join(engine.ckpt.root, PRECOPY_DIR, f"r{self.rank:06d}")
-        shutil.rmtree(self.spool, ignore_errors=True)  # left by a run that was killed between checkpoints
+        self.dropped = os.path.join(engine.ckpt.root, PRECOPY_DIR, f"x{self.rank:06d}")  # unused files, deleting
+        for path in (self.spool, self.dropped):  # left by a run that was killed between checkpoints
+            shutil.rmtree(path, ignore_errors=True)
         self.plan: PrecopyPlan | None = None  # made at the first save (its block size is the save's)
         self.options = None  # the SaveOptions of the last committed save (rounds describe the state with them)
         self.precopied: dict = {}
@@ -194,7 +196,8 @@ class PreCopy:
         self._late = False  # a round was still writing at the last save (its blocks were not used)
         self._abandoned: list = []  # those Rounds, joined at close so that nothing writes after it
         self._moved: list = []  # the round files the last save moved into its version
-        self._removals: list = []  # deletions of round files no version used (BackgroundRemoval)
+        self._retirement = Retirement()  # deletes the round files no version used
+        self._count = 0  # their directories under ``dropped``
 
     def block_bytes(self, options) -> int:
         """The block size of the next save and its rounds (the plan's; the options' before the first save)."""
@@ -295,24 +298,24 @@ class PreCopy:
 
     def drop_unused(self, directory: str, refs: list) -> None:
         """After the select stage: the round files moved into ``directory`` that none of ``refs`` (the
-        selection's rows) points at leave the version, into the root's trash, deleted in a background thread
-        (a state that changed everywhere since its rounds leaves no dead bytes in the version).  Never raises:
-        a file that cannot be moved stays, unused."""
+        selection's rows) points at leave the version, into ``ROOT/.hpcckpt-precopy/x<rank>/``, deleted on a
+        thread (a state that changed everywhere since its rounds leaves no dead bytes in the version).  Never
+        raises: a file that cannot be moved stays, unused."""
         used = {r[1] for r in refs}
         unused = [name for name in self._moved if name not in used]
         self._moved = []
-        self._removals = [r for r in self._removals if not r.done]
         if not unused:
             return
-        trash = os.path.join(self.engine.ckpt.root, TRASH_DIR, f"precopy-{self.rank:06d}-{os.getpid()}-"
-                                                                f"{time.monotonic_ns()}")
+        self._count += 1
+        dropped = os.path.join(self.dropped, f"{self._count:06d}")
         try:
-            os.makedirs(trash)
+            os.makedirs(dropped)
             for name in unused:
-                os.replace(os.path.join(directory, name), os.path.join(trash, os.path.basename(name)))
+                os.replace(os.path.join(directory, name), os.path.join(dropped, os.path.basename(name)))
         except OSError as exc:
             logger.warning("pre-copy on rank %d: unused round files stay in %s (%s)", self.rank, directory, exc)
-        self._removals.append(BackgroundRemoval([trash]))
+        # deleted as retention deletes a version (no metadata to unlink: an uncommitted directory)
+        self._retirement.retire([VersionEntry(os.path.basename(dropped), dropped, 0, 0, False)])
 
     def committed(self, info: dict | None, options) -> None:
         """After the commit of a save with ``options``: the next interval starts, its block size from the global
@@ -332,9 +335,9 @@ class PreCopy:
         for job in self._abandoned + self._jobs:
             job.cancel()
             job.join()
-        for removal in self._removals:
-            removal.join()
-        self._jobs, self._abandoned, self._removals = [], [], []
+        self._retirement.wait()
+        shutil.rmtree(self.dropped, ignore_errors=True)  # emptied by now
+        self._jobs, self._abandoned = [], []
         self._reset()
 
     def _reset(self) -> None:

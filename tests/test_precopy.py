@@ -213,7 +213,7 @@ def test_a_state_that_changes_everywhere_every_step_stops_precopy(tmp_path):
     # none of their blocks was still the state at the call: their files left the versions (deleted by now)
     assert not any(f.startswith("precopy-") for step in saved
                    for f in os.listdir(os.path.join(root, f"step-{step:012d}", "data")))
-    assert not os.listdir(os.path.join(root, ".hpcckpt-trash"))
+    assert not os.path.exists(os.path.join(root, ".hpcckpt-precopy", "x000000"))  # deleted by close at the latest
     _restore_all(root, saved)
 
 
