@@ -19,9 +19,18 @@ Each step "computes" for ``--step-seconds`` (a sleep, so the background
 writers get the cores).  Measured at each checkpoint after the first two
 (steady state): ``blocking``, the time the saving ``maybe_save`` call blocks;
 ``commit``, the time from that call to the committed version (``ck.wait()``
-right after it); ``rounds``, the foreground time of the pre-copy rounds in the
-interval before it.  Times are the slowest rank's (allreduce MAX), medians
-over repeats and checkpoints; ratios are precopy / plain of the same repeat.
+right after it); ``rounds``, the foreground time of every ``maybe_save`` call
+that did not save in the interval before it (the decision's allreduce, and
+the start of the pre-copy rounds), and ``round calls``, that of the calls that
+started a round.  Times are the slowest rank's (allreduce MAX), medians over
+repeats and checkpoints; ratios are precopy / plain of the same repeat.
+
+A second table splits the checkpoint by stage, from the SaveResult timings
+(slowest rank per stage): in the call, ``plan`` (the plan's allgather and the
+base), ``hash`` (every block hashed at the call, and the select stage's
+allgather), ``stage`` (the copy of the selected blocks); after it, ``write``
+(the background writer) and ``commit`` (``ck.wait()``: waiting for the
+writers, the commit's gather and broadcast, rank 0's metadata and retention).
 """
 
 from __future__ import annotations
@@ -62,10 +71,11 @@ def one_run(root: str, precopy: bool, changed: float, args, rng) -> list:
     every = args.every
     extra = {"precopy": True} if precopy else {}
     out = []
+    stages = ("plan", "hash", "stage")
     with Checkpointer(root, comm=comm, keep=2, asynchronous=True, incremental=True, policy=FixedSteps(every),
                       block_bytes=args.block_bytes, track_failures=False, handle_signals=False, **extra) as ck:
         ck.register({"u": Block(a, (rank * rows, 0), (size * rows, args.cols))})
-        rounds = 0.0
+        rounds = starting = 0.0
         for step in range(1, every * args.intervals + 1):
             phase = step % every
             if 0 < phase < every // 2:
@@ -76,18 +86,25 @@ def one_run(root: str, precopy: bool, changed: float, args, rng) -> list:
                     a[b * block_rows:(b + 1) * block_rows] += rng.random()
             time.sleep(args.step_seconds)
             comm.Barrier()
+            started = ck.engine.precopy.started if precopy else 0
             t0 = time.perf_counter()
             result = ck.maybe_save(step)
             t1 = time.perf_counter()
             if result is None:
                 rounds += t1 - t0
+                if precopy and ck.engine.precopy.started > started:
+                    starting += t1 - t0
                 continue
             ck.wait()
             t2 = time.perf_counter()
             if step > 2 * every:
+                done = ck.last_result
+                split = [slowest(result.timings.get(k, 0.0)) for k in stages] + \
+                    [done.timings.get("write", 0.0), done.timings["commit"]]
                 out.append((slowest(t1 - t0), slowest(t2 - t0), slowest(rounds),
-                            ck.last_result.incremental.get("precopied_bytes", 0), ck.last_result.bytes_written))
-            rounds = 0.0
+                            done.incremental.get("precopied_bytes", 0), done.bytes_written, slowest(starting),
+                            *split))
+            rounds = starting = 0.0
     return out
 
 
@@ -119,20 +136,27 @@ def main() -> None:
         results[changed] = runs
     if rank == 0:
         shutil.rmtree(top, ignore_errors=True)
-        table, record = [], {"ranks": size, "total_mib": args.total_mib, "args": vars(args), "cases": []}
+        table, split, record = [], [], {"ranks": size, "total_mib": args.total_mib, "args": vars(args),
+                                         "load_average": os.getloadavg(), "cases": []}
         for changed, runs in results.items():
-            med = {m: [statistics.median(c[k] for run in runs[m] for c in run) for k in range(5)] for m in runs}
+            med = {m: [statistics.median(c[k] for run in runs[m] for c in run) for k in range(11)] for m in runs}
             ratio = {k: statistics.median(statistics.median(c[k] for c in pc) / statistics.median(c[k] for c in pl)
                                           for pc, pl in zip(runs["precopy"], runs["plain"])) for k in (0, 1)}
             for m in ("plain", "precopy"):
-                b, c, rd, pre, wrote = med[m]
+                b, c, rd, pre, wrote, starting = med[m][:6]
                 table.append([f"{changed:.0%}", m, f"{b * 1e3:.1f}", f"{c * 1e3:.1f}", f"{rd * 1e3:.1f}",
+                              f"{starting * 1e3:.1f}" if m == "precopy" else "",
                               f"{pre / 2**20:.1f}", f"{wrote / 2**20:.1f}",
                               f"{ratio[0]:.2f}" if m == "precopy" else "", f"{ratio[1]:.2f}" if m == "precopy" else ""])
+                split.append([f"{changed:.0%}", m] + [f"{v * 1e3:.1f}" for v in med[m][6:]] + [f"{c * 1e3:.1f}"])
             record["cases"].append({"changed": changed, "median": med, "ratio_blocking": ratio[0],
                                     "ratio_commit": ratio[1], "raw": runs})
         print_table(["changed at ckpt", "mode", "blocking ms", "call->commit ms", "rounds ms/interval",
-                     "precopied MiB", "written at ckpt MiB", "blocking x", "commit x"], table)
+                     "round calls ms/interval", "precopied MiB", "written at ckpt MiB", "blocking x", "commit x"],
+                    table)
+        print()
+        print_table(["changed at ckpt", "mode", "plan ms", "hash ms", "stage ms", "write ms", "wait+commit ms",
+                     "call->commit ms"], split)
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(record, f, indent=1)

@@ -19,7 +19,9 @@ save_pipeline.py split in two:
   all agree on failures (one rank's failure is a CheckpointError on every
   rank, and the version is removed, never committed), the levels protect it
   (partner copies, parity, Reed-Solomon: levels/node.py), rank 0 writes the metadata, and
-  retention runs.
+  retention uncommits the versions it drops at once and deletes their
+  directories on a thread (catalog.Retirement): freeing their bytes is no
+  part of this commit.
 
 With ``local_dir`` (asynchronous or not) the levels of ``hpcckpt.levels`` are
 the commit's destinations: L1 node-local, L2 partner, L3 XOR parity, L4 the
@@ -45,7 +47,7 @@ from dataclasses import dataclass, field
 
 from . import chain_cache
 from .background import BackgroundWrite
-from .catalog import VersionEntry, check_step, current, list_versions, new_version_name, removable, \
+from .catalog import Retirement, VersionEntry, check_step, current, list_versions, new_version_name, removable, \
     remove_versions
 from .codecs.pipeline import EncodedPieces
 from .collective import allgather_checked, attempt, bcast_checked, best_effort, collective_error, \
@@ -145,6 +147,7 @@ class Engine:
         self.last_result: SaveResult | None = None
         self.plan_cache = PlanCache()  # the agreed plan, reused while the layout is unchanged
         self._names: set[str] = set()  # every version name that may exist (agreed on every rank)
+        self._retirement = Retirement()  # rank 0: retention's deletions, off the commit's critical path
         self.precopy: PreCopy | None = None
         config = PrecopyConfig.from_option(precopy)
         if config is not None:
@@ -198,6 +201,8 @@ class Engine:
             selection = Selection([]) if error is not None else select(
                 self.comm, what, local, self.plan_cache, opts, index, starts, per_rank_files=self.node is not None,
                 precopied=precopied)
+        if precopied:
+            self.precopy.drop_unused(directory, selection.refs)
         codecs = self.plan_cache.codecs if own is None else own[2]
         writer = self._writer(directory, selection, codecs, local, opts)
         self._stage(selection, writer, opts, timer, error)
@@ -263,6 +268,7 @@ class Engine:
         """Rank 0's part of an agreed plan: ``(names on the root, or None; base key, or None)``."""
         names = None
         if first:
+            self._retirement.wait()  # the last retention's deletions are done: the listing sees the root settled
             flushing = self.node.flushing if self.node is not None else None
             remove_versions([e for e in list_versions(self.ckpt.root) if not e.committed and e.name != flushing])
             if self.node is not None and flushing is None:
@@ -439,7 +445,7 @@ class Engine:
         committed = commit_on_root(p.directory, settled.variables, settled.codecs, settled.tables, values,
                                    self.comm.Get_size(), p.step, extra, p.options.fsync, p.selection.info)
         flushing = self.node.flushing if self.node is not None else None  # never a version being flushed
-        best_effort(f"retention under {self.ckpt.root!r}", lambda: remove_versions(
+        best_effort(f"retention under {self.ckpt.root!r}", lambda: self._retirement.retire(
             [e for e in removable(list_versions(self.ckpt.root), self.ckpt.keep) if e.name != flushing]))
         return committed
 
@@ -488,6 +494,7 @@ class Engine:
         try:
             self.wait()
         finally:
+            self._retirement.wait()
             if self.precopy is not None:
                 self.precopy.close()
             if self.node is not None:

@@ -19,6 +19,10 @@ from .transport.base import Written
 from .transport.file_per_rank import SequentialFile, store_piece
 
 
+class WriteCancelled(Exception):
+    """A background write stopped by :meth:`BackgroundWrite.cancel`."""
+
+
 class BackgroundWrite:
     """One rank's writer thread: staged items -> chunks -> codec -> checksum -> ``directory/name``.
 
@@ -39,10 +43,16 @@ class BackgroundWrite:
         self._eof = False
         self._held: list = []
         self._staging_error: BaseException | None = None
+        self._cancelled = False
         self._thread = threading.Thread(target=self._run, name="hpcckpt-writer", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
+
+    def cancel(self) -> None:
+        """Stop writing at the next piece (pre-copy abandons a round the checkpoint came before): what is left
+        would compete with the checkpoint's own write; ``error`` becomes a :class:`WriteCancelled`."""
+        self._cancelled = True
 
     def fail(self, exc: BaseException) -> None:
         """Staging failed on this rank: the writer drains the pool and reports ``exc`` at the commit."""
@@ -77,7 +87,7 @@ class BackgroundWrite:
         target = SequentialFile(self.directory, self.name, self.fsync)
         owners: list = []
         try:
-            _lower_priority()
+            lower_priority()
             if self._staging_error is not None:
                 raise self._staging_error
             os.makedirs(os.path.dirname(os.path.join(self.directory, self.name)), exist_ok=True)
@@ -85,6 +95,8 @@ class BackgroundWrite:
                 try:
                     for piece in encoded_pieces(self._chunks(owners), self.encoder, self.timer,
                                                 digests=self.digests):
+                        if self._cancelled:
+                            raise WriteCancelled(f"the write of {self.name} was cancelled")
                         store_piece(target, piece, self.written)
                         item = owners.pop(0)
                         item.remaining -= 1
@@ -108,7 +120,7 @@ class BackgroundWrite:
                     self.pool.release(item.buffer)
 
 
-def _lower_priority() -> None:
+def lower_priority() -> None:
     """Run the calling (background) thread at nice 19 so that it yields the cores to the application (Linux)."""
     try:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)

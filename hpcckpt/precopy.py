@@ -2,28 +2,47 @@
 
 ``Checkpointer(root, asynchronous=True, incremental=True, precopy=True)``:
 between checkpoints, ``ck.maybe_save(step)`` (a step at which no save is due)
-runs a pre-copy round when the rules of precopy_plan.py say so (paced by the
+starts a pre-copy round when the rules of precopy_plan.py say so (paced by the
 interval policy's progress towards the next checkpoint, which the decision's
-allreduce brings from rank 0).  A round, on each rank and without MPI:
+allreduce brings from rank 0).  The call only describes the state (which
+arrays, on the cached plan's grid) and starts the round; the round then runs
+in two background threads of the rank, without MPI, while the application
+computes (:class:`Round`):
 
-1. hashes every block of the rank's state on the incremental grid (the block
-   size the plan chose), exactly as the select stage does;
-2. copies the blocks that neither the base version nor an earlier round of
-   this interval holds into the staging pool, in the same call (the
-   application is not running: the copy is the content that was hashed);
-3. hands them to a background writer (background.py) that writes one file
+1. the producer hashes every block of the rank's state on the incremental
+   grid (the block size the plan chose), exactly as the select stage does, and
+   copies each block that neither the base version nor an earlier round of
+   this interval holds into the staging pool, then hashes *that copy*: the key
+   the round records for a block is the content hash of the bytes it writes;
+2. a background writer (background.py) writes the copies into one file
    ``data/precopy-<rank>-<round>.bin`` under ``ROOT/.hpcckpt-precopy/r<rank>/``.
 
-At the checkpoint, ``save`` takes the rounds whose writers have finished
-(it never waits for one: a round still writing is abandoned, its file removed
-as it ends, and the next intervals start their rounds earlier), moves their
-files into the new version's ``data/`` (a rename) and passes the blocks they
-hold to the select stage: it hashes the state *at the call* again, and a
-block whose content a round wrote is pointed at in that file, every other
-changed block is copied and written as usual.  Correctness never rests on the
-rounds: whatever the application changed after a round gives another content
-hash and is written from the values at the call; a pre-copied block that no
-longer matches is simply not referenced (its bytes stay unused in the file).
+A state held on a GPU runs its round in the calling thread instead (hashed on
+the device, where the application's kernels cannot change it meanwhile): the
+copy is then the content that was hashed.
+
+At the checkpoint, ``save`` takes the rounds that have finished (it never
+waits for one: a round still running is cancelled, it stops at its next
+block, its file is removed, and the next intervals start their rounds
+earlier), moves their files into the new version's ``data/`` (a rename) and
+passes the blocks they hold to
+the select stage: it hashes the state *at the call* again, and a block whose
+content a round wrote is pointed at in that file, every other changed block is
+copied and written as usual.
+
+Why that is correct although the application changes its arrays while a
+round reads them: a round's record of a block is the hash of the copy it
+wrote, so its file holds exactly the bytes of that hash, whatever the
+application did during the copy (a torn copy, half old and half new, is
+recorded as what it is).  The checkpoint uses a round's block only when the
+block's content *at the call* has that very hash, so the bytes referenced are
+the values at the call (up to a collision of the 128-bit hash, the premise of
+every incremental save).  The producer's first hash of the live block only
+chooses what to copy: when the application changes a block after it, the
+block is either copied anyway (its copy's hash recorded) or skipped (written
+by the checkpoint).  A pre-copied block that no longer matches at the call is
+simply not referenced (its bytes stay unused in the file; a round file of
+which no block is referenced leaves the version, deleted in the background).
 
 Pre-copy is an optimisation, never a failure: a round that fails on a rank
 (a write error, a state that cannot be described) is logged and drops that
@@ -36,13 +55,17 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
+import threading
 
 from . import chain_cache
-from .background import BackgroundWrite
+from .arrays import byte_view
+from .background import BackgroundWrite, lower_priority
 from .codecs.pipeline import EncodedPieces
+from .devices import is_device_array
 from .encoding import dtype_from_json
-from .incremental import hash_pieces
+from .incremental import hash_pieces, raw_hash
 from .log import logger
+from .catalog import Retirement, VersionEntry
 from .names import DATA_DIR, PRECOPY_DIR, precopy_file
 from .precopy_plan import PrecopyConfig, PrecopyPlan
 from .save_pipeline import describe
@@ -50,13 +73,110 @@ from .selection import known_digests, written_parts
 from .staging import SlotQueue, stage
 
 
+class RoundCancelled(Exception):
+    """A round still running at the checkpoint: it stops copying (its blocks would not be used)."""
+
+
+class Round:
+    """One pre-copy round of one rank: the producer (hash, copy the new blocks, hash the copies) and its writer.
+
+    ``parts``: the rank's ``(variable, global start, array)`` to scan;
+    ``known``: the keys that need no copy (the base version's are looked up in
+    ``index``); ``background``: the producer runs in its own thread (host
+    state) and records the hash of each copy, else :meth:`run` runs in the
+    caller's thread and records the hash of the block (the application is not
+    running).  After :attr:`done`: ``changed``, the fraction of the scanned
+    bytes new to the interval, and ``keys``, ``{(variable, start): Key}`` of
+    the blocks the writer wrote.
+    """
+
+    def __init__(self, progress: float, parts: list, cache, block_bytes: int, index, known: frozenset,
+                 writer: BackgroundWrite, pool, background: bool):
+        self.progress = progress
+        self.parts, self.cache, self.block_bytes, self.index, self.known = parts, cache, block_bytes, index, known
+        self.writer, self.pool, self.background = writer, pool, background
+        self.changed = 0.0
+        self.keys: dict = {}
+        self.cancelled = False
+        self._scanned: dict = {}  # (variable, start) -> Key of the live block (chooses what to copy)
+        self._thread = threading.Thread(target=self._produce, name="hpcckpt-precopy", daemon=True) \
+            if background else None
+
+    def start(self) -> None:
+        """Start the writer, then the producer (in its thread, or here: returns when the copies are staged)."""
+        self.writer.start()
+        if self._thread is not None:
+            self._thread.start()
+        else:
+            self._produce()
+
+    def cancel(self) -> None:
+        """Stop copying and writing (the checkpoint came first): an abandoned round must not compete with it."""
+        self.cancelled = True
+        self.writer.cancel()
+
+    @property
+    def done(self) -> bool:
+        return (self._thread is None or not self._thread.is_alive()) and self.writer.done
+
+    def join(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+        self.writer.join()
+
+    def _produce(self) -> None:
+        try:
+            if self.background:
+                lower_priority()
+            items = self._new_blocks()
+        except BaseException as exc:  # noqa: BLE001 - reported by the writer, then this interval stops
+            self.writer.fail(exc)
+            self.writer.queue.put(None)
+            items = None
+        if items is not None:
+            try:
+                stage(items, self.pool, self.writer.queue, staged=self._record)
+            except BaseException as exc:  # noqa: BLE001 - as above (stage has ended the writer's queue)
+                self.writer.fail(exc)
+        self.parts = []  # no reference to the application's arrays once the copies are staged
+
+    def _new_blocks(self) -> list:
+        """Hash every block; the items to copy: blocks new to the chain and to this interval (an equal one once)."""
+        c = self.cache
+        dtypes = {n: dtype_from_json(v.dtype) for n, v in c.variables.items()}
+        entries = hash_pieces(self.parts, c.variables, dtypes, c.codecs, self.block_bytes, self.index)
+        total = sum(e[5] for e in entries)
+        items, seen, changed = [], set(), 0
+        for e in entries:
+            if e[6] is None and e[4] not in self.known and e[4] not in seen:
+                seen.add(e[4])
+                changed += e[5]
+                self._scanned[(e[0], tuple(e[1]))] = e[4]
+                items.append((e[0], tuple(e[1]), e[3], False))
+        self.changed = changed / total if total else 0.0
+        return items
+
+    def _record(self, copy) -> None:
+        """Stage hook, before the writer gets ``copy``: its key (the copy's own hash in the background)."""
+        if self.cancelled:
+            raise RoundCancelled("the checkpoint came first")
+        where = (copy.variable, copy.start)
+        key = self._scanned[where]
+        if self.background:  # the application may have changed the block since it was hashed: the copy counts
+            key = (raw_hash(byte_view(copy.array)), key[1], key[2])
+        self.keys[where] = key
+        self.writer.digests.update(known_digests([(copy.variable, copy.start, None, None, key, key[1])]))
+
+
+
+
 class PreCopy:
     """One rank's pre-copy between checkpoints (see the module docstring); owned by the asynchronous Engine.
 
     ``precopied``: ``{Key: Location}`` of the blocks the finished rounds of
-    this interval wrote (files relative to the version); ``rounds``: the rounds
-    of this interval with their progress and changed fraction, for tools and
-    tests.
+    this interval wrote (files relative to the version); ``rounds``: the
+    finished rounds of this interval with their progress and changed fraction,
+    and ``started``: the rounds this run started, for tools and tests.
     """
 
     def __init__(self, engine, config: PrecopyConfig):
@@ -64,15 +184,20 @@ class PreCopy:
         self.config = config
         self.rank = engine.rank
         self.spool = os.path.join(engine.ckpt.root, PRECOPY_DIR, f"r{self.rank:06d}")
-        shutil.rmtree(self.spool, ignore_errors=True)  # left by a run that was killed between checkpoints
+        self.dropped = os.path.join(engine.ckpt.root, PRECOPY_DIR, f"x{self.rank:06d}")  # unused files, deleting
+        for path in (self.spool, self.dropped):  # left by a run that was killed between checkpoints
+            shutil.rmtree(path, ignore_errors=True)
         self.plan: PrecopyPlan | None = None  # made at the first save (its block size is the save's)
         self.options = None  # the SaveOptions of the last committed save (rounds describe the state with them)
         self.precopied: dict = {}
         self.rounds: list = []
-        self._writers: list = []  # (BackgroundWrite, {(variable, start): Key}) of rounds not absorbed yet
-        self._count = 0  # rounds of this run (their file names)
+        self._jobs: list = []  # the Rounds not absorbed yet
+        self.started = 0  # rounds of this run (their file names)
         self._late = False  # a round was still writing at the last save (its blocks were not used)
-        self._abandoned: list = []  # those writers, joined at close so that nothing writes after it
+        self._abandoned: list = []  # those Rounds, joined at close so that nothing writes after it
+        self._moved: list = []  # the round files the last save moved into its version
+        self._retirement = Retirement()  # deletes the round files no version used
+        self._count = 0  # their directories under ``dropped``
 
     def block_bytes(self, options) -> int:
         """The block size of the next save and its rounds (the plan's; the options' before the first save)."""
@@ -82,7 +207,7 @@ class PreCopy:
 
     # ------------------------------------------------------------------ rounds
     def maybe_round(self, state, step, progress: float) -> bool:
-        """Run a round now if the plan wants one at ``progress``; True when one ran.  Never raises, no MPI."""
+        """Start a round now if the plan wants one at ``progress``; True when one started.  Never raises, no MPI."""
         engine = self.engine
         if self.options is None or engine.pending is not None or not engine.plan_cache.valid:
             return False
@@ -104,55 +229,43 @@ class PreCopy:
             raise ValueError("the layout changed since the last save")
         options = dataclasses.replace(self.options, block_bytes=self.plan.block_bytes)
         starts = {n: b[0] for n, b in cache.boxes.items()}
-        dtypes = {n: dtype_from_json(v.dtype) for n, v in cache.variables.items()}
-        entries = hash_pieces(written_parts(local["arrays"], starts, cache.replicas), cache.variables, dtypes,
-                              cache.codecs, options.block_bytes, chain_cache.index_of(engine.ckpt.chain_base))
-        total = sum(e[5] for e in entries)
-        dirty, keys, seen = [], {}, set()
-        for e in entries:  # new to the chain and to this interval's rounds (an equal block once)
-            if e[6] is None and e[4] not in self.precopied and e[4] not in seen:
-                dirty.append(e)
-                seen.add(e[4])
-                keys[(e[0], tuple(e[1]))] = e[4]
-        changed = sum(e[5] for e in dirty) / total if total else 0.0
-        self.rounds.append((progress, changed))
-        if not self.plan.round_done(progress, changed) or not dirty:
-            return
-        name = precopy_file(self.rank, self._count)  # never reused in a run: an abandoned writer may still write
-        self._count += 1
+        parts = written_parts(local["arrays"], starts, cache.replicas)
+        name = precopy_file(self.rank, self.started)  # never reused in a run: an abandoned round may still write
+        self.started += 1
         writer = BackgroundWrite(self.spool, name, engine.pool, SlotQueue(),
                                  EncodedPieces.for_save(cache.codecs or {}, local["summaries"], options.codec_threads),
-                                 options.fsync, max(64, options.chunk_bytes), known_digests(dirty))
-        self._writers.append((writer, keys))
-        try:
-            stage([(e[0], tuple(e[1]), e[3], False) for e in dirty], engine.pool, writer.queue)
-        except Exception as exc:  # noqa: BLE001 - reported by the writer, then this interval stops
-            writer.fail(exc)
-        writer.start()
+                                 options.fsync, max(64, options.chunk_bytes), {})
+        background = not any(is_device_array(arr) for _, _, arr in parts)
+        job = Round(progress, parts, cache, options.block_bytes, chain_cache.index_of(engine.ckpt.chain_base),
+                    frozenset(self.precopied), writer, engine.pool, background)
+        self._jobs.append(job)
+        job.start()
 
     def _absorb(self, block: bool) -> bool:
-        """Take the blocks of finished round writers into ``precopied``; False while one is still writing
-        (``block``: wait for them).  A failed writer stops pre-copy for the interval."""
-        while self._writers:
-            writer, keys = self._writers[0]
-            if not block and not writer.done:
+        """Take the blocks of finished rounds into ``precopied`` and their figures into the plan; False while one
+        is still running (``block``: wait for them).  A failed round stops pre-copy for the interval."""
+        while self._jobs:
+            job = self._jobs[0]
+            if not block and not job.done:
                 return False
-            writer.join()
-            self._writers.pop(0)
-            if writer.error is not None:
+            job.join()
+            self._jobs.pop(0)
+            if job.writer.error is not None:
                 logger.warning("pre-copy on rank %d failed (%s); the checkpoint writes every changed block",
-                               self.rank, writer.error)
+                               self.rank, job.writer.error)
                 self.plan.stopped = True
                 self.precopied.clear()
                 continue
-            for variable, file, offset, nbytes, checksum, start, _count in writer.written.rows:
-                self.precopied[keys[(variable, tuple(start))]] = (file, offset, nbytes, checksum)
+            self.rounds.append((job.progress, job.changed))
+            self.plan.round_done(job.progress, job.changed)
+            for variable, file, offset, nbytes, checksum, start, _count in job.writer.written.rows:
+                self.precopied[job.keys[(variable, tuple(start))]] = (file, offset, nbytes, checksum)
         return True
 
     @property
     def writing(self) -> bool:
-        """Whether a round's background writer is still running on this rank."""
-        return any(not w.done for w, _ in self._writers)
+        """Whether a round of this rank is still running (copying or writing)."""
+        return any(not job.done for job in self._jobs)
 
     # --------------------------------------------------------------- the save
     def hand_over(self, directory: str) -> dict | None:
@@ -164,9 +277,11 @@ class PreCopy:
         if self.plan is None:
             return None
         self._absorb(block=False)
-        self._late = bool(self._writers)  # still writing: abandoned, never waited for (its file is unlinked below)
-        self._abandoned = [w for w in self._abandoned if not w.done] + [w for w, _ in self._writers]
-        self._writers = []
+        self._late = bool(self._jobs)  # still running: abandoned, never waited for (its file is unlinked below)
+        for job in self._jobs:
+            job.cancel()
+        self._abandoned = [job for job in self._abandoned if not job.done] + self._jobs
+        self._jobs = []
         moved: dict = {}
         try:
             if self.precopied:
@@ -177,8 +292,30 @@ class PreCopy:
         except OSError as exc:
             logger.warning("pre-copy on rank %d: moving its files into %s failed (%s); writing every changed block",
                            self.rank, directory, exc)
+        self._moved = sorted({loc[0] for loc in moved.values()})
         self._reset()
         return moved
+
+    def drop_unused(self, directory: str, refs: list) -> None:
+        """After the select stage: the round files moved into ``directory`` that none of ``refs`` (the
+        selection's rows) points at leave the version, into ``ROOT/.hpcckpt-precopy/x<rank>/``, deleted on a
+        thread (a state that changed everywhere since its rounds leaves no dead bytes in the version).  Never
+        raises: a file that cannot be moved stays, unused."""
+        used = {r[1] for r in refs}
+        unused = [name for name in self._moved if name not in used]
+        self._moved = []
+        if not unused:
+            return
+        self._count += 1
+        dropped = os.path.join(self.dropped, f"{self._count:06d}")
+        try:
+            os.makedirs(dropped)
+            for name in unused:
+                os.replace(os.path.join(directory, name), os.path.join(dropped, os.path.basename(name)))
+        except OSError as exc:
+            logger.warning("pre-copy on rank %d: unused round files stay in %s (%s)", self.rank, directory, exc)
+        # deleted as retention deletes a version (no metadata to unlink: an uncommitted directory)
+        self._retirement.retire([VersionEntry(os.path.basename(dropped), dropped, 0, 0, False)])
 
     def committed(self, info: dict | None, options) -> None:
         """After the commit of a save with ``options``: the next interval starts, its block size from the global
@@ -194,10 +331,13 @@ class PreCopy:
         self.rounds = []
 
     def close(self) -> None:
-        """At the Checkpointer's close: wait for the round writers and remove what they wrote (no version takes it)."""
-        for writer in self._abandoned + [w for w, _ in self._writers]:
-            writer.join()
-        self._writers, self._abandoned = [], []
+        """At the Checkpointer's close: wait for the rounds and remove what they wrote (no version takes it)."""
+        for job in self._abandoned + self._jobs:
+            job.cancel()
+            job.join()
+        self._retirement.wait()
+        shutil.rmtree(self.dropped, ignore_errors=True)  # emptied by now
+        self._jobs, self._abandoned = [], []
         self._reset()
 
     def _reset(self) -> None:
@@ -205,4 +345,4 @@ class PreCopy:
         shutil.rmtree(self.spool, ignore_errors=True)
 
 
-__all__ = ["PreCopy"]
+__all__ = ["PreCopy", "Round", "RoundCancelled"]

@@ -158,7 +158,8 @@ def staged_bytes(items) -> int:
     return sum(int(arr.nbytes) for _, _, arr, _ in items)
 
 
-def stage(items, pool: StagingPool, queue: SlotQueue, piece_bytes: int | None = None) -> tuple[int, int]:
+def stage(items, pool: StagingPool, queue: SlotQueue, piece_bytes: int | None = None,
+          staged=None) -> tuple[int, int]:
     """Copy every selected item into pool buffers, handing each to ``queue``; return (bytes, staged items).
 
     ``items``: ``(variable, global start, array, cut)`` (selection.Selection);
@@ -166,7 +167,9 @@ def stage(items, pool: StagingPool, queue: SlotQueue, piece_bytes: int | None = 
     device-to-host copy).  With ``piece_bytes=None`` each item is one copy into
     a buffer of its size; otherwise each ``cut`` item is copied in pieces of at
     most ``piece_bytes`` (one buffer each, so the pool can recycle them while
-    the copy goes on).  Ends with ``queue.put(None)``, also after a failure.
+    the copy goes on).  ``staged``: called with each whole item's Staged copy
+    before the writer gets it (pre-copy hashes the copy there; an exception
+    stops the staging).  Ends with ``queue.put(None)``, also after a failure.
     """
     total = count = 0
     try:
@@ -177,7 +180,14 @@ def stage(items, pool: StagingPool, queue: SlotQueue, piece_bytes: int | None = 
                 buf = pool.acquire(arr.nbytes)
                 dst = buf.view(arr.dtype).reshape(arr.shape)
                 copy_into(dst, arr)
-                queue.put(Staged(name, tuple(box), dst, buf, cut))
+                copy = Staged(name, tuple(box), dst, buf, cut)
+                if staged is not None:
+                    try:
+                        staged(copy)
+                    except BaseException:
+                        pool.release(buf)
+                        raise
+                queue.put(copy)
                 total += arr.nbytes
                 count += 1
                 continue

@@ -118,6 +118,38 @@ def test_serial_asynchronous_round_trip(tmp_path):
         assert np.array_equal(b, np.arange(1000.0))
 
 
+def test_retention_uncommits_at_the_commit_and_deletes_in_the_background(tmp_path, monkeypatch):
+    from hpcckpt import catalog
+
+    gate = threading.Event()
+    deleting = []
+    original = catalog.delete_directories
+
+    def held(entries):  # retention's deletion waits until the test lets it go: the commit must not wait for it
+        if entries and threading.current_thread().name == "hpcckpt-retention":
+            deleting.append([e.path for e in entries])
+            gate.wait(30)
+        return original(entries)
+
+    monkeypatch.setattr(catalog, "delete_directories", held)
+    a = np.arange(1000.0)
+    with Checkpointer(tmp_path, asynchronous=True, keep=2, track_failures=False, handle_signals=False) as ck:
+        for step in (1, 2, 3):
+            a += 1.0
+            ck.save({"a": Block(a)}, step)
+            ck.wait()
+        # committed: the dropped version is no version any more, its directory still being deleted
+        assert ck.steps() == [2, 3]
+        assert len(deleting) == 1 and os.path.isdir(deleting[0][0]) and not gate.is_set()
+        gate.set()
+        b = np.zeros(1000)
+        ck.restore({"a": Block(b)})
+        assert np.array_equal(b, a)
+    assert not os.path.exists(deleting[0][0])  # close waited for the deletion
+    with Checkpointer(tmp_path, track_failures=False, handle_signals=False) as ck:
+        assert ck.steps() == [2, 3]
+
+
 def test_unknown_and_bad_options(tmp_path):
     with pytest.raises(CheckpointError, match="staging_bytes"):
         Checkpointer(tmp_path, asynchronous=True, staging_bytes=0, track_failures=False)

@@ -6,6 +6,7 @@ Run the MPI part with ``mpiexec -n N python tests/mpi_pytest.py --with-mpi -m mp
 from __future__ import annotations
 
 import os
+import threading
 import time
 
 import numpy as np
@@ -44,12 +45,12 @@ def _run(ck, a, steps, rng, dirty_rows=3, everywhere=False, rounds_too=True, fir
         else:
             a[rng.integers(0, a.shape[0], dirty_rows)] = rng.random((dirty_rows, a.shape[1]))
         before = a.copy()
-        rounds = len(ck.engine.precopy.rounds)
+        started = ck.engine.precopy.started
         result = ck.maybe_save(step)
         if result is not None:
             saved[step] = before
             a[:] = -1.0  # right after the call: the save must keep the values at the call
-        elif len(ck.engine.precopy.rounds) > rounds:  # a round ran: change blocks it just copied
+        elif ck.engine.precopy.started > started:  # a round started: change blocks while it hashes and copies
             a[rng.integers(0, a.shape[0], 2)] = rng.random((2, a.shape[1]))
     ck.wait()
     return saved
@@ -85,6 +86,61 @@ def test_rounds_write_ahead_and_the_checkpoint_stores_the_values_at_the_call(tmp
     assert not os.path.exists(os.path.join(root, ".hpcckpt-precopy", "r000000"))  # moved in, or removed at close
     files = os.listdir(os.path.join(results[-1].path, "data"))
     assert any(f.startswith("precopy-") for f in files) and "part-000000.bin" in files
+    _restore_all(root, saved)
+
+
+def test_a_block_changed_while_a_background_round_copies_it_is_never_taken_from_the_round(tmp_path, monkeypatch):
+    """The interleaving a background round must survive: the application changes a block between the round's
+    hash of it and its copy, then changes it back before the call.  The round's file holds the changed bytes;
+    the checkpoint must store the values at the call (the round records the hash of its copy, not of the
+    block it hashed first)."""
+    from hpcckpt import staging
+
+    rng = np.random.default_rng(6)
+    a = rng.random((ROWS, COLS))
+    original_copy = staging.copy_into
+    torn = []
+
+    def copy_after_a_change(dst, src):  # a round's copy of its first block sees the application's write
+        if threading.current_thread().name == "hpcckpt-precopy" and not torn and src.size:
+            at = (src.__array_interface__["data"][0] - a.__array_interface__["data"][0]) // a.itemsize
+            torn.append((at, src.copy(), np.shares_memory(src, a)))
+            src[...] = 7.0
+        original_copy(dst, src)
+
+    monkeypatch.setattr(staging, "copy_into", copy_after_a_change)
+    root = str(tmp_path / "root")
+    saved = {}
+    with _checkpointer(root) as ck:
+        ck.register({"u": Block(a, (0, 0), a.shape)})
+        pc = ck.engine.precopy
+        for step in range(1, 2 * EVERY + 1):
+            _compute(ck)
+            if torn and "restored" not in saved:  # undo the write before the call: the block is as it was hashed
+                at, block, _ = torn[0]
+                a.reshape(-1)[at:at + block.size] = block.reshape(-1)
+                saved["restored"] = None
+            else:
+                a[rng.integers(0, ROWS, 2)] = rng.random((2, COLS))
+            before = a.copy()
+            if ck.maybe_save(step) is not None:
+                saved[step] = before
+        ck.wait()
+        assert torn and torn[0][2]  # the round read the application's array itself, in its own thread
+        assert pc.started >= 1
+    saved.pop("restored")
+    _restore_all(root, saved)
+
+
+@pytest.mark.timeout(120)
+def test_a_round_larger_than_the_staging_pool_streams_through_it(tmp_path):
+    rng = np.random.default_rng(7)
+    a = rng.random((ROWS, COLS))  # 384 KiB: a round after a full save copies most of it
+    root = str(tmp_path / "root")
+    with _checkpointer(root, staging_bytes=3 << 14) as ck:  # room for three 16 KiB blocks only
+        ck.register({"u": Block(a, (0, 0), a.shape)})
+        saved = _run(ck, a, 3 * EVERY, rng, dirty_rows=2)
+        assert ck.last_result.incremental["precopied_bytes"] > 3 << 14
     _restore_all(root, saved)
 
 
@@ -141,15 +197,23 @@ def test_a_state_that_changes_everywhere_every_step_stops_precopy(tmp_path):
     with _checkpointer(root) as ck:
         ck.register({"u": Block(a, (0, 0), a.shape)})
         pc = ck.engine.precopy
-        saved = _run(ck, a, 2 * EVERY, rng, everywhere=True)  # the second interval: two rounds show the rate
+        saved = _run(ck, a, EVERY, rng, everywhere=True)
+        started = [pc.started]
+        saved.update(_run(ck, a, EVERY, rng, everywhere=True, first=EVERY + 1))  # two rounds show the rate
+        started.append(pc.started)
         assert pc.plan.skip == 1 and pc.plan.backoff == 2  # stopped: the next interval is skipped
         saved.update(_run(ck, a, EVERY, rng, everywhere=True, first=2 * EVERY + 1))
+        started.append(pc.started)
         assert pc.plan.skip == 0  # skipped, then the next one probes again
         saved.update(_run(ck, a, EVERY, rng, everywhere=True, first=3 * EVERY + 1))
+        started.append(pc.started)
         assert pc.plan.skip == 2 and pc.plan.backoff == 4  # stopped again: the backoff doubles
-    rounds_in = {step: any(f.startswith("precopy-") for f in os.listdir(os.path.join(root, f"step-{step:012d}", "data")))
-                 for step in saved}
-    assert rounds_in == {8: False, 16: True, 24: False, 32: True}
+        # rounds ran in the second and the fourth interval only
+        assert started[0] == 0 and started[1] > 0 and started[2] == started[1] and started[3] > started[2]
+    # none of their blocks was still the state at the call: their files left the versions (deleted by now)
+    assert not any(f.startswith("precopy-") for step in saved
+                   for f in os.listdir(os.path.join(root, f"step-{step:012d}", "data")))
+    assert not os.path.exists(os.path.join(root, ".hpcckpt-precopy", "x000000"))  # deleted by close at the latest
     _restore_all(root, saved)
 
 
