@@ -219,6 +219,12 @@ def test_export_of_an_out_of_range_step_is_a_clean_error(version, tmp_path, caps
     assert not os.path.exists(tmp_path / "x.h5") and not os.path.exists(tmp_path / "x.h5.tmp")
 
 
+def four_rows_each(rank: int, size: int, step: int) -> dict:
+    """The state of step ``step`` on ``rank`` of ``size``: 4 rows each of a vector, scaled by the step."""
+    return {"u": hpcckpt.Block(np.arange(4.0 * rank, 4.0 * rank + 4) * step, offset=(4 * rank,),
+                               global_shape=(4 * size,)), "step": step}
+
+
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.timeout(60, method="thread")  # a rank blocked in MPI never sees a signal
 def test_mpi_restore_falls_back_from_a_fifo_on_every_rank(mpi_tmp):
@@ -230,8 +236,7 @@ def test_mpi_restore_falls_back_from_a_fifo_on_every_rank(mpi_tmp):
     n = 4 * size
 
     def state(step):
-        return {"u": hpcckpt.Block(np.arange(4.0 * rank, 4.0 * rank + 4) * step, offset=(4 * rank,),
-                                   global_shape=(n,)), "step": step}
+        return four_rows_each(rank, size, step)
 
     ck = hpcckpt.Checkpointer(os.path.join(mpi_tmp, "root"), comm=comm, track_failures=False)
     for step in (1, 2):
@@ -347,8 +352,7 @@ def test_mpi_a_damaged_columnar_block_is_one_error_on_every_rank(mpi_tmp, table_
     n = 4 * size
 
     def state(step):
-        return {"u": hpcckpt.Block(np.arange(4.0 * rank, 4.0 * rank + 4) * step, offset=(4 * rank,),
-                                   global_shape=(n,)), "step": step}
+        return four_rows_each(rank, size, step)
 
     def template():
         return {"u": hpcckpt.Block(np.zeros(4), offset=(4 * rank,), global_shape=(n,)), "step": None}
