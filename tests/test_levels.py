@@ -209,8 +209,8 @@ def test_ls_shows_levels_and_a_flush_in_progress(tmp_path, capsys):
     from hpcckpt import Block
     from hpcckpt.cli import main
 
-    a = np.arange(1000.0)
-    with _serial_ck(tmp_path, asynchronous=True, flush_every=2) as ck:
+    a = np.arange(100_000.0)  # 800 KB flushed at 2 MB/s: still in progress when sync polls it right after
+    with _serial_ck(tmp_path, asynchronous=True, flush_every=2, flush_bandwidth=2e6) as ck:
         for step in (1, 2, 3):
             ck.save({"u": Block(a)}, step)
         ck.engine.sync()  # commits step 3: due for a flush (count 2)
