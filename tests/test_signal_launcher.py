@@ -74,7 +74,7 @@ def _finish(proc):
 
 def _stopped(out):
     """{rank: (step, reason)} of the 'stopped cleanly' lines; the ranks' lines may interleave."""
-    return {int(r): (int(s), why) for r, s, why in re.findall(r"rank (\d) stopped cleanly at step (\d+) \(([^)]*)\); application", out)}
+    return {int(r): (int(s), why) for r, s, why in re.findall(r"rank (\d) stopped cleanly at step (\d+) \((.*?)\); application", out)}
 
 
 def _check_versions(root):
