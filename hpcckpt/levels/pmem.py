@@ -30,6 +30,7 @@ import numpy as np
 from ..collective import agree
 from ..errors import CheckpointError
 from ..names import rank_file
+from ..storage.base import hash_segments
 from ..storage.posix import PosixStorage, open_regular, read_exact
 from .base import Level
 
@@ -259,11 +260,7 @@ class PmemStorage(PosixStorage):
         base = handle[1] + offset
         view[:] = self.mm[base:base + len(view)]
         self.mapped_reads += len(view)
-        lo = 0
-        for nbytes, hasher in segments:
-            if hasher is not None:
-                hasher.update(view[lo:lo + nbytes])
-            lo += nbytes
+        hash_segments(view, segments)
 
     def close_read(self, handle) -> None:
         if not isinstance(handle, tuple):

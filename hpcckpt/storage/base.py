@@ -116,3 +116,13 @@ class Storage(ABC):
     @abstractmethod
     def remove(self, path: str) -> None:
         """Remove the file or the whole directory tree at ``path`` (nothing when absent)."""
+
+
+def hash_segments(view: memoryview, segments) -> None:
+    """Feed each consecutive ``(nbytes, hasher or None)`` segment of ``view``, already filled, to its hasher:
+    the checksums of a backend that fills the buffer in one copy (memory, a mapped image)."""
+    lo = 0
+    for nbytes, hasher in segments:
+        if hasher is not None:
+            hasher.update(view[lo:lo + nbytes])
+        lo += nbytes

@@ -14,7 +14,7 @@ import posixpath
 from ..errors import CheckpointError, CorruptCheckpointError
 from ..metadata import check_relative_path
 from ..names import DATA_DIR, METADATA_FILE, split_reference
-from .base import Storage
+from .base import Storage, hash_segments
 
 
 class _Appender:
@@ -124,11 +124,7 @@ class MemoryStorage(Storage):
             raise CorruptCheckpointError(f"{name} is truncated: wanted {len(view)} bytes at offset {offset}, "
                                          f"the file ends after {max(0, len(handle) - offset)}")
         view[:] = memoryview(handle)[offset:end]
-        lo = 0
-        for nbytes, hasher in segments:
-            if hasher is not None:
-                hasher.update(view[lo:lo + nbytes])
-            lo += nbytes
+        hash_segments(view, segments)
 
     def close_read(self, handle) -> None:
         pass
