@@ -9,6 +9,7 @@ import re
 
 import pytest
 
+from hpcckpt.collective import SerialComm
 from hpcckpt.errors import CheckpointError
 from hpcckpt.watchdog import WatchedComm, public_call, raise_if_calls_differ, watch
 from mpitools import ROOT, run_mpi
@@ -72,28 +73,34 @@ def test_debug_mode_is_off_by_default_and_for_one_process(monkeypatch):
     assert public_call() == ("an hpcckpt call", "an hpcckpt call")  # called from a test: no hpcckpt frame
 
 
+class TagRecorder(SerialComm):
+    """One process that says it is one of two ranks (so debug mode tags its collectives) and keeps the tags
+    exchanged: the (public call, MPI operation, call with its step) triples."""
+
+    def __init__(self):
+        super().__init__()
+        self.tags = []
+
+    def Get_size(self):
+        return 2
+
+    def allgather(self, obj):
+        if isinstance(obj, tuple) and len(obj) == 3:
+            self.tags.append(obj)
+        return [obj]
+
+
 def test_the_tag_names_the_public_call_and_its_step(tmp_path, monkeypatch):
     import numpy as np
 
     from hpcckpt import Block, Checkpointer
-    from hpcckpt.collective import SerialComm
 
-    seen = []
-
-    class Two(SerialComm):
-        def Get_size(self):
-            return 2
-
-        def allgather(self, obj):
-            if isinstance(obj, tuple) and len(obj) == 3:
-                seen.append(obj)
-            return [obj]
-
+    comm = TagRecorder()
     monkeypatch.setenv("HPCCKPT_DEBUG", "1")
-    ck = Checkpointer(tmp_path, comm=Two(), track_failures=False, strategy="file-per-rank")
+    ck = Checkpointer(tmp_path, comm=comm, track_failures=False, strategy="file-per-rank")
     ck.save({"u": Block(np.zeros(4))}, 7)
-    assert ("Checkpointer", "allgather", "Checkpointer()") in seen
-    assert ("Checkpointer.save", "allgather", "Checkpointer.save(step=7)") in seen
+    assert ("Checkpointer", "allgather", "Checkpointer()") in comm.tags
+    assert ("Checkpointer.save", "allgather", "Checkpointer.save(step=7)") in comm.tags
 
 
 def test_tags_that_differ_are_one_error_naming_both_calls_and_ranks():
@@ -127,19 +134,9 @@ def test_the_tag_of_a_function_call_names_its_module(tmp_path, monkeypatch):
     import numpy as np
 
     import hpcckpt
-    from hpcckpt.collective import SerialComm
 
-    seen = []
-
-    class Two(SerialComm):
-        def Get_size(self):
-            return 2
-
-        def allgather(self, obj):
-            if isinstance(obj, tuple) and len(obj) == 3:
-                seen.append(obj[0])
-            return [obj]
-
+    comm = TagRecorder()
     monkeypatch.setenv("HPCCKPT_DEBUG", "1")
-    hpcckpt.save({"u": hpcckpt.Block(np.zeros(4))}, tmp_path / "one", comm=Two(), strategy="file-per-rank")
+    hpcckpt.save({"u": hpcckpt.Block(np.zeros(4))}, tmp_path / "one", comm=comm, strategy="file-per-rank")
+    seen = [tag[0] for tag in comm.tags]
     assert seen and set(seen) == {"hpcckpt.save"}, seen
