@@ -247,7 +247,10 @@ def test_uncompressed_fast_path_is_unchanged(tmp_path):
     assert (tmp_path / "c" / meta["files"][0]).read_bytes() == np.arange(100.0).tobytes()
 
 
-def test_auto_chooses_none_for_incompressible_and_compresses_redundant(tmp_path):
+def test_auto_chooses_none_for_incompressible_and_compresses_redundant(tmp_path, monkeypatch):
+    # the write bandwidth auto weighs against is this process's, measured by earlier tests' saves (a page-cache
+    # write of a few KiB can measure tens of GB/s, against which nothing pays): the documented default here
+    monkeypatch.setattr(auto, "write_bandwidth", lambda: auto.DEFAULT_WRITE_BANDWIDTH)
     rng = np.random.default_rng(0)
     noise = rng.integers(0, 256, size=4 << 20, dtype=np.uint8)
     zeros = np.zeros(1 << 19)

@@ -86,7 +86,7 @@ def measure(arr, dtype) -> dict:
     part = sample(arr)
     out["sample"] = int(part.nbytes)
     for name in candidates():
-        out["seconds"][name], out["stored"][name] = timed_encode(resolve(name, dtype), [part])
+        out["seconds"][name], out["stored"][name] = timed_encode(resolve(name, dtype), [part], repeat=2)
     return out
 
 
