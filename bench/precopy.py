@@ -31,6 +31,9 @@ base), ``hash`` (every block hashed at the call, and the select stage's
 allgather), ``stage`` (the copy of the selected blocks); after it, ``write``
 (the background writer) and ``commit`` (``ck.wait()``: waiting for the
 writers, the commit's gather and broadcast, rank 0's metadata and retention).
+A last line per case counts the measured intervals in which pre-copy ran
+copying rounds, only hash-only probes (the interval after a back-off), or
+nothing (skipped or stopped).
 """
 
 from __future__ import annotations
@@ -76,6 +79,7 @@ def one_run(root: str, precopy: bool, changed: float, args, rng) -> list:
                       block_bytes=args.block_bytes, track_failures=False, handle_signals=False, **extra) as ck:
         ck.register({"u": Block(a, (rank * rows, 0), (size * rows, args.cols))})
         rounds = starting = 0.0
+        copies = probes = 0  # rounds started in the interval: copying ones, hash-only probes
         for step in range(1, every * args.intervals + 1):
             phase = step % every
             if 0 < phase < every // 2:
@@ -94,6 +98,7 @@ def one_run(root: str, precopy: bool, changed: float, args, rng) -> list:
                 rounds += t1 - t0
                 if precopy and ck.engine.precopy.started > started:
                     starting += t1 - t0
+                    copies, probes = (copies + 1, probes) if ck.engine.precopy.plan.copies else (copies, probes + 1)
                 continue
             ck.wait()
             t2 = time.perf_counter()
@@ -103,8 +108,9 @@ def one_run(root: str, precopy: bool, changed: float, args, rng) -> list:
                     [done.timings.get("write", 0.0), done.timings["commit"]]
                 out.append((slowest(t1 - t0), slowest(t2 - t0), slowest(rounds),
                             done.incremental.get("precopied_bytes", 0), done.bytes_written, slowest(starting),
-                            *split))
+                            *split, comm.allreduce(copies), comm.allreduce(probes)))
             rounds = starting = 0.0
+            copies = probes = 0
     return out
 
 
@@ -157,6 +163,12 @@ def main() -> None:
         print()
         print_table(["changed at ckpt", "mode", "plan ms", "hash ms", "stage ms", "write ms", "wait+commit ms",
                      "call->commit ms"], split)
+        print()
+        for changed, runs in results.items():  # what pre-copy did in the measured intervals (all ranks' rounds)
+            cks = [c for run in runs["precopy"] for c in run]
+            print(f"{changed:.0%} changed, pre-copy: of {len(cks)} measured intervals, "
+                  f"{sum(1 for c in cks if c[11])} ran copying rounds, {sum(1 for c in cks if c[12] and not c[11])} "
+                  f"only hash-only probes, {sum(1 for c in cks if not c[11] and not c[12])} none")
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(record, f, indent=1)

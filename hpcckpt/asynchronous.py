@@ -196,11 +196,11 @@ class Engine:
             name = new_version_name([_entry(n) for n in self._names], step if isinstance(step, int) and not
                                     isinstance(step, bool) and 0 <= step else 0)
             directory = self._target(name)
-        precopied = self.precopy.hand_over(directory) if self.precopy is not None else None
+        precopied, probed = self.precopy.hand_over(directory) if self.precopy is not None else (None, None)
         with timer.phase("hash" if is_incremental(opts) else "plan"):
             selection = Selection([]) if error is not None else select(
                 self.comm, what, local, self.plan_cache, opts, index, starts, per_rank_files=self.node is not None,
-                precopied=precopied)
+                precopied=precopied, probed=probed)
         if precopied:
             self.precopy.drop_unused(directory, selection.refs)
         codecs = self.plan_cache.codecs if own is None else own[2]

@@ -21,6 +21,12 @@ A state held on a GPU runs its round in the calling thread instead (hashed on
 the device, where the application's kernels cannot change it meanwhile): the
 copy is then the content that was hashed.
 
+A *probe* round (the interval after a back-off, precopy_plan.py) runs step 1
+without the copies and step 2: it records the hash of each block new to the
+interval, so that the next round and the checkpoint measure what changed since
+it (the checkpoint's select stage counts the bytes of its changed blocks whose
+content a probe saw, ``probed_bytes``), and writes nothing.
+
 At the checkpoint, ``save`` takes the rounds that have finished (it never
 waits for one: a round still running is cancelled, it stops at its next
 block, its file is removed, and the next intervals start their rounds
@@ -85,26 +91,29 @@ class Round:
     ``index``); ``background``: the producer runs in its own thread (host
     state) and records the hash of each copy, else :meth:`run` runs in the
     caller's thread and records the hash of the block (the application is not
-    running).  After :attr:`done`: ``changed``, the fraction of the scanned
-    bytes new to the interval, and ``keys``, ``{(variable, start): Key}`` of
-    the blocks the writer wrote.
+    running).  ``writer`` None: a probe, which hashes and copies nothing.
+    After :attr:`done`: ``changed``, the fraction of the scanned bytes new to
+    the interval, ``keys``, ``{(variable, start): Key}`` of the blocks the
+    writer wrote (a probe: of the blocks it found new), and ``error``.
     """
 
     def __init__(self, progress: float, parts: list, cache, block_bytes: int, index, known: frozenset,
-                 writer: BackgroundWrite, pool, background: bool):
+                 writer: BackgroundWrite | None, pool, background: bool):
         self.progress = progress
         self.parts, self.cache, self.block_bytes, self.index, self.known = parts, cache, block_bytes, index, known
         self.writer, self.pool, self.background = writer, pool, background
         self.changed = 0.0
         self.keys: dict = {}
         self.cancelled = False
+        self._error: BaseException | None = None  # a probe's (a copying round's is its writer's)
         self._scanned: dict = {}  # (variable, start) -> Key of the live block (chooses what to copy)
         self._thread = threading.Thread(target=self._produce, name="hpcckpt-precopy", daemon=True) \
             if background else None
 
     def start(self) -> None:
         """Start the writer, then the producer (in its thread, or here: returns when the copies are staged)."""
-        self.writer.start()
+        if self.writer is not None:
+            self.writer.start()
         if self._thread is not None:
             self._thread.start()
         else:
@@ -113,16 +122,22 @@ class Round:
     def cancel(self) -> None:
         """Stop copying and writing (the checkpoint came first): an abandoned round must not compete with it."""
         self.cancelled = True
-        self.writer.cancel()
+        if self.writer is not None:
+            self.writer.cancel()
 
     @property
     def done(self) -> bool:
-        return (self._thread is None or not self._thread.is_alive()) and self.writer.done
+        return (self._thread is None or not self._thread.is_alive()) and (self.writer is None or self.writer.done)
+
+    @property
+    def error(self) -> BaseException | None:
+        return self._error if self.writer is None else self.writer.error
 
     def join(self) -> None:
         if self._thread is not None:
             self._thread.join()
-        self.writer.join()
+        if self.writer is not None:
+            self.writer.join()
 
     def _produce(self) -> None:
         try:
@@ -130,10 +145,15 @@ class Round:
                 lower_priority()
             items = self._new_blocks()
         except BaseException as exc:  # noqa: BLE001 - reported by the writer, then this interval stops
-            self.writer.fail(exc)
-            self.writer.queue.put(None)
+            if self.writer is None:
+                self._error = exc
+            else:
+                self.writer.fail(exc)
+                self.writer.queue.put(None)
             items = None
-        if items is not None:
+        if self.writer is None:  # a probe: the hashes of the new blocks are what it records
+            self.keys = dict(self._scanned)
+        elif items is not None:
             try:
                 stage(items, self.pool, self.writer.queue, staged=self._record)
             except BaseException as exc:  # noqa: BLE001 - as above (stage has ended the writer's queue)
@@ -174,7 +194,8 @@ class PreCopy:
     """One rank's pre-copy between checkpoints (see the module docstring); owned by the asynchronous Engine.
 
     ``precopied``: ``{Key: Location}`` of the blocks the finished rounds of
-    this interval wrote (files relative to the version); ``rounds``: the
+    this interval wrote (files relative to the version); ``probed``: the keys
+    of the blocks its finished probes found new; ``rounds``: the
     finished rounds of this interval with their progress and changed fraction,
     and ``started``: the rounds this run started, for tools and tests.
     """
@@ -190,6 +211,7 @@ class PreCopy:
         self.plan: PrecopyPlan | None = None  # made at the first save (its block size is the save's)
         self.options = None  # the SaveOptions of the last committed save (rounds describe the state with them)
         self.precopied: dict = {}
+        self.probed: set = set()
         self.rounds: list = []
         self._jobs: list = []  # the Rounds not absorbed yet
         self.started = 0  # rounds of this run (their file names)
@@ -234,10 +256,10 @@ class PreCopy:
         self.started += 1
         writer = BackgroundWrite(self.spool, name, engine.pool, SlotQueue(),
                                  EncodedPieces.for_save(cache.codecs or {}, local["summaries"], options.codec_threads),
-                                 options.fsync, max(64, options.chunk_bytes), {})
+                                 options.fsync, max(64, options.chunk_bytes), {}) if self.plan.copies else None
         background = not any(is_device_array(arr) for _, _, arr in parts)
         job = Round(progress, parts, cache, options.block_bytes, chain_cache.index_of(engine.ckpt.chain_base),
-                    frozenset(self.precopied), writer, engine.pool, background)
+                    frozenset(self.precopied).union(self.probed), writer, engine.pool, background)
         self._jobs.append(job)
         job.start()
 
@@ -250,14 +272,18 @@ class PreCopy:
                 return False
             job.join()
             self._jobs.pop(0)
-            if job.writer.error is not None:
+            if job.error is not None:
                 logger.warning("pre-copy on rank %d failed (%s); the checkpoint writes every changed block",
-                               self.rank, job.writer.error)
+                               self.rank, job.error)
                 self.plan.stopped = True
                 self.precopied.clear()
+                self.probed.clear()
                 continue
             self.rounds.append((job.progress, job.changed))
             self.plan.round_done(job.progress, job.changed)
+            if job.writer is None:
+                self.probed.update(job.keys.values())
+                continue
             for variable, file, offset, nbytes, checksum, start, _count in job.writer.written.rows:
                 self.precopied[job.keys[(variable, tuple(start))]] = (file, offset, nbytes, checksum)
         return True
@@ -268,14 +294,15 @@ class PreCopy:
         return any(not job.done for job in self._jobs)
 
     # --------------------------------------------------------------- the save
-    def hand_over(self, directory: str) -> dict | None:
+    def hand_over(self, directory: str) -> tuple:
         """At a save into ``directory``: the pre-copied blocks, their files moved into the version; no MPI.
 
-        Returns None when pre-copy is off for this save (no plan yet), else
-        the ``precopied`` map (possibly empty) for the select stage.
+        Returns ``(None, None)`` when pre-copy is off for this save (no plan
+        yet), else the ``precopied`` map (possibly empty) and the ``probed``
+        keys (a frozenset, possibly empty) for the select stage.
         """
         if self.plan is None:
-            return None
+            return None, None
         self._absorb(block=False)
         self._late = bool(self._jobs)  # still running: abandoned, never waited for (its file is unlinked below)
         for job in self._jobs:
@@ -293,8 +320,9 @@ class PreCopy:
             logger.warning("pre-copy on rank %d: moving its files into %s failed (%s); writing every changed block",
                            self.rank, directory, exc)
         self._moved = sorted({loc[0] for loc in moved.values()})
+        probed = frozenset(self.probed)
         self._reset()
-        return moved
+        return moved, probed
 
     def drop_unused(self, directory: str, refs: list) -> None:
         """After the select stage: the round files moved into ``directory`` that none of ``refs`` (the
@@ -324,10 +352,11 @@ class PreCopy:
         if self.plan is None or not info:
             return
         total = info.get("total_bytes") or 0
-        fresh = (info.get("changed_bytes") or 0) - (info.get("precopied_bytes") or 0)
+        seen = (info.get("precopied_bytes") or 0) + (info.get("probed_bytes") or 0)  # unchanged since a round
+        fresh = (info.get("changed_bytes") or 0) - seen
         fraction = fresh / total if total else 0.0
         self.plan.checkpoint_done(fraction, self._late)
-        self.plan.adapt_block(fraction, fresh, (info.get("precopied_bytes") or 0) > 0)
+        self.plan.adapt_block(fraction, fresh, seen > 0)
         self.rounds = []
 
     def close(self) -> None:
@@ -341,7 +370,7 @@ class PreCopy:
         self._reset()
 
     def _reset(self) -> None:
-        self.precopied = {}
+        self.precopied, self.probed = {}, set()
         shutil.rmtree(self.spool, ignore_errors=True)
 
 

@@ -25,6 +25,14 @@ holds its rules, free of MPI, I/O and clocks (tested with hypothesis):
   ``backoff`` intervals (1, 2, 4, ... up to ``max_backoff`` after successive
   stops), after which one interval probes again.  A checkpoint that finds
   ``stop_fraction`` or more changed since its last round counts as a stop too.
+* Probes: the interval after a stop (once its skipped intervals are over)
+  runs its rounds as *probes* (:attr:`PrecopyPlan.copies` is False): they hash
+  the state and copy nothing, so that measuring whether pre-copy pays again
+  costs no write; the rounds and the stop follow the same rules, the
+  checkpoint's figure counts what changed since the last probe.  A probe
+  interval that does not stop makes the next interval copy again; one that
+  stops backs off as above.  (A state that changes everywhere thus never has
+  its copy written twice after its first interval.)
 * Block size: pre-copy and its checkpoint use one block size, the same on
   every rank (the incremental grid is global), changed only at a commit of a
   version that used pre-copied blocks, from the global changed fraction the
@@ -100,6 +108,7 @@ class PrecopyPlan:
         self.stopped = False  # this interval
         self.skip = 0  # intervals still to skip after a stop
         self.backoff = 1
+        self.probing = False  # this interval's rounds hash only (the first interval after a back-off)
         self._halved_from: tuple | None = None  # (block size, changed bytes) before the last halving
         self._halving_paid = True  # False once a halving was undone: the size is not halved again
 
@@ -129,14 +138,20 @@ class PrecopyPlan:
             self._stop()
         return not self.stopped
 
+    @property
+    def copies(self) -> bool:
+        """Whether this interval's rounds copy and write the blocks (False: probes that only hash them)."""
+        return not self.probing
+
     def _stop(self) -> None:
         self.stopped = True
         self.skip = self.backoff
         self.backoff = min(self.backoff * 2, self.config.max_backoff)
+        self.probing = True  # the interval after the skipped ones measures before it copies
 
     def checkpoint_done(self, changed_fraction: float, late: bool = False) -> None:
-        """The checkpoint found ``changed_fraction`` of the whole state changed since the last round (a global
-        figure, the same on every rank); the next interval starts.
+        """The checkpoint found ``changed_fraction`` of the whole state changed since the last round (a copy or a
+        probe; a global figure, the same on every rank); the next interval starts.
 
         ``late``: a round of this rank was still writing at the checkpoint (its blocks were not used): the next
         intervals start their rounds a quarter earlier, and when they already start at 0 the writes are too slow
@@ -150,7 +165,7 @@ class PrecopyPlan:
         elif precopied and not self.stopped and changed_fraction >= self.config.stop_fraction:
             self._stop()
         elif precopied and not self.stopped:
-            self.backoff = 1
+            self.backoff, self.probing = 1, False  # it pays (again): the next interval copies
         elif not precopied and self.skip:
             self.skip -= 1
         self.rounds, self.last_progress, self.rate, self.stopped = 0, 0.0, None, False

@@ -66,12 +66,13 @@ def is_incremental(options: SaveOptions) -> bool:
 
 
 def select(comm, what: str, local: dict, cache: PlanCache, options: SaveOptions, index, starts=None,
-           per_rank_files: bool = False, precopied: dict | None = None) -> Selection:
+           per_rank_files: bool = False, precopied: dict | None = None, probed: frozenset | None = None) -> Selection:
     """The select stage: every array (full saves; ``starts`` default to the cached boxes) or the changed blocks
-    (``precopied``: blocks already written into this version by pre-copy, selection.select_changed)."""
+    (``precopied``: blocks already written into this version by pre-copy, ``probed``: keys its probes saw,
+    selection.select_changed)."""
     if is_incremental(options):
         return select_changed(comm, what, local["arrays"], cache.boxes, cache.variables, cache.codecs, options,
-                              index, per_rank_files, cache.replicas, precopied)
+                              index, per_rank_files, cache.replicas, precopied, probed)
     if starts is not None:  # a plan made locally (asynchronous saves): never one with replicated Blocks
         return select_full(local["arrays"], starts)
     return select_full(local["arrays"], {n: b[0] for n, b in cache.boxes.items()}, cache.replicas)

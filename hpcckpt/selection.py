@@ -122,7 +122,8 @@ def region_digest(arr) -> str:
 
 def select_changed(comm, what: str, arrays: dict, boxes: dict, variables: dict, codecs: dict,
                    options: SaveOptions, index: ChainIndex | None, per_rank_files: bool = False,
-                   replicas: dict | None = None, precopied: dict | None = None) -> Selection:
+                   replicas: dict | None = None, precopied: dict | None = None,
+                   probed: frozenset | None = None) -> Selection:
     """Collective: the blocks of this rank that the chain does not hold, and what the others point at.
 
     One allgather (every rank's changed and total bytes, and the keys of its
@@ -133,6 +134,8 @@ def select_changed(comm, what: str, arrays: dict, boxes: dict, variables: dict, 
     its node is on that node.  ``precopied``: blocks this rank already wrote into files of this version ahead
     of the call (pre-copy, hpcckpt.precopy), ``{Key: Location}`` with the file relative to the version: a
     block found there is not written again (it counts as changed for the policy: it is new to the chain).
+    ``probed``: keys of blocks pre-copy's probes saw (hashed, not written): the bytes of changed blocks with
+    one of them are counted, ``info["probed_bytes"]``, so that pre-copy learns what changed since its probes.
     """
     rank = comm.Get_rank()
     pre = precopied or {}
@@ -146,8 +149,10 @@ def select_changed(comm, what: str, arrays: dict, boxes: dict, variables: dict, 
                                                    codecs, options.block_bytes, index))
     entries = entries or []
     new_keys = [e[4] for e in entries if e[6] is None and e[4] not in pre] if dedup else None
+    seen = probed or frozenset()
     mine = (sum(e[5] for e in entries), sum(e[5] for e in entries if e[6] is None), new_keys,
-            sum(1 for e in entries if e[6] is not None), sum(e[5] for e in entries if e[4] in pre))
+            sum(1 for e in entries if e[6] is not None), sum(e[5] for e in entries if e[4] in pre),
+            sum(e[5] for e in entries if e[6] is None and e[4] in seen))
     everyone = comm.allgather((failure, None if failure else mine))
     raise_if_failed(comm, what, [f for f, _ in everyone])
     everyone = [m for _, m in everyone]
@@ -170,6 +175,8 @@ def select_changed(comm, what: str, arrays: dict, boxes: dict, variables: dict, 
             "changed_bytes": changed_bytes}
     if precopied is not None:
         info["precopied_bytes"] = sum(m[4] for m in everyone)
+    if probed is not None:
+        info["probed_bytes"] = sum(m[5] for m in everyone)
     return Selection(items=[(e[0], tuple(e[1]), e[3], False) for e in to_write], info=info,
                      hashes={(e[0], tuple(e[1])): e[4][0] for e in to_write},
                      refs=[(e[0], *e[6], e[1], e[2], e[4][0]) for e in entries if e[6] is not None]

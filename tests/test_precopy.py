@@ -217,6 +217,37 @@ def test_a_state_that_changes_everywhere_every_step_stops_precopy(tmp_path):
     _restore_all(root, saved)
 
 
+def test_the_probe_after_a_backoff_writes_nothing_and_a_state_that_slowed_down_is_copied_again(tmp_path,
+                                                                                            monkeypatch):
+    import hpcckpt.precopy as precopy_module
+    writers = []
+
+    class CountedWrite(precopy_module.BackgroundWrite):
+        def __init__(self, *args, **kwargs):
+            writers.append(args[1])  # the round file's name
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(precopy_module, "BackgroundWrite", CountedWrite)
+    rng = np.random.default_rng(5)
+    a = rng.random((ROWS, COLS))
+    root = str(tmp_path / "root")
+    with _checkpointer(root) as ck:
+        ck.register({"u": Block(a, (0, 0), a.shape)})
+        pc = ck.engine.precopy
+        saved = _run(ck, a, 2 * EVERY, rng, everywhere=True)  # the second interval's rounds stop pre-copy
+        assert pc.plan.skip == 1 and not pc.plan.copies
+        saved.update(_run(ck, a, EVERY, rng, dirty_rows=1, first=2 * EVERY + 1))  # skipped
+        copied, started = len(writers), pc.started
+        saved.update(_run(ck, a, EVERY, rng, dirty_rows=1, first=3 * EVERY + 1))  # the probe: hashes only
+        assert pc.started > started and len(writers) == copied  # its rounds ran, none made a file
+        info = ck.last_result.incremental
+        assert info["precopied_bytes"] == 0 and 0 < info["probed_bytes"] < info["changed_bytes"]
+        assert pc.plan.copies and pc.plan.backoff == 1  # little changed since the probe: copying pays again
+        saved.update(_run(ck, a, EVERY, rng, dirty_rows=1, first=4 * EVERY + 1))
+        assert len(writers) > copied and ck.last_result.incremental["precopied_bytes"] > 0
+    _restore_all(root, saved)
+
+
 @pytest.mark.parametrize("options", [{"incremental": False}, {"asynchronous": False}, {"precopy": {"start": 2.0}},
                                      {"precopy": "always"}])
 def test_bad_precopy_options_are_checkpoint_errors(tmp_path, options):
@@ -238,9 +269,9 @@ def comm():
 def test_precopy_under_mpi_restores_exactly_on_other_rank_counts(comm, mpi_tmp):
     from mpi4py import MPI
 
-    rows = 12 + 4 * comm.rank  # uneven blocks: ranks do different rounds
-    lo = sum(12 + 4 * r for r in range(comm.rank))
-    total = sum(12 + 4 * r for r in range(comm.size))
+    rows = 48 + 16 * comm.rank  # uneven blocks: ranks do different rounds (and few enough change for them to pay)
+    lo = sum(48 + 16 * r for r in range(comm.rank))
+    total = sum(48 + 16 * r for r in range(comm.size))
     rng = np.random.default_rng(10 + comm.rank)
     a = rng.random((rows, COLS))
     root = os.path.join(mpi_tmp, "root")

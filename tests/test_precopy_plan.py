@@ -68,6 +68,47 @@ def test_everywhere_every_step_stops_after_the_second_round_and_the_backoff_doub
     assert skips == [1, 2, 4, 8, 8, 8]
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.floats(0.0, 50.0, allow_nan=False), fractions, st.booleans()), min_size=1, max_size=30))
+def test_rounds_probe_from_a_stop_until_an_interval_shows_that_precopy_pays(intervals):
+    """The first interval copies; a stop turns the rounds into probes (hash only), and only an interval whose
+    rounds ran, did not stop, and left less than ``stop_fraction`` changed at a timely checkpoint turns them back."""
+    config = PrecopyConfig()
+    plan = PrecopyPlan(config, 1 << 20)
+    assert plan.copies
+    for rate, fraction, late in intervals:
+        copies = plan.copies
+        ran = run_interval(plan, rate) if plan.active else []
+        stopped_in_rounds, backoff = plan.stopped, plan.backoff
+        plan.checkpoint_done(fraction, late)
+        stopped = stopped_in_rounds or plan.backoff > backoff or (plan.skip == config.max_backoff and ran)
+        pays = bool(ran) and not stopped_in_rounds and not late and fraction < config.stop_fraction
+        if stopped:
+            assert not plan.copies
+        elif pays:
+            assert plan.copies and plan.backoff == 1
+        else:
+            assert plan.copies == copies  # a skipped interval, or a late one that did not stop, changes nothing
+
+
+def test_after_a_stop_the_next_active_interval_probes_and_copies_again_once_it_pays():
+    plan = PrecopyPlan(PrecopyConfig(), 1 << 20)
+    run_interval(plan, 50.0)  # changes everywhere: stops in its rounds
+    plan.checkpoint_done(1.0)
+    assert plan.skip == 1 and not plan.copies
+    plan.checkpoint_done(1.0)  # the skipped interval
+    assert plan.active and not plan.copies  # it probes: rounds that hash only
+    assert run_interval(plan, 0.2)  # the state has slowed down: the probe rounds run and do not stop
+    plan.checkpoint_done(0.05)
+    assert plan.active and plan.copies and plan.backoff == 1  # it pays again: the next interval copies
+    run_interval(plan, 50.0)
+    plan.checkpoint_done(1.0)
+    plan.checkpoint_done(1.0)
+    run_interval(plan, 50.0)  # a probe that stops: it backs off again and the next active one probes
+    plan.checkpoint_done(1.0)
+    assert plan.skip == 2 and not plan.copies
+
+
 def test_a_slow_state_gets_more_rounds_than_none_and_stops_once_little_is_left():
     plan = PrecopyPlan(PrecopyConfig(target=0.02), 1 << 20)
     ran = run_interval(plan, 0.2, 1000)
