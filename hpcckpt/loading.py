@@ -454,7 +454,7 @@ def _exchange(comm, meta: Metadata, targets: dict, shared: dict, outgoing: list)
 
     ``outgoing``: ``(rank, source, start, stop)``, the part ``source[start:stop]`` of a C-contiguous array.
     """
-    if comm.Get_size() == 1:
+    if comm.Get_size() == 1 or not (outgoing or any(shared.values())):  # nothing moves (a same-decomposition load)
         return
     rank = comm.Get_rank()
     incoming = []
