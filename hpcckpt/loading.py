@@ -29,7 +29,7 @@ from .planning import common_names, plan_rows
 from .load_plan import directory_way, plan_directory, plan_gathered
 from .read_directory import HOLDS, NEEDS, chunk_roles
 from .read_plan import encode_requests, target_boxes
-from .metadata_file import read_metadata
+from .metadata_file import read_metadata_reused
 from .reader import ChunkReader, allocate
 from .regions import even_rows
 from .box_index import covering_problem_indexed
@@ -193,7 +193,7 @@ def version_metadata(directory: str, storage: Storage = POSIX, expect_step: int 
     ``expect_step``: the step the directory's name claims; metadata holding
     another step is a damaged version (CorruptCheckpointError).
     """
-    meta = read_metadata(directory, storage)
+    meta = read_metadata_reused(directory, storage)
     if expect_step is not None and meta.step != expect_step:
         raise CorruptCheckpointError(f"{directory!r} is named for step {expect_step} but its metadata holds step "
                                      f"{meta.step}")
