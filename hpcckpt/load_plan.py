@@ -106,12 +106,20 @@ def _directory(meta: Metadata, names: list, local: dict, received: list, rank: i
     return decide(meta, names, [m.get("parts") for m in received], rank, size)
 
 
-def plan_gathered(comm, what: str, meta: Metadata, local: dict | None, failure) -> tuple[dict, dict]:
+def plan_gathered(comm, what: str, meta: Metadata, local: dict | None, failure,
+                  alltoall: bool = False) -> tuple[dict, dict]:
     """Collective, the allgather way: ``(boxes, shared)`` of this rank from every rank's compact requests,
-    checked alike (read_plan)."""
-    pairs = comm.allgather((failure, None if failure else encode_requests(local["requests"])))
-    raise_if_failed(comm, what, [f for f, _ in pairs])
+    checked alike (read_plan).
+
+    ``alltoall``: the requests go by an alltoall of the same message to every rank instead of an allgather,
+    when this is the load's first exchange and the ranks read the metadata themselves
+    (loading.reads_metadata_itself): a rank that could not read it does not know which way the others take,
+    and sends its failure in :func:`plan_directory`'s first alltoall, which this one then pairs with.
+    """
+    mine = {"failure": failure} if failure is not None else {"requests": encode_requests(local["requests"])}
+    received = comm.alltoall([mine] * comm.Get_size()) if alltoall else comm.allgather(mine)
+    raise_if_failed(comm, what, [m.get("failure") for m in received])
     try:  # the same inputs on every rank: the same checks pass or fail everywhere; then this rank's part
-        return rank_reads(meta, target_boxes([e for _, e in pairs], meta), comm.Get_rank())
+        return rank_reads(meta, target_boxes([m["requests"] for m in received], meta), comm.Get_rank())
     except TemplateMismatchError as exc:
         raise TemplateMismatchError(f"{what} failed: {exc}") from None

@@ -1,6 +1,7 @@
 """The collective load of one version into a template, on any number of ranks.
 
-metadata (rank 0 reads and validates it once, then broadcasts) -> template check
+metadata (on a few ranks each reads it: reads_metadata_itself; on more rank 0
+reads and validates it once, then broadcasts) -> template check
 (names, kinds, dtypes, shapes, tiling, Ragged row counts; every mismatch names
 the variable on every rank) -> reads (each rank reads only the chunks that
 overlap its own boxes, straight into its buffers where it can) -> the returned
@@ -65,9 +66,15 @@ def load_version(state, directory: str, comm, strict: bool = True, timer: PhaseT
     """
     timer = timer or PhaseTimer()
     what = f"load of {directory!r}"
+    own = metadata is None and reads_metadata_itself(comm.Get_size())
     with timer.phase("metadata"):
-        meta = (bcast_checked(comm, what, lambda: version_metadata(directory, storage, expect_step))
-                if metadata is None else unpack_checked(comm, what, metadata))
+        if own:  # no broadcast: a rank that cannot read it tells the others in the first exchange
+            meta, failure = attempt(lambda: version_metadata(directory, storage, expect_step))
+        else:
+            meta, failure = (bcast_checked(comm, what, lambda: version_metadata(directory, storage, expect_step))
+                             if metadata is None else unpack_checked(comm, what, metadata)), None
+    if failure is not None:  # the way the others take starts with the same alltoall (plan_gathered's too)
+        plan_directory(comm, what, meta, None, None, failure)
     rank = comm.Get_rank()
     with timer.phase("plan"):
         local, failure = attempt(lambda: read_template(state, meta, strict, cast, rank, comm.Get_size()))
@@ -89,7 +96,7 @@ def load_version(state, directory: str, comm, strict: bool = True, timer: PhaseT
             _exchange(comm, meta, targets, shared, outgoing)
     else:  # a Ragged table: the allgather of every rank's requests, then the reads, then their agreement
         with timer.phase("plan"):
-            boxes, shared = plan_gathered(comm, what, meta, local, failure)
+            boxes, shared = plan_gathered(comm, what, meta, local, failure, alltoall=own and not directory_way(meta))
         with timer.phase("read"):
             targets, outgoing, values = agree(comm, what, lambda: _read(directory, meta, local, boxes, shared, rank,
                                                                         storage))
@@ -185,6 +192,24 @@ def per_rank_value(name: str, template, stored, rank: int, nranks: int) -> PerRa
                                     f"{nranks}: pass hpcckpt.PerRank(default, resize=True) to give rank r the saved "
                                     "value of rank r, or the default beyond the saved ranks")
     return PerRank(stored[rank] if rank < len(stored) else template.value, template.resize)
+
+
+def reads_metadata_itself(nranks: int) -> bool:
+    """Whether every rank of a load on ``nranks`` ranks reads the version's metadata itself instead of receiving
+    rank 0's broadcast: on at most PER_RANK_METADATA_MAX_RANKS ranks.
+
+    One collective fewer (a restart on the saved decomposition is then one alltoall): 0.78x the time of a
+    64 KiB load on 2 ranks, 0.86x on 4 (docs/performance.md, "Small loads (session 7)").  Every rank sees the
+    same bytes (a committed version is immutable, docs/format.md section 2) and reuses what it parsed before
+    (metadata_file.read_metadata_reused); a rank that cannot read or validate it sends its failure in the
+    load's first exchange, which is an alltoall whichever way the load is planned, so every rank raises the
+    same CheckpointError.  Beyond the threshold rank 0 reads and broadcasts: one reader of a shared file
+    system instead of P, and a broadcast whose cost grows as log P.
+    """
+    return nranks <= PER_RANK_METADATA_MAX_RANKS
+
+
+PER_RANK_METADATA_MAX_RANKS = 16
 
 
 def version_metadata(directory: str, storage: Storage = POSIX, expect_step: int | None = None) -> Metadata:
