@@ -29,11 +29,12 @@ its centre.  Two sparse exchanges (an alltoall each, empty for most pairs):
    lowest rank that found one.
 
 The first exchange also answers, on every rank alike, whether the second is
-needed at all (:func:`fast_summary`, :func:`all_self_sufficient`): when no
-rank has a part to receive (no ``NEEDS`` role: a restart on the same
-decomposition, every rank's box a union of whole chunks) and the ranks' boxes
-tile every array (checked through a fingerprint of the boxes, below), every
-rank already holds its data and the load ends after one exchange.
+needed at all (:func:`fast_summary`, :func:`all_self_sufficient`): when
+every rank's boxes are unions of whole chunks (``WHOLE`` roles only: a
+restart on the same decomposition) and the ranks' boxes tile every array
+(checked through a fingerprint of the boxes, :func:`box_fingerprint`), no
+rank needs a part from another: every rank already holds its data and the
+load ends after one exchange.
 
 Only a template whose blocks overlap can leave a needed chunk without a sender:
 when the only ranks that read it hold it wholly in a target they cannot send
@@ -246,7 +247,11 @@ def box_fingerprint(name: str, start, stop) -> tuple[int, int]:
 def fast_summary(meta: Metadata, boxes: dict, roles: dict, signature: tuple, rank: int) -> int | None:
     """What this rank tells every rank in the first exchange so that all can tell whether the second is needed:
     one int packing a 64-bit digest of ``signature`` and two fingerprints (61 bits each: about 38 bytes
-    pickled), or None when this rank needs a part from another.
+    pickled), or None unless every chunk its boxes touch lies wholly in them.
+
+    A rank that shares a chunk (``NEEDS``, or ``HOLDS``) rules the short way out in any case: in a tiling
+    the other users of a shared chunk need their parts, and a template that does not tile takes the second
+    exchange anyway; so in a reshard most slots stay None, as small as before.
 
     The fingerprints are the sums of :func:`box_fingerprint` of this rank's
     boxes, minus (on rank 0) the whole arrays' of the names it loads: they sum
@@ -255,7 +260,7 @@ def fast_summary(meta: Metadata, boxes: dict, roles: dict, signature: tuple, ran
     holds the one element: they are covered whenever a rank loads them, and
     the digests make every rank load the same names).
     """
-    if any(role == NEEDS for name in roles for _, _, _, role in roles[name]):
+    if any(role in (NEEDS, HOLDS) for name in roles for _, _, _, role in roles[name]):
         return None
     f0 = f1 = 0
     for name in sorted(boxes):

@@ -225,7 +225,8 @@ def test_box_fingerprints_add_up_to_the_array_exactly_when_the_boxes_tile_it(sav
 def test_the_first_exchange_ends_the_plan_exactly_when_no_rank_needs_a_part(saved, data):
     """all_self_sufficient over every rank's fast_summary: True exactly when the targets tile the array and every
     rank reads all it needs itself (no NEEDS role: on the saved decomposition, or any tiling by whole chunks);
-    a target that leaves a gap or overlaps, or ranks that load different names, take the second exchange."""
+    a target that leaves a gap or overlaps, or ranks that load different names, take the second exchange.  A
+    rank sends a summary only when all its chunks are whole in its box."""
     shape, chunks = saved
     targets = data.draw(st.one_of(st.just(chunks), decompositions(shape=shape).map(lambda d: d[1]),
                                   inside_boxes(shape)))
@@ -240,5 +241,7 @@ def test_the_first_exchange_ends_the_plan_exactly_when_no_rank_needs_a_part(save
     tiles = tiling_problem(*_arrays(targets, len(shape)), shape) is None
     same_names = len(set(signatures)) == 1
     assert all_self_sufficient(summaries) == (self_sufficient and tiles and same_names)
+    assert [s is not None for s in summaries] == [all(role in (WHOLE, WHOLE_UNSENDABLE) for _, _, _, role in r["u"])
+                                                  for r in roles]
     if targets is chunks and same_names:
         assert all_self_sufficient(summaries)
