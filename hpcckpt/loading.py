@@ -41,7 +41,7 @@ from .storage import POSIX, Storage
 
 def load_version(state, directory: str, comm, strict: bool = True, timer: PhaseTimer | None = None,
                  expect_step: int | None = None, storage: Storage = POSIX, cast: bool = False,
-                 metadata: tuple | None = None) -> dict:
+                 metadata: tuple | None = None, shared_directory: bool = False) -> dict:
     """Fill the Blocks of ``state`` in place from ``directory``; return the restored state dict.
 
     ``state``: a dict, a Stateful object or a callable (hpcckpt.stateful),
@@ -62,11 +62,15 @@ def load_version(state, directory: str, comm, strict: bool = True, timer: PhaseT
     TemplateMismatchError.  ``metadata``: the ``(failure, Metadata)`` pair of
     :func:`version_metadata` that rank 0 already broadcast with something else
     (Checkpointer.restore: with the listing), so the load makes no broadcast of
-    its own.
+    its own.  ``shared_directory``: ``directory`` shows every rank the same
+    version (hpcckpt.load's path), so on a few ranks each reads the metadata
+    itself (:func:`reads_metadata_itself`); False (a node-local level's
+    restore, where each rank passes its node's directory and only rank 0's
+    holds the metadata): rank 0 reads it and broadcasts.
     """
     timer = timer or PhaseTimer()
     what = f"load of {directory!r}"
-    own = metadata is None and reads_metadata_itself(comm.Get_size())
+    own = metadata is None and shared_directory and storage.shared_files and reads_metadata_itself(comm.Get_size())
     with timer.phase("metadata"):
         if own:  # no broadcast: a rank that cannot read it tells the others in the first exchange
             meta, failure = attempt(lambda: version_metadata(directory, storage, expect_step))
@@ -200,7 +204,9 @@ def reads_metadata_itself(nranks: int) -> bool:
 
     One collective fewer (a restart on the saved decomposition is then one alltoall): 0.78x the time of a
     64 KiB load on 2 ranks, 0.86x on 4 (docs/performance.md, "Small loads (session 7)").  Every rank sees the
-    same bytes (a committed version is immutable, docs/format.md section 2) and reuses what it parsed before
+    same bytes (``load_version(..., shared_directory=True)``, hpcckpt.load: one directory on a storage whose
+    files every process sees; a committed version is immutable, docs/format.md section 2) and reuses what it
+    parsed before
     (metadata_file.read_metadata_reused); a rank that cannot read or validate it sends its failure in the
     load's first exchange, which is an alltoall whichever way the load is planned, so every rank raises the
     same CheckpointError.  Beyond the threshold rank 0 reads and broadcasts: one reader of a shared file
