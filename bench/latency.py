@@ -197,7 +197,7 @@ def saves_worker(args) -> None:
                         comm.calls.clear()
                         t, _ = timed(world, lambda: load_version(
                             {"u": hpcckpt.Block(target, offset=(rank * n,), global_shape=(size * n,)), "step": 0},
-                            last, comm, timer=timer))
+                            last, comm, timer=timer, shared_directory=True))  # as hpcckpt.load loads
                         load_calls = [c for c in comm.calls if c not in P2P]
                         if not cold:
                             loads["phases"].append(dict(timer.seconds))

@@ -92,7 +92,8 @@ def load(state, path, comm=None, *, strict: bool | str = True, storage: Storage 
                                   "(no state=None or strict='rest')")
 
         return load_hdf5(state, path, resolve_comm(comm), strict=strict, cast=cast)
-    return load_version(state, path, resolve_comm(comm), strict=strict, storage=storage, cast=cast)
+    return load_version(state, path, resolve_comm(comm), strict=strict, storage=storage, cast=cast,
+                        shared_directory=True)
 
 
 def open(path, storage: Storage = POSIX) -> CheckpointView:  # noqa: A001 - the public name the issue asks for

@@ -1,6 +1,7 @@
 """The collective load of one version into a template, on any number of ranks.
 
-metadata (rank 0 reads and validates it once, then broadcasts) -> template check
+metadata (on a few ranks each reads it: reads_metadata_itself; on more rank 0
+reads and validates it once, then broadcasts) -> template check
 (names, kinds, dtypes, shapes, tiling, Ragged row counts; every mismatch names
 the variable on every rank) -> reads (each rank reads only the chunks that
 overlap its own boxes, straight into its buffers where it can) -> the returned
@@ -29,7 +30,7 @@ from .planning import common_names, plan_rows
 from .load_plan import directory_way, plan_directory, plan_gathered
 from .read_directory import HOLDS, NEEDS, chunk_roles
 from .read_plan import encode_requests, target_boxes
-from .metadata_file import read_metadata
+from .metadata_file import read_metadata_reused
 from .reader import ChunkReader, allocate
 from .regions import even_rows
 from .box_index import covering_problem_indexed
@@ -40,7 +41,7 @@ from .storage import POSIX, Storage
 
 def load_version(state, directory: str, comm, strict: bool = True, timer: PhaseTimer | None = None,
                  expect_step: int | None = None, storage: Storage = POSIX, cast: bool = False,
-                 metadata: tuple | None = None) -> dict:
+                 metadata: tuple | None = None, shared_directory: bool = False) -> dict:
     """Fill the Blocks of ``state`` in place from ``directory``; return the restored state dict.
 
     ``state``: a dict, a Stateful object or a callable (hpcckpt.stateful),
@@ -61,13 +62,23 @@ def load_version(state, directory: str, comm, strict: bool = True, timer: PhaseT
     TemplateMismatchError.  ``metadata``: the ``(failure, Metadata)`` pair of
     :func:`version_metadata` that rank 0 already broadcast with something else
     (Checkpointer.restore: with the listing), so the load makes no broadcast of
-    its own.
+    its own.  ``shared_directory``: ``directory`` shows every rank the same
+    version (hpcckpt.load's path), so on a few ranks each reads the metadata
+    itself (:func:`reads_metadata_itself`); False (a node-local level's
+    restore, where each rank passes its node's directory and only rank 0's
+    holds the metadata): rank 0 reads it and broadcasts.
     """
     timer = timer or PhaseTimer()
     what = f"load of {directory!r}"
+    own = metadata is None and shared_directory and storage.shared_files and reads_metadata_itself(comm.Get_size())
     with timer.phase("metadata"):
-        meta = (bcast_checked(comm, what, lambda: version_metadata(directory, storage, expect_step))
-                if metadata is None else unpack_checked(comm, what, metadata))
+        if own:  # no broadcast: a rank that cannot read it tells the others in the first exchange
+            meta, failure = attempt(lambda: version_metadata(directory, storage, expect_step))
+        else:
+            meta, failure = (bcast_checked(comm, what, lambda: version_metadata(directory, storage, expect_step))
+                             if metadata is None else unpack_checked(comm, what, metadata)), None
+    if failure is not None:  # the way the others take starts with the same alltoall (plan_gathered's too)
+        plan_directory(comm, what, meta, None, None, failure)
     rank = comm.Get_rank()
     with timer.phase("plan"):
         local, failure = attempt(lambda: read_template(state, meta, strict, cast, rank, comm.Get_size()))
@@ -89,7 +100,7 @@ def load_version(state, directory: str, comm, strict: bool = True, timer: PhaseT
             _exchange(comm, meta, targets, shared, outgoing)
     else:  # a Ragged table: the allgather of every rank's requests, then the reads, then their agreement
         with timer.phase("plan"):
-            boxes, shared = plan_gathered(comm, what, meta, local, failure)
+            boxes, shared = plan_gathered(comm, what, meta, local, failure, alltoall=own and not directory_way(meta))
         with timer.phase("read"):
             targets, outgoing, values = agree(comm, what, lambda: _read(directory, meta, local, boxes, shared, rank,
                                                                         storage))
@@ -187,13 +198,33 @@ def per_rank_value(name: str, template, stored, rank: int, nranks: int) -> PerRa
     return PerRank(stored[rank] if rank < len(stored) else template.value, template.resize)
 
 
+def reads_metadata_itself(nranks: int) -> bool:
+    """Whether every rank of a load on ``nranks`` ranks reads the version's metadata itself instead of receiving
+    rank 0's broadcast: on at most PER_RANK_METADATA_MAX_RANKS ranks.
+
+    One collective fewer (a restart on the saved decomposition is then one alltoall): 0.78x the time of a
+    64 KiB load on 2 ranks, 0.86x on 4 (docs/performance.md, "Small loads (session 7)").  Every rank sees the
+    same bytes (``load_version(..., shared_directory=True)``, hpcckpt.load: one directory on a storage whose
+    files every process sees; a committed version is immutable, docs/format.md section 2) and reuses what it
+    parsed before
+    (metadata_file.read_metadata_reused); a rank that cannot read or validate it sends its failure in the
+    load's first exchange, which is an alltoall whichever way the load is planned, so every rank raises the
+    same CheckpointError.  Beyond the threshold rank 0 reads and broadcasts: one reader of a shared file
+    system instead of P, and a broadcast whose cost grows as log P.
+    """
+    return nranks <= PER_RANK_METADATA_MAX_RANKS
+
+
+PER_RANK_METADATA_MAX_RANKS = 16
+
+
 def version_metadata(directory: str, storage: Storage = POSIX, expect_step: int | None = None) -> Metadata:
     """Rank 0's part of a load: the version's metadata, read, validated and indexed, for the broadcast.
 
     ``expect_step``: the step the directory's name claims; metadata holding
     another step is a damaged version (CorruptCheckpointError).
     """
-    meta = read_metadata(directory, storage)
+    meta = read_metadata_reused(directory, storage)
     if expect_step is not None and meta.step != expect_step:
         raise CorruptCheckpointError(f"{directory!r} is named for step {expect_step} but its metadata holds step "
                                      f"{meta.step}")
@@ -454,7 +485,7 @@ def _exchange(comm, meta: Metadata, targets: dict, shared: dict, outgoing: list)
 
     ``outgoing``: ``(rank, source, start, stop)``, the part ``source[start:stop]`` of a C-contiguous array.
     """
-    if comm.Get_size() == 1:
+    if comm.Get_size() == 1 or not (outgoing or any(shared.values())):  # nothing moves (a same-decomposition load)
         return
     rank = comm.Get_rank()
     incoming = []

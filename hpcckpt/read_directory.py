@@ -28,6 +28,14 @@ its centre.  Two sparse exchanges (an alltoall each, empty for most pairs):
    problem found goes to every rank, and every rank raises the one from the
    lowest rank that found one.
 
+The first exchange also answers, on every rank alike, whether the second is
+needed at all (:func:`fast_summary`, :func:`all_self_sufficient`): when
+every rank's boxes are unions of whole chunks (``WHOLE`` roles only: a
+restart on the same decomposition) and the ranks' boxes tile every array
+(checked through a fingerprint of the boxes, :func:`box_fingerprint`), no
+rank needs a part from another: every rank already holds its data and the
+load ends after one exchange.
+
 Only a template whose blocks overlap can leave a needed chunk without a sender:
 when the only ranks that read it hold it wholly in a target they cannot send
 from (a cast dtype, a device array), the users read it themselves after the
@@ -44,6 +52,7 @@ are loading.py's.
 from __future__ import annotations
 
 import numpy as np
+import xxhash
 
 from .metadata import Metadata
 from .regions import covering_problem, volume
@@ -200,3 +209,82 @@ def shared_from_assignments(assignments: list, names) -> dict:
         for name, k, reader, parts in items or ():
             shared[name][k] = (reader, parts)
     return shared
+
+
+#: The prime field of :func:`box_fingerprint` (2**61 - 1, a Mersenne prime).
+FIELD = (1 << 61) - 1
+
+
+def _base(name: str, axis: int, which: int) -> int:
+    """A fixed element of the field, neither 0 nor 1, for one axis of variable ``name`` (the same on every rank)."""
+    return 2 + xxhash.xxh3_64_intdigest(f"{which}\0{axis}\0{name}".encode("utf-8", "surrogatepass")) % (FIELD - 2)
+
+
+def box_fingerprint(name: str, start, stop) -> tuple[int, int]:
+    """Two fingerprints of the box ``[start, stop)`` of variable ``name``: ``prod_d (z_d**stop_d - z_d**start_d)``
+    mod :data:`FIELD`, for two fixed sets of bases ``z`` (:func:`_base`).
+
+    ``(z**b - z**a) = (z - 1) * sum_{a <= x < b} z**x``, so the sum over boxes
+    of their fingerprints is ``prod_d (z_d - 1)`` times the polynomial
+    ``sum_e c(e) z**e`` over the elements ``e``, ``c(e)`` the number of boxes
+    holding ``e``; it equals the whole array's fingerprint exactly when every
+    ``c(e)`` is 1 (the boxes tile the array) or when the bases are a root of
+    the difference, a nonzero polynomial of degree at most the sum of the
+    extents: for any template that does not tile, a chance of at most
+    ``(sum of extents / 2**61)**2`` with the two sets (Schwartz-Zippel).  An
+    empty box gives 0.  O(ndim) work whatever the box.
+    """
+    out = []
+    for which in (0, 1):
+        f = 1
+        for axis, (a, b) in enumerate(zip(start, stop)):
+            z = _base(name, axis, which)
+            f = f * (pow(z, int(b), FIELD) - pow(z, int(a), FIELD)) % FIELD
+        out.append(f)
+    return out[0], out[1]
+
+
+def fast_summary(meta: Metadata, boxes: dict, roles: dict, signature: tuple, rank: int) -> int | None:
+    """What this rank tells every rank in the first exchange so that all can tell whether the second is needed:
+    one int packing a 64-bit digest of ``signature`` and two fingerprints (61 bits each: about 38 bytes
+    pickled), or None unless every chunk its boxes touch lies wholly in them.
+
+    A rank that shares a chunk (``NEEDS``, or ``HOLDS``) rules the short way out in any case: in a tiling
+    the other users of a shared chunk need their parts, and a template that does not tile takes the second
+    exchange anyway; so in a reshard most slots stay None, as small as before.
+
+    The fingerprints are the sums of :func:`box_fingerprint` of this rank's
+    boxes, minus (on rank 0) the whole arrays' of the names it loads: they sum
+    to zero over the ranks when the ranks' boxes tile every array
+    (:func:`all_self_sufficient`).  0-d variables are left out (every rank
+    holds the one element: they are covered whenever a rank loads them, and
+    the digests make every rank load the same names).
+    """
+    if any(role in (NEEDS, HOLDS) for name in roles for _, _, _, role in roles[name]):
+        return None
+    f0 = f1 = 0
+    for name in sorted(boxes):
+        shape = meta.variables[name].shape
+        if not shape:
+            continue
+        g0, g1 = box_fingerprint(name, *boxes[name])
+        f0, f1 = f0 + g0, f1 + g1
+        if rank == 0:
+            g0, g1 = box_fingerprint(name, (0,) * len(shape), shape)
+            f0, f1 = f0 - g0, f1 - g1
+    digest = xxhash.xxh3_64_intdigest(repr(signature).encode("utf-8", "surrogatepass"))
+    return (digest << 122) | (f0 % FIELD) << 61 | (f1 % FIELD)
+
+
+_FINGERPRINT_MASK = (1 << 61) - 1
+
+
+def all_self_sufficient(summaries: list) -> bool:
+    """Whether the load is complete after the first exchange: every rank's :func:`fast_summary` is set (none needs
+    a part from another), the ranks load the same names and kinds (equal digests), and their boxes tile every
+    array (the fingerprints sum to zero).  The same answer on every rank: it is a function of what all received.
+    """
+    if not summaries or any(s is None for s in summaries) or len({s >> 122 for s in summaries}) != 1:
+        return False
+    return (sum((s >> 61) & _FINGERPRINT_MASK for s in summaries) % FIELD == 0
+            and sum(s & _FINGERPRINT_MASK for s in summaries) % FIELD == 0)

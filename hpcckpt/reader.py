@@ -1,6 +1,6 @@
 """Reading stored chunks into any global region: the core of load, ``open`` and ``verify``.
 
-For a target box, the reader finds the overlapping chunks (vectorised), checks
+For a target box, the reader finds the overlapping chunks (the chunk index), checks
 that they cover the box exactly once, and fetches each chunk:
 
 * a chunk that lies wholly inside the target and maps onto contiguous target
@@ -29,7 +29,7 @@ from .checksum import hexdigest, new_hasher
 from .devices import array_module, is_device_array, pinned_empty
 from .errors import CheckpointError, CorruptCheckpointError
 from .metadata import Metadata, Variable
-from .regions import overlapping, tiling_problem, volume
+from .regions import tiling_problem, volume
 from .storage import POSIX, Storage
 
 
@@ -204,7 +204,7 @@ class ChunkReader:
         if volume(b - a for a, b in zip(start, stop)) == 0:
             return
         starts, stops = var.chunks.start, var.chunks.stop
-        idx = overlapping(starts, stops, start, stop)
+        idx = var.chunks.index().query(start, stop)  # O(the chunks touched): the index comes with the metadata
         self._check_cover(var, starts[idx], stops[idx], start, stop)
         if skip:
             idx = np.asarray([k for k in idx.tolist() if k not in skip], np.int64)
@@ -303,6 +303,9 @@ class ChunkReader:
             if len(starts) != 1:
                 raise CorruptCheckpointError(f"variable {var.name!r} has {len(starts)} chunks for a 0-d array")
             return
+        if len(starts) == 1 and all(a <= s and t <= b for a, b, s, t in zip(starts[0].tolist(), stops[0].tolist(),
+                                                                             start, stop)):
+            return  # one chunk holding the whole target (a small load): covered once
         lo = np.maximum(starts, np.asarray(start)) - np.asarray(start)
         hi = np.minimum(stops, np.asarray(stop)) - np.asarray(start)
         problem = tiling_problem(lo, hi, [b - a for a, b in zip(start, stop)], label="chunk")

@@ -13,8 +13,9 @@ from hpcckpt.box_index import BoxIndex, tiling_problem_indexed
 from hpcckpt.errors import TemplateMismatchError
 from hpcckpt.metadata import ChunkTable, Metadata, Variable
 from hpcckpt.planning import plan_shared_reads
-from hpcckpt.read_directory import (HOLDS, NEEDS, WHOLE, WHOLE_UNSENDABLE, chunk_roles, decide,
-                                    parts_for_directories, shared_from_assignments)
+from hpcckpt.read_directory import (FIELD, HOLDS, NEEDS, WHOLE, WHOLE_UNSENDABLE, all_self_sufficient,
+                                    box_fingerprint, chunk_roles, decide, fast_summary, parts_for_directories,
+                                    shared_from_assignments)
 from hpcckpt.read_plan import encode_requests, rank_reads, target_boxes
 from hpcckpt.regions import covering_problem, overlapping, tiling_problem
 
@@ -200,3 +201,47 @@ def test_the_chunk_directory_finds_every_bad_template_and_plans_the_good_ones(sa
             assert not reread
     else:
         assert "do not cover the array" in problem and "gap" in problem
+
+
+@settings(max_examples=300, deadline=None)
+@given(decompositions(), st.data())
+def test_box_fingerprints_add_up_to_the_array_exactly_when_the_boxes_tile_it(saved, data):
+    """Tilings (empty boxes among them) always match; overlaps, gaps, or both at once (a box given twice and
+    another left out) never do in these draws (a miss is a root of a nonzero polynomial: read_directory)."""
+    shape, boxes = saved
+    if data.draw(st.booleans()):
+        boxes = data.draw(inside_boxes(shape))
+    elif len(boxes) > 1 and data.draw(st.booleans()):
+        boxes = boxes[:-1] + boxes[:1]  # the first box twice, the last one missing
+    total = [sum(f) % FIELD for f in zip(*[box_fingerprint("u", lo, hi) for lo, hi in boxes])]
+    tiles = tiling_problem(*_arrays(boxes, len(shape)), shape) is None
+    assert (total == list(box_fingerprint("u", (0,) * len(shape), shape))) == tiles
+    if all(shape):  # each variable has its own bases (an empty array's fingerprint is 0)
+        assert box_fingerprint("u", (0,) * len(shape), shape) != box_fingerprint("v", (0,) * len(shape), shape)
+
+
+@settings(max_examples=200, deadline=None)
+@given(decompositions(max_ndim=2), st.data())
+def test_the_first_exchange_ends_the_plan_exactly_when_no_rank_needs_a_part(saved, data):
+    """all_self_sufficient over every rank's fast_summary: True exactly when the targets tile the array and every
+    rank reads all it needs itself (no NEEDS role: on the saved decomposition, or any tiling by whole chunks);
+    a target that leaves a gap or overlaps, or ranks that load different names, take the second exchange.  A
+    rank sends a summary only when all its chunks are whole in its box."""
+    shape, chunks = saved
+    targets = data.draw(st.one_of(st.just(chunks), decompositions(shape=shape).map(lambda d: d[1]),
+                                  inside_boxes(shape)))
+    meta = _meta(shape, chunks)
+    roles = [chunk_roles(meta, {"u": box}, {"u"}) for box in targets]
+    signatures = [(("u", "block"),)] * len(targets)
+    if len(targets) > 1 and data.draw(st.booleans()):
+        signatures[-1] = (("u", "block"), ("w", "block"))
+    summaries = [fast_summary(meta, {"u": box}, r, sig, rank)
+                 for rank, (box, r, sig) in enumerate(zip(targets, roles, signatures))]
+    self_sufficient = all(role != NEEDS for r in roles for _, _, _, role in r["u"])
+    tiles = tiling_problem(*_arrays(targets, len(shape)), shape) is None
+    same_names = len(set(signatures)) == 1
+    assert all_self_sufficient(summaries) == (self_sufficient and tiles and same_names)
+    assert [s is not None for s in summaries] == [all(role in (WHOLE, WHOLE_UNSENDABLE) for _, _, _, role in r["u"])
+                                                  for r in roles]
+    if targets is chunks and same_names:
+        assert all_self_sufficient(summaries)

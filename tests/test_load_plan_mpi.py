@@ -88,7 +88,7 @@ def test_an_overlapping_load_template_gives_every_rank_its_region(comm, mpi_tmp,
     np.testing.assert_array_equal(out["u"].local, whole[lo:2 * r + 2])
 
 
-@pytest.mark.parametrize("problem", ["gap", "outside", "names", "kinds"])
+@pytest.mark.parametrize("problem", ["gap", "twice", "outside", "names", "kinds"])
 @pytest.mark.parametrize("ragged", [False, True])
 def test_a_bad_load_template_fails_on_every_rank(comm, mpi_tmp, problem, ragged):
     path, shape = _saved(comm, mpi_tmp, ragged)
@@ -101,6 +101,8 @@ def test_a_bad_load_template_fails_on_every_rank(comm, mpi_tmp, problem, ragged)
     if r == victim:
         if problem == "gap":
             template["u"] = Block(np.zeros((1, 3)), (2 * r, 0), shape)
+        elif problem == "twice":  # whole saved chunks, so every rank reads all it needs: rank 0's rows twice
+            template["u"] = Block(np.zeros((2, 3)), (0, 0), shape)
         elif problem == "outside":
             template["u"] = Block(np.zeros((2, 3)), (2 * r + 1, 0), shape)
         elif problem == "names":
@@ -108,7 +110,7 @@ def test_a_bad_load_template_fails_on_every_rank(comm, mpi_tmp, problem, ragged)
             strict = False
         else:
             template["u"] = Ragged(rows=2)
-    match = {"gap": "'u'.*gap", "outside": f"rank {victim}: variable 'u'.*does not fit",
+    match = {"gap": "'u'.*gap", "twice": "'u'.*gap", "outside": f"rank {victim}: variable 'u'.*does not fit",
              "names": "names differ between ranks.*'v'", "kinds": "'u' is a Block on some ranks and Ragged"}[problem]
     with pytest.raises(TemplateMismatchError, match=match):
         hpcckpt.load(template, path, comm=comm, strict=strict)
@@ -127,15 +129,31 @@ def _rows(nrows: int, size: int, rank: int, layout: str) -> tuple[int, int]:
     return lo, hi
 
 
+@pytest.fixture(params=["own", "bcast"])
+def metadata_way(request, monkeypatch):
+    """How a load gets the metadata: every rank reads it (at most loading.PER_RANK_METADATA_MAX_RANKS ranks, as
+    here), or rank 0 broadcasts it (beyond: the threshold set to 0).  Returns the collectives it adds first."""
+    from hpcckpt import loading
+
+    if request.param == "bcast":
+        monkeypatch.setattr(loading, "PER_RANK_METADATA_MAX_RANKS", 0)
+        return ["bcast"]
+    return []
+
+
 @pytest.mark.parametrize("layout", ["split", "shifted", "halo"])
 @pytest.mark.parametrize("ragged", [False, True])
 @pytest.mark.parametrize("ranks", ["all", "fewer", "one"])
-def test_a_load_makes_three_collectives(comm, mpi_tmp, layout, ragged, ranks, table_form):
-    """bcast (metadata), two alltoalls (the chunk directory; the reads come before them, their failures ride on
-    the first) or one allgather and the read's agreement (a Ragged table: every rank's requests); the shared
-    parts move point to point.  On every rank, on one rank fewer (reshard: unaligned with the saved blocks) and
-    on a one-rank communicator (each rank loads the whole array alone, with any layout).  Checkpointer.restore
-    adds the broadcast of the version listing (tests/test_plan_cache.py)."""
+def test_a_load_makes_at_most_three_collectives(comm, mpi_tmp, layout, ragged, ranks, table_form, metadata_way):
+    """The metadata (each rank reads it on a few ranks; else rank 0's bcast), then the chunk directory's first
+    alltoall (the reads come before it, their failures ride on it), and its second only when some rank needs a
+    part of a chunk another rank reads; or, for a Ragged table, every rank's requests (an alltoall when each rank
+    read the metadata: the same first collective as the directory's; else an allgather) and the read's
+    agreement; the shared parts move point to point.  On every rank, on one rank fewer (reshard: unaligned with
+    the saved blocks of 2 rows, but for 2 ranks: one rank loads all) and on a one-rank communicator (each rank
+    loads the whole array alone, with any layout): the second alltoall is left out exactly when every rank's rows
+    are whole saved chunks (boundaries on even rows) and the blocks do not overlap.  Checkpointer.restore reads
+    the metadata with the version listing (tests/test_plan_cache.py)."""
     path, shape = _saved(comm, mpi_tmp, ragged)
     n = comm.size
     whole = hpcckpt.open(path).read("u") if comm.rank == 0 else None
@@ -151,13 +169,56 @@ def test_a_load_makes_three_collectives(comm, mpi_tmp, layout, ragged, ranks, ta
             template["p"] = Ragged()
         out = hpcckpt.load(template, path, comm=counting)
         calls = [c for c in counting.calls if c in COLLECTIVES]
-        assert calls == (["bcast", "allgather", "allgather"] if ragged else ["bcast", "alltoall", "alltoall"]), calls
+        aligned = all(x % 2 == 0 for q in range(sub.size) for x in _rows(2 * n, sub.size, q, layout))
+        expected = metadata_way + ((["allgather"] if metadata_way else ["alltoall"]) + ["allgather"] if ragged else
+                                   ["alltoall"] if aligned and (layout != "halo" or sub.size == 1) else
+                                   ["alltoall", "alltoall"])
+        assert calls == expected, calls
         assert np.array_equal(out["u"].local, whole[lo:hi]) and np.array_equal(out["v"].local, np.ones((hi - lo, 3)))
         if ragged:
             rows = np.concatenate(sub.allgather(out["p"].local))
             assert np.array_equal(rows, np.concatenate([np.arange(r + 1.0) for r in range(n)]))
     if sub is not comm:
         sub.Free()
+
+
+def test_a_restart_on_the_saved_decomposition_makes_one_collective_more_than_its_metadata(comm, mpi_tmp,
+                                                                                          metadata_way):
+    """A 2-D grid saved in several chunks per rank and loaded on the same blocks, some ranks casting to float32,
+    and the same checkpoint loaded without a template (rows split evenly: the saved ones here): every rank
+    reads all it needs itself, so the load is the metadata (read by each rank, or broadcast) and the directory's
+    first alltoall, exact."""
+    n, r = comm.size, comm.rank
+    shape = (4 * n, 6)
+    g = global_array(shape, np.float64, seed=11)
+    box = ((4 * r, 0), (4 * r + 4, 6))
+    path = os.path.join(mpi_tmp, "ck")
+    hpcckpt.save({"u": Block(_local(g, box), box[0], shape), "t": 5}, path, comm=comm, chunk_bytes=2 * 6 * 8)
+    counting = CountingComm(comm)
+    out = np.zeros((4, 6), np.float32 if r % 2 else np.float64)
+    got = hpcckpt.load({"u": Block(out, box[0], shape), "t": None}, path, comm=counting, cast=True)
+    assert [c for c in counting.calls if c in COLLECTIVES] == metadata_way + ["alltoall"], counting.calls
+    assert np.array_equal(out, _local(g, box).astype(out.dtype)) and got["t"] == 5
+    counting.calls.clear()
+    got = hpcckpt.load(None, path, comm=counting)
+    assert [c for c in counting.calls if c in COLLECTIVES] == metadata_way + ["alltoall"], counting.calls
+    assert np.array_equal(got["u"].local, _local(g, box))
+
+
+def test_one_rank_needing_a_part_from_another_takes_the_second_exchange(comm, mpi_tmp):
+    """Every rank on its saved rows but the last two, whose boundary moves up a row: the last rank needs a row of
+    a chunk the rank before it reads (it holds the chunk's centre), so the directory's second alltoall runs, on
+    every rank, and the row arrives exact."""
+    path, shape = _saved(comm, mpi_tmp)
+    n, r = comm.size, comm.rank
+    whole = comm.bcast(hpcckpt.open(path).read("u") if r == 0 else None, root=0)
+    lo, hi = 2 * r + (r == n - 1), 2 * r + 2 + (r == n - 2)
+    counting = CountingComm(comm)
+    template = {"u": Block(np.full((hi - lo, 3), -1.0), (lo, 0), shape),
+                "v": Block(np.zeros((hi - lo, 3)), (lo, 0), shape)}
+    out = hpcckpt.load(template, path, comm=counting)
+    assert [c for c in counting.calls if c in COLLECTIVES] == ["alltoall", "alltoall"], counting.calls
+    assert np.array_equal(out["u"].local, whole[lo:hi]) and np.array_equal(out["v"].local, np.ones((hi - lo, 3)))
 
 
 def test_an_overlapping_cast_load_reads_after_the_plan_and_agrees_once_more(comm, mpi_tmp):
@@ -173,7 +234,7 @@ def test_an_overlapping_cast_load_reads_after_the_plan_and_agrees_once_more(comm
                 "v": Block(np.zeros((hi - lo, 3)), (lo, 0), shape)}
     out = hpcckpt.load(template, path, comm=counting, cast=True)
     calls = [c for c in counting.calls if c in COLLECTIVES]
-    assert calls == ["bcast", "alltoall", "alltoall", "allgather"], calls
+    assert calls == ["alltoall", "alltoall", "allgather"], calls
     assert np.array_equal(out["u"].local, whole[lo:hi].astype(out["u"].local.dtype))
 
 
@@ -210,7 +271,32 @@ def test_a_corrupt_chunk_read_by_one_rank_fails_the_load_on_every_rank(comm, mpi
         sub.Free()
 
 
+@pytest.mark.parametrize("ragged", [False, True])
+@pytest.mark.parametrize("problem", ["missing", "corrupt"])
+def test_metadata_one_rank_cannot_read_fails_the_load_on_every_rank(comm, mpi_tmp, monkeypatch, ragged, problem):
+    """Each rank reads the metadata itself (a few ranks): when one rank cannot (a missing file, a failed check:
+    here made so on the last rank alone), it still enters the load's first alltoall, which is the first
+    collective of both ways (the directory's, and the Ragged requests'), and every rank raises its error."""
+    from hpcckpt import CheckpointError, CorruptCheckpointError, loading
+
+    path, shape = _saved(comm, mpi_tmp, ragged)
+    r, n = comm.rank, comm.size
+    if r == n - 1:
+        def unreadable(directory, storage, expect_step=None):
+            if problem == "missing":
+                raise CheckpointError(f"no committed checkpoint at {directory!r} (metadata.json is missing)")
+            raise CorruptCheckpointError(f"{directory}/metadata.json fails its checksum")
+        monkeypatch.setattr(loading, "version_metadata", unreadable)
+    template = {"u": Block(np.zeros((2, 3)), (2 * r, 0), shape), "v": Block(np.zeros((2, 3)), (2 * r, 0), shape)}
+    if ragged:
+        template["p"] = Ragged()
+    cls, text = (CheckpointError, "is missing") if problem == "missing" else (CorruptCheckpointError, "checksum")
+    with pytest.raises(cls, match=f"on 1 of {n} ranks: rank {n - 1}: .*{text}"):
+        hpcckpt.load(template, path, comm=comm)
+
+
 def test_a_failure_inside_the_directory_fails_the_load_on_every_rank(comm, mpi_tmp, monkeypatch):
+    """The directory's second round runs (the rows are shifted off the saved chunks) and breaks on one rank."""
     from hpcckpt import CheckpointError, load_plan
 
     path, shape = _saved(comm, mpi_tmp)
@@ -219,7 +305,9 @@ def test_a_failure_inside_the_directory_fails_the_load_on_every_rank(comm, mpi_t
         def broken(*args):
             raise RuntimeError("directory broke")
         monkeypatch.setattr(load_plan, "decide", broken)
-    template = {"u": Block(np.zeros((2, 3)), (2 * r, 0), shape), "v": Block(np.zeros((2, 3)), (2 * r, 0), shape)}
+    lo, hi = _rows(2 * comm.size, comm.size, r, "shifted")
+    template = {"u": Block(np.zeros((hi - lo, 3)), (lo, 0), shape), "v": Block(np.zeros((hi - lo, 3)), (lo, 0),
+                                                                                 shape)}
     with pytest.raises(CheckpointError, match=f"rank {comm.size - 1}: RuntimeError: directory broke"):
         hpcckpt.load(template, path, comm=comm)
 
