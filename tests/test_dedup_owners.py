@@ -79,7 +79,8 @@ def test_owner_is_a_rank_and_the_same_for_equal_content_hashes(key, p):
 
 
 def test_owner_is_stable_across_runs():
-    """XXH3-64 of the content hash's text: fixed values (a changed hash would move keys between owners from one release to the next)."""
+    """XXH3-64 of the content hash's text, a fixed function (not Python's hash(), which differs between
+    processes and would split a key's occurrences between owners)."""
     assert dedup_owners.owner(("0123456789abcdef" * 2, 8, "none"), 1 << 62) == 0x1121d5b6c0ac055 % (1 << 62)
 
 
