@@ -15,9 +15,10 @@ the size of the real metadata.json against the simulated one.
 
 ``--dedup``: instead, P ranks save an incremental chain like scale.py's incremental case (a 4^3 float64
 block per rank and variable, block_bytes 512; 2 of each rank's variables change, every new block with a twin
-on another rank) with the deduplication forced through the keys' owners (hpcckpt.dedup_owners), and the bytes each rank receives in the
-second save's alltoalls (the select stage's only ones) are set against scale.dedup_exchanges of the keys and
-counts the ranks really sent (the grid cuts each rank's block of a variable in two here: 40 keys a rank).
+on another rank) with the deduplication forced through the keys' owners (hpcckpt.dedup_owners), and the
+bytes each rank receives in the second save's alltoalls (the select stage's only ones) are set against
+scale.dedup_exchanges of the keys and counts the ranks really sent (the grid cuts each rank's block of a
+variable in two here: 40 keys a rank).
 """
 
 from __future__ import annotations
