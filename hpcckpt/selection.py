@@ -223,9 +223,9 @@ def by_owners(comm, what: str, failure, counts: tuple, keys: list, reusable: lis
     raise_if_failed(comm, what, failures)
     sums = tuple(map(sum, zip(*everyone)))
     kind, reason = decide(sums)
-    decided, failure = attempt(lambda: dedup_owners.verdicts(inbox, kind == "full"))
+    decided, owner_failure = attempt(lambda: dedup_owners.verdicts(inbox, kind == "full"))
     failures, replies = dedup_owners.read_verdict_slots(comm.alltoall(
-        dedup_owners.verdict_slots(decided, size, failure)))
+        dedup_owners.verdict_slots(decided, size, owner_failure)))
     raise_if_failed(comm, what, failures)
     return sums, (kind, reason), dedup_owners.reassemble(positions, replies, reusable, kind == "full")
 
