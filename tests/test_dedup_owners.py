@@ -30,6 +30,7 @@ def exchange(per_rank: list, counts: list, full_of) -> tuple[list, list]:
     for o in range(p):
         failures, got, inbox = dedup_owners.read_key_slots([pickle.loads(sent[s][o]) for s in range(p)])
         assert failures == [None] * p
+        assert all(dedup_owners.owner(k, p) == o for keys, _ in inbox.values() for k in keys)  # only its own keys
         read.append(got)
         decided = dedup_owners.verdicts(inbox, full_of(got))
         replies.append([pickle.dumps(x) for x in dedup_owners.verdict_slots(decided, p)])
