@@ -64,8 +64,9 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchutil import print_table  # noqa: E402
 
+from hpcckpt import dedup_owners  # noqa: E402
 from hpcckpt.commit import metadata_from_rows  # noqa: E402
-from hpcckpt.incremental import ChainIndex, duplicates, incremental_metadata  # noqa: E402
+from hpcckpt.incremental import ChainIndex, choose_kind, duplicates, incremental_metadata  # noqa: E402
 from hpcckpt.loading import check_template  # noqa: E402
 from hpcckpt.metadata import Variable, parse  # noqa: E402
 from hpcckpt.names import rank_file, reference  # noqa: E402
@@ -333,61 +334,127 @@ def directory_inbox(meta, targets, starts, stops, d: int, q: int) -> list:
     return [m or {} for m in inbox]
 
 
-def incremental_case(meta, rows: list, p: int, nvars: int) -> dict:
-    """A version on top of ``meta`` (as an incremental base) where every tenth block changed."""
+def incremental_case(meta, rows: list, p: int, nvars: int, sample: list[int]) -> dict:
+    """A version on top of ``meta`` (as an incremental base) where every tenth block changed (half of the new
+    blocks have a twin on another rank, which deduplication finds); the deduplication
+    exchange measured both ways on the keys every rank would hand the select stage (:func:`dedup_exchanges`)."""
     variables = {n: _plan(v) for n, v in meta.variables.items()}
     dtypes = {n: v.dtype for n, v in meta.variables.items()}
     codecs = {n: v.codec for n, v in meta.variables.items()}
-    for v in meta.variables.values():
-        v.chunks.hash = [f"{k:032x}" for k in range(len(v.chunks))]
+    for vi, v in enumerate(meta.variables.values()):  # every block of the base has its own content
+        v.chunks.hash = [f"{vi:08x}{k:024x}" for k in range(len(v.chunks))]
     t_index, index = timed(lambda: ChainIndex.from_metadata(meta, "step-1"))
-    parts, keys = [], []
+    parts, items = [], []
     at = {n: 0 for n in names(nvars)}
     for r in range(p):
         written, refs, hashes, mine = [], [], {}, []
-        for (n, file, off, nb, dg, st, cnt) in rows[r]:
+        for vi, (n, file, off, nb, dg, st, cnt) in enumerate(rows[r]):
             k = at[n]
             at[n] += 1
-            if (r + k) % 10 == 0:
-                h = f"{(k + 1) << 64:032x}"
+            if (r + vi) % 10 == 0:  # 2 of the 20 variables of each rank changed; every new block has one twin
+                h = f"{vi:08x}{(1 << 95) + r // 20:024x}"  # (the same variable's on another rank of its 20)
                 written.append((n, rank_file(r), len(written) * nb, nb, dg, st, cnt))
                 hashes[(n, st)] = h
-                mine.append((h, nb, "none"))
+                mine.append(((h, nb, "none"), False))
             else:
-                refs.append((n, reference("step-1", file), off, nb, dg, st, cnt, f"{k:032x}"))
+                h = f"{vi:08x}{k:024x}"
+                refs.append((n, reference("step-1", file), off, nb, dg, st, cnt, h))
+                mine.append(((h, nb, "none"), True))
         parts.append({"written": written, "hashes": hashes, "refs": refs, "dups": []})
-        keys.append(mine)
+        items.append(mine)
     extra = {"incremental": {"kind": "incremental", "base": "step-1", "depth": 1}}
     t_meta, (imeta, _, nchunks, _) = timed(lambda: incremental_metadata(variables, dtypes, codecs, parts, {}, p, 2,
                                                                        extra))
     raw = imeta.to_json_bytes()
     t_parse, _ = timed(lambda: parse(raw))
-    t_dup, _ = timed(lambda: duplicates(keys, p - 1))
-    owner_max, owner_median = owner_exchange_bytes(keys, p)
+    block = rows[0][0][3]
+    counts = [(block * len(mine), block * sum(not again for _, again in mine), 0, 0) for mine in items]
     return {"ranks": p, "chunks": nchunks, "base_index_s": t_index, "base_index_bcast_bytes": psize(index),
-            "keys_allgather_bytes_rank": sum(psize((None, (0, 0, k, 0))) for k in keys),
-            "keys_owner_bytes_rank_max": owner_max, "keys_owner_bytes_rank_median": owner_median,
-            "dedup_last_rank_s": t_dup, "meta_root_s": t_meta, "meta_bytes": len(raw), "meta_parse_s": t_parse}
+            "meta_root_s": t_meta, "meta_bytes": len(raw), "meta_parse_s": t_parse,
+            "new_keys": sum(not again for mine in items for _, again in mine),
+            "keys": sum(len(mine) for mine in items), **dedup_exchanges(items, counts, p, sample)}
 
 
-def owner_exchange_bytes(keys: list[list], p: int) -> tuple[int, int]:
-    """Bytes each rank receives when every key goes only to the rank owning its hash (xxh3 % P): an alltoall of
-    the keys (a list per source, empty slots included), then one of the verdicts (one bool per key) back;
-    ``(max, median)`` over the ranks.  Computed from the pickled sizes of one list per (source, owner) pair."""
-    import xxhash
+def dedup_exchanges(items: list, counts: list, p: int, sample: list[int]) -> dict:
+    """The select stage's deduplication exchange of P ranks through the code the save runs (hpcckpt.selection,
+    hpcckpt.dedup_owners), both ways, for an incremental version and for a full one (its reusable blocks are
+    written after all).  ``items[r]``: rank r's ``(key, reusable)`` in its order; ``counts[r]``: its counts.
 
-    per_owner: dict[int, dict[int, list]] = {}
-    for source, mine in enumerate(keys):
-        for key in mine:
-            per_owner.setdefault(xxhash.xxh3_64_intdigest(key[0].encode()) % p, {}).setdefault(source, []).append(key)
-    empty = psize([])
-    received = np.full(p, p * empty, dtype=np.int64)  # the keys round: every slot costs at least an empty list
-    received += p * empty  # the verdicts round, likewise
-    for owner, sources in per_owner.items():
-        for source, got in sources.items():
-            received[owner] += psize(got) - empty  # the keys this owner receives from this source
-            received[source] += psize([False] * len(got)) - empty  # their verdicts, back to the source
-    return int(received.max()), int(np.median(received))
+    Bytes received per rank are the pickled sizes of the messages the code hands mpi4py (which pickles each
+    alltoall slot and each allgather contribution on its own); for the owners' exchange every slot a rank
+    receives is counted, empty ones included, computed per (sender, owner) pair that has keys plus one empty slot
+    per sender, so no P x P list is built.  CPU per rank: everything a rank does in the exchange but the
+    transfer, on the ``sample`` ranks (worst reported): for the owners, building its P slots, pickling them,
+    unpickling the P it receives, the owner's verdicts, and the same for the verdicts' round and the
+    reassembly; for the allgather, pickling its message, unpickling P and incremental.duplicates.
+    """
+    keys = [[k for k, _ in mine] for mine in items]
+    reusable = [[again for _, again in mine] for mine in items]
+    new = [[k for k, again in mine if not again] for mine in items]
+    out = {}
+    # the allgather (selection.by_allgather): (failure, (counts, new keys, any reusable)), and every key again
+    # for a full version with reusable blocks
+    messages = [(None, (counts[r], new[r], any(reusable[r]))) for r in range(p)]
+    pickled = [pickle.dumps(m, protocol=pickle.HIGHEST_PROTOCOL) for m in messages]
+    out["allgather_bytes_rank"] = sum(map(len, pickled))
+    out["allgather_full_bytes_rank"] = out["allgather_bytes_rank"] + sum(psize(k) for k in keys)
+    last = p - 1  # the rank that scans every rank's keys
+    _, cpu, _ = timed_cpu(lambda: (pickle.dumps(messages[last], protocol=pickle.HIGHEST_PROTOCOL),
+                                   [pickle.loads(m) for m in pickled], duplicates(new, last)))
+    out["allgather_cpu_s_rank"] = cpu
+    # the owners (selection.by_owners)
+    positions = [dedup_owners.route(k, p) for k in keys]
+    parts = [dedup_owners.key_parts(keys[r], reusable[r], positions[r]) for r in range(p)]
+    empty = [psize(dedup_owners.key_slot(c)) for c in counts]
+    received1 = np.full(p, sum(empty), dtype=np.int64)
+    inboxes: dict[int, dict] = {}
+    for s in range(p):
+        for o, part in parts[s].items():
+            received1[o] += psize(dedup_owners.key_slot(counts[s], part)) - empty[s]
+            inboxes.setdefault(o, {})[s] = part
+    none = psize(None)
+    for label, full in (("", False), ("full_", True)):
+        received2 = np.full(p, p * none, dtype=np.int64)
+        for o, inbox in inboxes.items():
+            for s, flags in dedup_owners.verdicts(inbox, full).items():
+                received2[s] += psize(flags) - none
+        total = received1 + received2
+        out[f"owners_{label}bytes_rank_max"] = int(total.max())
+        out[f"owners_{label}bytes_rank_median"] = float(np.median(total))
+        out[f"owners_{label}keys_round_bytes_rank_max"] = int(received1.max())
+    cpus, verdict_cpus = [], []
+    for r in sample:  # what rank r does in by_owners, but the transfers
+        got = [pickle.dumps(dedup_owners.key_slot(counts[s], parts[s].get(r)), protocol=pickle.HIGHEST_PROTOCOL)
+               for s in range(p)]
+        replies = {}
+        for o in {o for o in positions[r]}:
+            replies[o] = dedup_owners.verdicts(inboxes[o], False).get(r)
+        back = [pickle.dumps(replies.get(o), protocol=pickle.HIGHEST_PROTOCOL) for o in range(p)]
+
+        def owner_work():
+            failures, everyone, inbox = dedup_owners.read_key_slots([pickle.loads(m) for m in got])
+            sums = tuple(map(sum, zip(*everyone)))
+            t = time.process_time()
+            decided = dedup_owners.verdicts(inbox, choose_kind(1, sums[1], sums[0], 10, 0.5)[0] == "full")
+            verdict_cpus.append(time.process_time() - t)
+            return [pickle.dumps(x, protocol=pickle.HIGHEST_PROTOCOL)
+                    for x in dedup_owners.verdict_slots(decided, p)]
+
+        def sender_work():
+            pos = dedup_owners.route(keys[r], p)
+            mine = dedup_owners.key_parts(keys[r], reusable[r], pos)
+            sent = [pickle.dumps(dedup_owners.key_slot(counts[r], mine.get(o)), protocol=pickle.HIGHEST_PROTOCOL)
+                    for o in range(p)]
+            _, answers = dedup_owners.read_verdict_slots([pickle.loads(m) for m in back])
+            return sent, dedup_owners.reassemble(pos, answers, reusable[r], False)
+
+        _, cpu, _ = timed_cpu(lambda: (sender_work(), owner_work()))
+        cpus.append(cpu)
+    out["owners_cpu_s_rank_max"] = max(cpus)
+    out["owners_verdicts_cpu_s_max"] = max(verdict_cpus)
+    out["owners_received_keys_max"] = max(sum(len(part[0]) for part in inbox.values())
+                                          for inbox in inboxes.values())
+    return out
 
 
 def _plan(var):
@@ -437,7 +504,8 @@ def main() -> None:
         results["save"].append(save)
         for q in () if args.no_load else (3 * p // 4, 2 * p):
             results["load"].append({"saved_on": p, **load_case(meta, q, args.vars, args.sample, args.old_full_max)})
-        results["incremental"].append(incremental_case(meta, rows, p, args.vars))
+        results["incremental"].append(incremental_case(meta, rows, p, args.vars,
+                                                       sorted({int(x) for x in np.linspace(0, p - 1, args.sample)})))
         del meta, rows
         print(f"P={p} done", file=sys.stderr, flush=True)
     print("\nSave plan and metadata (per rank; rank 0 plans)\n")
@@ -465,13 +533,23 @@ def main() -> None:
                   f"{r['directory_received_bytes_max'] / 1024:.1f} / {r['directory_received_bytes_median'] / 1024:.1f}", mib(r["requests_allgather_gathered_bytes"]),
                   f"{r['agree_allgather_bytes'] / 1024:.1f}"] for r in results["load"]])
     print("\nIncremental version on the P-rank base (10% of the blocks changed)\n")
-    print_table(["P", "chunks", "base index s", "index bcast MiB", "keys allgather MiB/rank",
-                 "keys to owners KiB/rank (max / median)", "dedup last rank s", "meta rank0 s", "meta MiB", "parse s"],
-                [[i["ranks"], i["chunks"], f"{i['base_index_s']:.3f}", mib(i["base_index_bcast_bytes"]),
-                  mib(i["keys_allgather_bytes_rank"]),
-                  f"{i['keys_owner_bytes_rank_max'] / 1024:.1f} / {i['keys_owner_bytes_rank_median'] / 1024:.1f}",
-                  f"{i['dedup_last_rank_s']:.3f}", f"{i['meta_root_s']:.3f}",
-                  mib(i["meta_bytes"]), f"{i['meta_parse_s']:.3f}"] for i in results["incremental"]])
+    print_table(["P", "chunks", "keys", "new", "base index s", "index bcast MiB", "meta rank0 s", "meta MiB",
+                 "parse s"],
+                [[i["ranks"], i["chunks"], i["keys"], i["new_keys"], f"{i['base_index_s']:.3f}",
+                  mib(i["base_index_bcast_bytes"]), f"{i['meta_root_s']:.3f}", mib(i["meta_bytes"]),
+                  f"{i['meta_parse_s']:.3f}"] for i in results["incremental"]])
+    print("\nDeduplication exchange per rank (received: pickled bytes; CPU: the rank's own work, worst of the "
+          "sampled ranks)\n")
+    print_table(["P", "allgather MiB (incr.)", "allgather MiB (full)", "allgather CPU ms",
+                 "owners KiB max / median (incr.)", "owners KiB max (full)", "keys round KiB max",
+                 "owner keys max", "owners CPU ms", "verdicts CPU ms"],
+                [[i["ranks"], mib(i["allgather_bytes_rank"]), mib(i["allgather_full_bytes_rank"]),
+                  f"{i['allgather_cpu_s_rank'] * 1e3:.1f}",
+                  f"{i['owners_bytes_rank_max'] / 1024:.1f} / {i['owners_bytes_rank_median'] / 1024:.1f}",
+                  f"{i['owners_full_bytes_rank_max'] / 1024:.1f}",
+                  f"{i['owners_keys_round_bytes_rank_max'] / 1024:.1f}", i["owners_received_keys_max"],
+                  f"{i['owners_cpu_s_rank_max'] * 1e3:.1f}", f"{i['owners_verdicts_cpu_s_max'] * 1e3:.2f}"]
+                 for i in results["incremental"]])
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

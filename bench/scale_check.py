@@ -1,7 +1,7 @@
 """A real run of bench/scale.py's case, to check that the simulated figures and the real code agree (issue 20).
 
     MPIR_CVAR_CH4_PROGRESS_THROTTLE=1 MPIR_CVAR_POLLS_BEFORE_YIELD=1 \\
-      mpiexec -n 32 python bench/scale_check.py [--vars 20] [--dir DIR] [--json out.json]
+      mpiexec -n 32 python bench/scale_check.py [--vars 20] [--dir DIR] [--json out.json] [--dedup]
 
 P ranks save ``--vars`` variables, each rank a 4^3 float64 block of a 3-D grid
 (scale.grid), and the first 3P/4 ranks (a sub-communicator) load them on their
@@ -12,6 +12,13 @@ directory) and by its metadata broadcast, and the plan phase's time
 (loading.load_version's PhaseTimer).  Then rank 0 runs the simulation of the
 same case (scale.save_case / load_case) and prints both side by side, with
 the size of the real metadata.json against the simulated one.
+
+``--dedup``: instead, P ranks save an incremental chain like scale.py's incremental case (a 4^3 float64
+block per rank and variable, block_bytes 512; 2 of each rank's variables change, every new block with a twin
+on another rank) with the deduplication forced through the keys' owners (hpcckpt.dedup_owners), and the
+bytes each rank receives in the second save's alltoalls (the select stage's only ones) are set against
+scale.dedup_exchanges of the keys and counts the ranks really sent (the grid cuts each rank's block of a
+variable in two here: 40 keys a rank).
 """
 
 from __future__ import annotations
@@ -63,7 +70,10 @@ def main() -> None:
     ap.add_argument("--vars", type=int, default=20)
     ap.add_argument("--dir", default=None)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--dedup", action="store_true", help="the incremental save's deduplication exchange")
     args = ap.parse_args()
+    if args.dedup:
+        return dedup_check(args)
     p, rank = COMM.size, COMM.rank
     q = 3 * p // 4
     root = COMM.bcast(tempfile.mkdtemp(prefix="scale-", dir=args.dir) if rank == 0 else None)
@@ -106,6 +116,55 @@ def main() -> None:
             with open(args.json, "w") as f:
                 json.dump({"ranks": p, "load_ranks": q, "real": real, "metadata_bytes": meta_bytes,
                            "simulated": sim}, f, indent=1)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def dedup_check(args) -> None:
+    """Real bytes received in the owners' exchange of an incremental save against the simulation (docstring)."""
+    from hpcckpt import dedup_owners
+
+    dedup_owners.OWNERS_FROM_RANKS = 1
+    p, rank = COMM.size, COMM.rank
+    root = COMM.bcast(tempfile.mkdtemp(prefix="scale-", dir=args.dir) if rank == 0 else None)
+    shape = tuple(int(g) * scale.EDGE for g in scale.grid(p))
+    starts, _ = scale.boxes_of(p, shape)
+    block = scale.EDGE ** 3 * scale.ITEM
+
+    def state(changed: bool) -> dict:
+        out = {}
+        for vi, n in enumerate(scale.names(args.vars)):
+            twin = changed and (rank + vi) % 10 == 0  # as scale.incremental_case: twins within 20 ranks
+            value = 1e6 + vi * 1e3 + rank // 20 if twin else rank * args.vars + vi  # base: every block distinct
+            out[n] = hpcckpt.Block(np.full((scale.EDGE,) * 3, float(value)), tuple(starts[rank].tolist()), shape)
+        return out
+
+    options = {"incremental": True, "block_bytes": block, "strategy": "file-per-rank", "full_threshold": 0.5}
+    hpcckpt.save(state(False), os.path.join(root, "v1"), comm=COMM, **options)
+    counting, mine = Received(COMM), []
+    key_parts = dedup_owners.key_parts
+
+    def captured(keys, reusable, positions):  # the keys this rank hands the exchange, for the simulation
+        mine.append((keys, reusable))
+        return key_parts(keys, reusable, positions)
+
+    dedup_owners.key_parts = captured
+    result = hpcckpt.save(state(True), os.path.join(root, "v2"), comm=counting, base=os.path.join(root, "v1"),
+                          **options)
+    everyone = COMM.gather(counting.bytes.get("alltoall", 0), root=0)
+    sent = COMM.gather(mine[0], root=0)
+    if rank == 0:
+        items = [list(zip(keys, again)) for keys, again in sent]
+        counts = [(sum(k[1] for k, _ in mine), sum(k[1] for k, again in mine if not again), 0, 0) for mine in items]
+        sim = scale.dedup_exchanges(items, counts, p, [0])
+        info = result.incremental
+        print(f"\n{p} ranks, an incremental save of {args.vars} variables ({info['kind']}, written "
+              f"{info['written_bytes']} bytes, deduplicated {info['deduplicated_bytes']})\n")
+        print_table(["owners' exchange, bytes received per rank", "real", "simulated"],
+                    [["median", f"{np.median(everyone):.0f}", f"{sim['owners_bytes_rank_median']:.0f}"],
+                     ["max", f"{max(everyone)}", f"{sim['owners_bytes_rank_max']}"]])
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"ranks": p, "real": everyone, "simulated": sim, "incremental": info}, f, indent=1)
         shutil.rmtree(root, ignore_errors=True)
 
 

@@ -6,7 +6,8 @@ save_pipeline.py split in two:
 * foreground, inside ``save``: describe; plan (the cached plan, checked at the
   commit, so a full save of an unchanged layout calls no MPI at all; an
   incremental save agrees its plan and runs its select stage collectively:
-  an allreduce and an allgather); stage (a copy of the selected arrays or changed blocks into
+  an allreduce and an allgather, or two alltoalls from
+  dedup_owners.OWNERS_FROM_RANKS ranks on when it deduplicates); stage (a copy of the selected arrays or changed blocks into
   the staging pool, staging.py); then ``save`` returns.  The caller may
   overwrite its arrays at once.
 * background (one thread per rank, no MPI call in it, background.py): the

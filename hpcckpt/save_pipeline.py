@@ -6,7 +6,10 @@
     plan       save_plan                        agreed before writing (one allreduce on a cache hit),
                                                 or checked at the commit (asynchronous full saves: no MPI)
     select     selection                        full: every array; incremental: the changed blocks
-                                                (one allgather: the policy and deduplication)
+                                                (the policy and deduplication: one allgather, two for a
+                                                full version with reusable blocks; from
+                                                dedup_owners.OWNERS_FROM_RANKS ranks on two alltoalls
+                                                through the keys' owners)
     stage      zero-copy (blocking) | staging.stage into the pool (asynchronous; device -> host for CuPy)
     transform  transform                        cut into chunks -> codec -> checksum
     transport  transport.TRANSPORTS (blocking) | background.BackgroundWrite (asynchronous, file-per-rank)
@@ -91,7 +94,8 @@ def save_version(state, directory, comm, options: SaveOptions | dict, step: int 
     ``cache``: a PlanCache kept across saves; a repeated save of an unchanged
     layout then makes three collectives with the file-per-rank transport: the
     allreduce of the plan stage, and the gather + broadcast of the commit (an
-    incremental save adds the allgather of its select stage).
+    incremental save adds its select stage's allgather, or its two alltoalls
+    from dedup_owners.OWNERS_FROM_RANKS ranks on).
     ``chain_base``: the version an incremental save builds on when it still
     exists (a Checkpointer's last saved or restored one).  ``storage``: where
     the version is written (hpcckpt.storage); one without ``shared_files``

@@ -3,9 +3,14 @@
 A full save writes every array whole (the transform stage cuts it into
 chunks).  An incremental save cuts each variable along the global block grid,
 hashes every block and writes only the blocks whose content the chain does not
-hold yet; the rules are incremental.py's (pure), this module runs them across
-the ranks: one allgather of the changed and total bytes (the full/incremental
-policy) and of the new blocks' keys (deduplication within the version).
+hold yet; the rules are incremental.py's and dedup_owners.py's (pure), this
+module runs them across the ranks: every rank's changed and total bytes (the
+full/incremental policy) and the blocks' keys (deduplication within the
+version) travel in one allgather (:func:`by_allgather`, plus one of every key
+when a version with reusable blocks turns full), or, from
+dedup_owners.OWNERS_FROM_RANKS ranks on, in two alltoalls through the keys'
+owners (:func:`by_owners`), so that what a rank receives does not grow with
+the number of keys of all ranks.
 
 Both give a :class:`Selection`: the items to write, ``(variable, global
 start, array, cut)``, plus, for an incremental-capable save, the rows that
@@ -18,7 +23,7 @@ from dataclasses import dataclass, field
 
 import xxhash
 
-from . import blockhash
+from . import blockhash, dedup_owners
 from .agreement import HASH_FAILED
 from .arrays import byte_view, local_pieces
 from .checksum import checksum_from_xxh3_128
@@ -128,7 +133,9 @@ def select_changed(comm, what: str, arrays: dict, boxes: dict, variables: dict, 
 
     One allgather (every rank's changed and total bytes, and the keys of its
     new blocks for deduplication), plus one more when the policy turns a
-    version with reusable blocks into a full one.  ``per_rank_files``
+    version with reusable blocks into a full one; from
+    dedup_owners.OWNERS_FROM_RANKS ranks on (with ``dedup``), two alltoalls
+    through the keys' owners instead, whatever the kind.  ``per_rank_files``
     (multi-level saves): a rank reuses only blocks of its own rank file and
     nothing is deduplicated across ranks, so every block a rank reads back on
     its node is on that node.  ``precopied``: blocks this rank already wrote into files of this version ahead
@@ -148,41 +155,79 @@ def select_changed(comm, what: str, arrays: dict, boxes: dict, variables: dict, 
     entries, failure = attempt(lambda: hash_pieces(written_parts(arrays, starts, replicas), variables, dtypes,
                                                    codecs, options.block_bytes, index))
     entries = entries or []
-    new_keys = [e[4] for e in entries if e[6] is None and e[4] not in pre] if dedup else None
     seen = probed or frozenset()
-    mine = (sum(e[5] for e in entries), sum(e[5] for e in entries if e[6] is None), new_keys,
-            sum(1 for e in entries if e[6] is not None), sum(e[5] for e in entries if e[4] in pre),
-            sum(e[5] for e in entries if e[6] is None and e[4] in seen))
-    everyone = comm.allgather((failure, None if failure else mine))
-    raise_if_failed(comm, what, [f for f, _ in everyone])
-    everyone = [m for _, m in everyone]
-    total_bytes = sum(m[0] for m in everyone)
-    changed_bytes = sum(m[1] for m in everyone)
-    kind, reason = choose_kind(index.depth if index is not None and len(index) else None, changed_bytes,
-                               total_bytes, options.max_chain, options.full_threshold)
-    keys_per_rank = [m[2] for m in everyone] if dedup else None
+    counts = (sum(e[5] for e in entries), sum(e[5] for e in entries if e[6] is None),
+              sum(e[5] for e in entries if e[4] in pre), sum(e[5] for e in entries if e[6] is None and e[4] in seen))
+    candidates = [e for e in entries if e[4] not in pre]  # a pre-copied block is already written in this version
+    keys = [e[4] for e in candidates] if dedup else None
+    reusable = [e[6] is not None for e in candidates]
+    depth = index.depth if index is not None and len(index) else None
+    decide = lambda sums: choose_kind(depth, sums[1], sums[0], options.max_chain,  # noqa: E731
+                                      options.full_threshold)
+    exchange = by_owners if dedup and dedup_owners.uses_owners(comm.Get_size()) else by_allgather
+    sums, (kind, reason), dup = exchange(comm, what, failure, counts, keys, reusable, decide)
+    total_bytes, changed_bytes, precopied_bytes, probed_bytes = sums
     if kind == "full":
-        if dedup and any(m[3] for m in everyone):  # reusable blocks are written after all
-            keys_per_rank = comm.allgather([e[4] for e in entries if e[4] not in pre])
         entries = [e[:6] + (None,) for e in entries]
     own = [e for e in entries if e[6] is None and e[4] in pre]
     new = [e for e in entries if e[6] is None and e[4] not in pre]
-    dup = duplicates(keys_per_rank, rank) if dedup else [False] * len(new)
+    dup = [False] * len(new) if dup is None else dup
     to_write = [e for e, d in zip(new, dup) if not d]
     info = {"kind": kind, "base": index.name if kind == "incremental" else None,
             "depth": index.depth + 1 if kind == "incremental" else 0, "reason": reason,
             "hash": HASH_ALGORITHM, "block_bytes": options.block_bytes, "total_bytes": total_bytes,
             "changed_bytes": changed_bytes}
     if precopied is not None:
-        info["precopied_bytes"] = sum(m[4] for m in everyone)
+        info["precopied_bytes"] = precopied_bytes
     if probed is not None:
-        info["probed_bytes"] = sum(m[5] for m in everyone)
+        info["probed_bytes"] = probed_bytes
     return Selection(items=[(e[0], tuple(e[1]), e[3], False) for e in to_write], info=info,
                      hashes={(e[0], tuple(e[1])): e[4][0] for e in to_write},
                      refs=[(e[0], *e[6], e[1], e[2], e[4][0]) for e in entries if e[6] is not None]
                      + [(e[0], *pre[e[4]], e[1], e[2], e[4][0]) for e in own],
                      dups=[(e[0], e[4], e[1], e[2], e[4][0]) for e, d in zip(new, dup) if d],
                      digests=known_digests(to_write), replicas=replica_digests(arrays, starts, replicas))
+
+
+def by_allgather(comm, what: str, failure, counts: tuple, keys: list | None, reusable: list, decide) -> tuple:
+    """Collective, the policy and deduplication by allgather: ``(sums of every rank's counts, decide(sums), this
+    rank's duplicate flags or None)``; below :data:`dedup_owners.OWNERS_FROM_RANKS` ranks, or without ``dedup``.
+
+    ``counts``: this rank's (total, changed, pre-copied, probed) bytes; ``keys``: the keys the version may write
+    (None: no deduplication) and ``reusable``: which of them the base holds; ``decide(sums)``: ``(kind,
+    reason)``.  One allgather of the counts and the new keys, plus one of every key when the version turns
+    full while some rank has reusable blocks (they are written after all).
+    """
+    new = None if keys is None else [k for k, again in zip(keys, reusable) if not again]
+    everyone = comm.allgather((failure, None if failure else (counts, new, any(reusable))))
+    raise_if_failed(comm, what, [f for f, _ in everyone])
+    sums = tuple(map(sum, zip(*(m[0] for _, m in everyone))))
+    kind, reason = decide(sums)
+    if keys is None:
+        return sums, (kind, reason), None
+    keys_per_rank = [m[1] for _, m in everyone]
+    if kind == "full" and any(m[2] for _, m in everyone):
+        keys_per_rank = comm.allgather(keys)
+    return sums, (kind, reason), duplicates(keys_per_rank, comm.Get_rank())
+
+
+def by_owners(comm, what: str, failure, counts: tuple, keys: list, reusable: list, decide) -> tuple:
+    """Collective, the policy and deduplication through the keys' owners (hpcckpt.dedup_owners): what
+    :func:`by_allgather` returns, in two alltoalls whatever the kind, each rank receiving the keys it owns, the
+    verdicts on its own and one small slot per rank (every rank's counts, so each decides the kind itself)."""
+    size = comm.Get_size()
+    positions = dedup_owners.route(keys, size) if failure is None else {}
+    parts = dedup_owners.key_parts(keys, reusable, positions)
+    failures, everyone, inbox = dedup_owners.read_key_slots(comm.alltoall(
+        [dedup_owners.key_slot(counts, parts.get(o), failure) for o in range(size)]))
+    raise_if_failed(comm, what, failures)
+    sums = tuple(map(sum, zip(*everyone)))
+    kind, reason = decide(sums)
+    decided, owner_failure = attempt(lambda: dedup_owners.verdicts(inbox, kind == "full"))
+    failures, replies = dedup_owners.read_verdict_slots(comm.alltoall(
+        dedup_owners.verdict_slots(decided, size, owner_failure)))
+    raise_if_failed(comm, what, failures)
+    return sums, (kind, reason), dedup_owners.reassemble(positions, replies, reusable, kind == "full")
 
 
 def known_digests(entries) -> dict:

@@ -8,6 +8,8 @@ import tempfile
 
 import pytest
 
+from mpitools import force_dedup_exchange
+
 
 @pytest.fixture
 def mpi_tmp():
@@ -46,3 +48,19 @@ def table_form(request, monkeypatch):
 
     monkeypatch.setattr(chunk_columns, "COLUMNAR_MIN_CHUNKS", 0 if request.param == "columnar" else 1 << 62)
     return request.param
+
+
+@pytest.fixture(params=["allgather", "owners"])
+def dedup_exchange(request, monkeypatch):
+    """Each exchange of an incremental save's deduplication, whatever the rank count (set on each rank)."""
+    force_dedup_exchange(monkeypatch, request.param)
+    return request.param
+
+
+@pytest.fixture(autouse=True)
+def dedup_exchange_from_environment(monkeypatch):
+    """``HPCCKPT_TEST_DEDUP=owners`` (or ``allgather``) runs every test with that exchange (tests that ask for
+    :func:`dedup_exchange` still get theirs); unset, the sizes decide as in production."""
+    exchange = os.environ.get("HPCCKPT_TEST_DEDUP")
+    if exchange:
+        force_dedup_exchange(monkeypatch, exchange)

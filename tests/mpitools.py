@@ -52,3 +52,13 @@ class CountingComm:
                 return attr(*a, **k)
             return counted
         return attr
+
+
+def force_dedup_exchange(monkeypatch, exchange: str) -> None:
+    """Make an incremental save deduplicate through ``exchange`` at any communicator size (serially too):
+    "owners" (the owners' two alltoalls, hpcckpt.dedup_owners) or "allgather"."""
+    from hpcckpt import dedup_owners
+
+    if exchange not in ("owners", "allgather"):
+        raise ValueError(f"HPCCKPT_TEST_DEDUP={exchange!r}: owners or allgather")
+    monkeypatch.setattr(dedup_owners, "OWNERS_FROM_RANKS", 1 if exchange == "owners" else 1 << 62)

@@ -52,8 +52,9 @@ def parse(stdout: str) -> list[tuple]:
     return out
 
 
-@pytest.mark.parametrize("form", ["json", "columnar"])
-def test_chain_across_rank_counts(tmp_path, form):
+@pytest.mark.parametrize("form, exchange", [("json", "allgather"), ("columnar", "allgather"), ("json", "owners"),
+                                            ("columnar", "owners")])
+def test_chain_across_rank_counts(tmp_path, form, exchange):
     rng = random.Random(SEED)
     root = str(tmp_path / "ckpt")
     counts = [4, 3, 2, 4] if SEED == 0 else [rng.choice([1, 2, 3, 4]) for _ in range(4)]
@@ -61,7 +62,7 @@ def test_chain_across_rank_counts(tmp_path, form):
     saves = []
     for i, n in enumerate(counts):
         k = 3
-        proc = run_mpi(n, SCRIPT, root, step, k, SEED, form, timeout=120)
+        proc = run_mpi(n, SCRIPT, root, step, k, SEED, form, exchange, timeout=120)
         if i:
             assert f"RESTORED {step - 1}" in proc.stdout, proc.stdout
         saves += parse(proc.stdout)
@@ -87,8 +88,11 @@ FAIL_SCRIPT = r"""
 import os, sys, numpy as np
 from mpi4py import MPI
 import hpcckpt
+from hpcckpt import dedup_owners
 C = MPI.COMM_WORLD; r = C.Get_rank(); n = C.Get_size()
 d = sys.argv[1]
+if sys.argv[2] == "owners":
+    dedup_owners.OWNERS_FROM_RANKS = 1
 u = np.full((4, 8), float(r))
 good = lambda: {"u": hpcckpt.Block(u, (4 * r, 0), (4 * n, 8)), "t": hpcckpt.Ragged(np.arange(r + 3))}
 hpcckpt.save(good(), d + "/a", comm=C, incremental=True, block_bytes=64)
@@ -111,11 +115,13 @@ for i, strategy in enumerate(["aggregated", "shared-file", "file-per-rank"]):
 """
 
 
-def test_failures_reach_every_rank_and_every_transport_continues_the_chain(tmp_path):
-    """The save's few collectives (gather + bcast, allgather, gather + bcast) still agree on failures."""
+@pytest.mark.parametrize("exchange", ["allgather", "owners"])
+def test_failures_reach_every_rank_and_every_transport_continues_the_chain(tmp_path, exchange):
+    """The save's few collectives (gather + bcast, the select stage's allgather or alltoalls, gather + bcast)
+    still agree on failures."""
     script = tmp_path / "fail.py"
     script.write_text(FAIL_SCRIPT)
-    out = run_mpi(3, str(script), str(tmp_path), timeout=120).stdout
+    out = run_mpi(3, str(script), str(tmp_path), exchange, timeout=120).stdout
     assert "NOERROR" not in out, out
     for label, needle in (("describe", "differ between ranks"), ("base", "not a committed checkpoint")):
         lines = [line for line in out.splitlines() if line.startswith(f"ERROR {label} ")]

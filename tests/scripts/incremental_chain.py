@@ -1,6 +1,6 @@
 """Incremental saves of a dynamic state under mpiexec, continuing a chain across rank-count changes.
 
-usage: incremental_chain.py ROOT FIRST_STEP NSTEPS SEED [json|columnar]
+usage: incremental_chain.py ROOT FIRST_STEP NSTEPS SEED [json|columnar [allgather|owners]]
 
 Restores the newest version (if any) and checks it equals what its step held,
 then saves steps FIRST_STEP .. FIRST_STEP+NSTEPS-1 incrementally.  The global
@@ -11,7 +11,9 @@ few at a time, a Ragged table that grows at its end, sometimes shrinks, and whos
 rows are split unevenly (and differently every step) between the ranks, a
 variable that appears and disappears, and a zero region (deduplicated).
 Prints ``SAVED step kind written referenced`` per save.  ``columnar`` makes
-every chunk table columnar (docs/format.md 3.3.1), as from 4096 chunks on.
+every chunk table columnar (docs/format.md 3.3.1), as from 4096 chunks on;
+``owners`` deduplicates through the keys' owners (hpcckpt.dedup_owners), as from
+OWNERS_FROM_RANKS ranks on.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import sys
 import numpy as np
 
 import hpcckpt
-from hpcckpt import chunk_columns
+from hpcckpt import chunk_columns, dedup_owners
 from hpcckpt.regions import even_rows
 
 RECORD = np.dtype([("id", "<i8"), ("x", "<f4"), ("v", "<f4", (2,))])
@@ -96,8 +98,10 @@ def main() -> int:
     from mpi4py import MPI
 
     root, first, nsteps, seed = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-    if sys.argv[5:] == ["columnar"]:
+    if sys.argv[5:6] == ["columnar"]:
         chunk_columns.COLUMNAR_MIN_CHUNKS = 0
+    if sys.argv[6:] == ["owners"]:
+        dedup_owners.OWNERS_FROM_RANKS = 1
     comm = MPI.COMM_WORLD
     ck = hpcckpt.Checkpointer(root, comm=comm, incremental=True, block_bytes=2048, max_chain=6,
                               full_threshold=0.6, keep=3, track_failures=False, strategy="file-per-rank")
