@@ -95,6 +95,39 @@ def new_version_name(entries: list[VersionEntry], step: int) -> str:
     return version_name(step, max(revisions) + 1 if revisions else 0)
 
 
+class KnownNames:
+    """Every version name a root may hold, the same on every rank of a Checkpointer: rank 0's listing when a save
+    last planned collectively (handed to every rank with the plan), plus each version committed since.
+
+    What a save planned without a collective (save_pipeline: checked at the
+    commit) names its version from on every rank, with no listing:
+    :func:`new_version_name` over these names never takes a name twice.
+    ``names`` is None until a listing came (the next save then plans
+    collectively); a failed save forgets them, so the next one lists again.
+    """
+
+    def __init__(self, root: str):
+        self.root = root
+        self.names: set | None = None
+
+    def adopt(self, names) -> None:
+        """The names rank 0 listed (None: unknown)."""
+        self.names = None if names is None else set(names)
+
+    def add(self, name: str) -> None:
+        if self.names is not None:
+            self.names.add(name)
+
+    def forget(self) -> None:
+        self.names = None
+
+    def next_path(self, step: int) -> str:
+        """The directory a new version of ``step`` takes under the root (``names`` must be known)."""
+        return os.path.join(self.root, new_version_name([VersionEntry(n, "", p.step, p.revision, True)
+                                                         for n in self.names
+                                                         if (p := parse_version_name(n)) is not None], step))
+
+
 def removable(entries: list[VersionEntry], keep: int | None) -> list[VersionEntry]:
     """What garbage collection removes: uncommitted leftovers, superseded revisions, and beyond ``keep``."""
     live = current(entries)
