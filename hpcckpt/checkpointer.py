@@ -370,7 +370,7 @@ class Checkpointer:
         removed = set(remove_versions(leftovers))
         # one listing: the entries less the leftovers just removed (a leftover that resisted keeps its name taken)
         kept = [e for e in entries if e.name not in removed]
-        self._names.adopt(e.name for e in kept)
+        self._names.adopt(KnownNames.revisions_of(e.name for e in kept))
         return new_version_name(kept, step)
 
     @_shielded

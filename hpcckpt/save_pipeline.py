@@ -31,7 +31,7 @@ from .catalog import KnownNames, check_step
 from .agreement import replica_mismatch
 from .codecs.pipeline import EncodedPieces
 from .collective import attempt, root_phase
-from .commit import commit_version, metadata_from_rows
+from .commit import commit_version, metadata_from_rows, parent_directory
 from .encoding import dtype_from_json, encode_per_rank
 from .errors import CheckpointError
 from .file_manifest import manifest
@@ -121,7 +121,7 @@ def save_version(state, directory, comm, options: SaveOptions | dict, step: int 
             local, failure = attempt(lambda: describe(state, comm, options, step))
         else:
             local = None
-    if cache.checked_at_commit and names is not None and names.names is not None:  # agreed on every rank
+    if cache.checked_at_commit and names is not None and names.revisions is not None:  # agreed on every rank
         result = _save_checked_at_commit(comm, local, failure, options, step, extra, cache, names, timer)
         if result is not None:
             return result
@@ -284,12 +284,25 @@ def _write(ctx: TransportContext, transport, codecs: dict, local: dict, selectio
         pieces = encoded_pieces(raw_pieces(selection.items, options.chunk_bytes), encoder, timer,
                                 checksum_here=not transport.hashes_while_writing, digests=selection.digests)
         written, failure = attempt(lambda: transport.write(ctx, pieces))
+        if failure is None and ctx.fsync and transport.name == "file-per-rank":
+            failure = attempt(lambda: sync_written(ctx, written))[1]
         records = None
         if failure is None and files is not None:
             records, failure = attempt(lambda: files(ctx.directory))
     stats = {"seconds": dict(timer.seconds), "timeline": list(timer.timeline),
              "bytes": written.nbytes if written is not None else 0}
     return written, records, failure, stats
+
+
+def sync_written(ctx: TransportContext, written) -> None:
+    """After this rank wrote its own file (file-per-rank, fsynced): ``data/`` fsynced by every rank that created a
+    file there, the version's parent by rank 0 (the version directory exists by now), each in parallel with the
+    other ranks' writes instead of on rank 0's commit (commit.commit_version with ``synced``)."""
+    storage = ctx.storage or POSIX
+    if written.rows:
+        storage.sync_directory(os.path.join(ctx.directory, DATA_DIR))
+    if ctx.comm.Get_rank() == 0:
+        storage.sync_directory(parent_directory(ctx.directory))
 
 
 def _commit_rows(path: str, msgs: list, variables: dict, codecs: dict, tables: list, local: dict, size: int, step,
@@ -300,7 +313,8 @@ def _commit_rows(path: str, msgs: list, variables: dict, codecs: dict, tables: l
     values = with_per_rank(local["values"], [m[2] for m in msgs])
     files = {"files": manifest([r for m in msgs for r in m[4]])} if tracked else {}
     done = commit_on_root(path, variables, codecs, tables, values, size, step,
-                          {**extra, "stats": record, **files}, options.fsync, selection.info, storage)
+                          {**extra, "stats": record, **files}, options.fsync, selection.info, storage,
+                          synced=extra["strategy"] == "file-per-rank")
     return done.small() + (slowest(record), str(straggler(record)))  # small: broadcast to every rank
 
 
@@ -363,7 +377,7 @@ def _start_on_root(directory, nranks: int, options: SaveOptions, cache: PlanCach
     history = io_history.read(io_root) if options.strategy == "auto" and storage.shared_files else None
     strategy = _auto(nranks, options, cache, history, storage) if local["key"] == cache.key else None
     create_version_directory(path, storage)  # last: nothing to clean up when the checks above fail
-    return path, strategy, base, history, None if names is None or names.names is None else sorted(names.names)
+    return path, strategy, base, history, None if names is None else names.revisions
 
 
 def _auto(nranks: int, options: SaveOptions, cache: PlanCache, history, storage: Storage) -> str:
@@ -428,12 +442,15 @@ class Committed:
 
 
 def commit_on_root(directory: str, variables: dict, codecs: dict, parts: list, values, nranks: int, step,
-                   extra: dict, fsync: bool, info: dict | None, storage: Storage = POSIX) -> Committed:
+                   extra: dict, fsync: bool, info: dict | None, storage: Storage = POSIX,
+                   synced: bool = False) -> Committed:
     """Rank 0, the commit stage: the version's Metadata from every rank's part, committed at ``directory``.
 
     ``parts``: each rank's :meth:`Selection.commit_part`; ``info``: the
     incremental policy's outcome (None for a plain full save).  An
     incremental version whose base disappeared during the save is refused.
+    ``synced``: the writers fsynced ``data/`` and the parent already
+    (:func:`sync_written`; commit.commit_version).
     """
     references = frozenset()
     if info is None:
@@ -448,6 +465,6 @@ def commit_on_root(directory: str, variables: dict, codecs: dict, parts: list, v
         for ref in references:
             if not os.path.isfile(os.path.join(parent, ref, METADATA_FILE)):
                 raise CheckpointError(f"the base version {ref} was removed during the save")
-    raw = commit_version(directory, meta, fsync, storage)
+    raw = commit_version(directory, meta, fsync, storage, synced)
     return Committed(raw, nbytes, nchunks, summary, chain_cache.committed(directory, meta) if info else None,
                      references)
