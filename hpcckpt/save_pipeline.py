@@ -4,13 +4,15 @@
 
     describe   save_stages.describe_state      this rank's summaries, arrays, values (no MPI)
     plan       save_plan                        agreed before writing (one allreduce on a cache hit),
-                                                or checked at the commit (asynchronous full saves: no MPI)
+                                                or checked at the commit (no MPI: asynchronous full saves,
+                                                repeated blocking full file-per-rank saves)
     select     selection                        full: every array; incremental: the changed blocks
                                                 (one allgather: the policy and deduplication)
     stage      zero-copy (blocking) | staging.stage into the pool (asynchronous; device -> host for CuPy)
     transform  transform                        cut into chunks -> codec -> checksum
     transport  transport.TRANSPORTS (blocking) | background.BackgroundWrite (asynchronous, file-per-rank)
-    commit     commit_on_root + commit.commit_version   (every rank's rows gathered to rank 0)
+    commit     commit_on_root + commit.commit_version   (every rank's rows gathered to rank 0; a repeated
+                                                blocking file-per-rank save: 2 collectives in all)
 
 :func:`save_version` is the blocking save (``hpcckpt.save`` and a
 Checkpointer without engine); the asynchronous / multi-level engine
