@@ -18,6 +18,7 @@ import json
 import os
 import queue
 import shutil
+import stat
 import threading
 import warnings
 from dataclasses import dataclass
@@ -64,10 +65,25 @@ def list_versions(root: str) -> list[VersionEntry]:
     for name in names:
         parsed = parse_version_name(name)
         path = os.path.join(root, name)
-        if parsed and os.path.isdir(path) and os.path.dirname(os.path.realpath(path)) == real_root:
+        if parsed and _directly_inside(path, real_root):
             out.append(VersionEntry(name, path, parsed.step, parsed.revision,
                                     os.path.isfile(os.path.join(path, METADATA_FILE))))
     return sorted(out, key=lambda e: e.order)
+
+
+def _directly_inside(path: str, real_root: str) -> bool:
+    """Whether the entry ``path`` of a root is a directory whose real path lies directly inside ``real_root``.
+
+    A plain directory (one lstat) is real_root/its name; only a symbolic link
+    needs resolving (realpath walks every component: 5-20 lstats, at every
+    save's retention)."""
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError:
+        return False
+    if stat.S_ISDIR(mode):
+        return True
+    return stat.S_ISLNK(mode) and os.path.isdir(path) and os.path.dirname(os.path.realpath(path)) == real_root
 
 
 def current(entries: list[VersionEntry]) -> list[VersionEntry]:

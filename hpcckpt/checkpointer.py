@@ -280,8 +280,10 @@ class Checkpointer:
         (``ck.save(step)``).  Retention is bookkeeping: a deletion that fails
         is a warning on rank 0.  When the save returns, the versions retention
         removes are no longer committed (their metadata.json is gone); their
-        directories are deleted by a thread of rank 0 that the next save (or
-        :meth:`close`) waits for (catalog.Retirement).
+        directories are deleted by a worker thread of rank 0, which a save
+        that lists the root (one that plans collectively) and :meth:`close`
+        wait for (catalog.Retirement).  A repeated full save with
+        ``strategy="file-per-rank"`` makes two collectives (save_pipeline).
         """
         state, step = self._state_and_step(state, step, "save")
         self._check_open()
