@@ -151,6 +151,13 @@ class KnownNames:
     def forget(self) -> None:
         self.revisions = None
 
+    def taken(self, name: str) -> bool:
+        """Whether ``name`` is a version these names hold (one committed or listed before), not a newer one:
+        the directory of a save other ranks have started already is never taken yet."""
+        parsed = parse_version_name(name)
+        return self.revisions is not None and parsed is not None and \
+            parsed.revision <= self.revisions.get(parsed.step, -1)
+
     def next_path(self, step: int) -> str:
         """The directory a new version of ``step`` takes under the root (the revisions must be known)."""
         revision = self.revisions.get(step)

@@ -317,7 +317,7 @@ class Checkpointer:
         self.pacer.record_save(step, time.perf_counter() - t0)
         t1 = time.perf_counter()
         on_root(self.comm, lambda: best_effort(f"retention under {self.root!r}", lambda: self._retirement.retire(
-            removable(list_versions(self.root), self.keep))))
+            removable(self._settled_versions(), self.keep))))
         result.timings["retention"] = result.this_rank["timings"]["retention"] = time.perf_counter() - t1
         if self.should_exit():  # the final checkpoint is committed: now an application handler may stop us
             self.pacer.signals.raise_pending()
@@ -376,6 +376,12 @@ class Checkpointer:
         """What made :meth:`should_exit` True, the same on every rank: the signal's name ('SIGTERM'), the halt
         file (with its reason) or the deadline; None before."""
         return self.pacer.stop_reason
+
+    def _settled_versions(self) -> list:
+        """Rank 0, after a save: the root's versions retention may consider, committed ones and those whose names
+        are taken (uncommitted: retired before, a deletion that failed).  Not a newer uncommitted directory: the
+        other ranks may have started the next save, planned locally, and be writing into it."""
+        return [e for e in list_versions(self.root) if e.committed or self._names.taken(e.name)]
 
     def _prepare(self, step: int) -> str:
         """Clear leftovers of interrupted saves (rank 0) and pick the new version's directory name; the names

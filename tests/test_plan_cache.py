@@ -276,3 +276,25 @@ def test_other_options_on_every_rank_plan_collectively_after_all(world, mpi_tmp,
         assert _versions(world, root) == ["step-000000000001", "step-000000000002"]
         target = _state(world, k=-1)
         assert ck.restore(target)["t"] == 2 and np.array_equal(target["u"].local, _state(world, k=2)["u"].local)
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.timeout(120)
+def test_retention_leaves_the_next_save_alone_that_other_ranks_have_started(world, mpi_tmp, monkeypatch):
+    """Rank 0 applies retention after the commit's bcast, while the other ranks may already write the next save
+    (planned locally: they create its directory): retention must not take that directory for a leftover."""
+    import time
+
+    from hpcckpt import checkpointer
+
+    real = checkpointer.list_versions
+    if world.rank == 0:  # a slow listing: the others are well into the next save when rank 0 lists the root
+        monkeypatch.setattr(checkpointer, "list_versions", lambda root: (time.sleep(0.3), real(root))[1])
+    root = f"{mpi_tmp}/root"
+    with Checkpointer(root, comm=world, strategy="file-per-rank", track_failures=False, keep=2) as ck:
+        for step in range(1, 6):
+            ck.save(_state(world, k=step), step)
+        assert ck.steps() == [4, 5]
+        target = _state(world, k=-1)
+        assert ck.restore(target)["t"] == 5 and np.array_equal(target["u"].local, _state(world, k=5)["u"].local)
+    assert _versions(world, root) == ["step-000000000004", "step-000000000005"]
