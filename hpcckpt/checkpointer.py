@@ -288,29 +288,16 @@ class Checkpointer:
         state, step = self._state_and_step(state, step, "save")
         self._check_open()
         self.pacer.arm()
+        what = f"save of step {step!r} under {self.root!r}"
+        self._lock(what)
         if self.engine is not None:
-            self._lock(f"save of step {step!r} under {self.root!r}")
             return self.engine.save(state, step, **options)
         opts = {**self.options.__dict__, **options}  # validated inside the plan stage, on every rank alike
         t0 = time.perf_counter()
-        first = self._unlock is None
-        taken = []  # rank 0: the writer lock this save took
-
-        def directory():  # rank 0, inside the save's first collective: the lock (first save), leftovers, the name
-            if first:
-                taken.append(rootlock.acquire(self.root, self._break_lock))
-            return os.path.join(self.root, self._prepare(check_step(step)))
-
-        try:
-            result = save_version(state, directory, self.comm, opts, step=step, io_root=self.root,
-                                  cache=self._plan_cache, chain_base=self.chain_base,
-                                  files=self._capture(opts) if self.files.patterns else None, names=self._names)
-        except CheckpointError:
-            if taken:  # every rank failed alike: the next save takes the lock again, as it would on every rank
-                rootlock.release(taken[0])
-            raise
-        if first:  # every rank alike: the lock is held (by rank 0) until close
-            self._unlock = weakref.finalize(self, rootlock.release, taken[0] if taken else None)
+        # rank 0 clears leftovers and names the version inside the save's first collective
+        result = save_version(state, lambda: os.path.join(self.root, self._prepare(check_step(step))), self.comm,
+                              opts, step=step, io_root=self.root, cache=self._plan_cache, chain_base=self.chain_base,
+                              files=self._capture(opts) if self.files.patterns else None, names=self._names)
         self.chain_base = result.path
         self.files.committed(os.path.basename(result.path))
         self._last_result = result
@@ -329,8 +316,7 @@ class Checkpointer:
         return lambda directory: self.files.capture(self.comm.Get_rank(), directory, opts.get("fsync", True) is not False)
 
     def _lock(self, what: str) -> None:
-        """Collective, at the first asynchronous or multi-level save: rank 0 takes the root's writer lock, or every
-        rank raises the same error (a blocking save takes it inside its plan stage's first collective instead).
+        """Collective, at the first save: rank 0 takes the root's writer lock, or every rank raises the same error.
 
         Not at construction: a restore-only use (another job's root, a
         read-only root) must work without it.  Released by :meth:`close`, or

@@ -34,8 +34,9 @@ def test_a_repeated_blocking_save_makes_two_collectives(world, mpi_tmp):
     comm = CountingComm(world)
     with Checkpointer(f"{mpi_tmp}/root", comm=comm, strategy="file-per-rank", track_failures=False) as ck:
         comm.calls.clear()
-        ck.save(_state(world), 1)  # plans at once (rank 0 takes the root's lock inside it), then commits
-        assert [c for c in comm.calls if c in COLLECTIVES] == ["gather", "bcast", "scatter", "gather", "bcast"]
+        ck.save(_state(world), 1)  # the lock's allgather, a plan at once, the commit
+        assert [c for c in comm.calls if c in COLLECTIVES] == ["allgather", "gather", "bcast", "scatter", "gather",
+                                                               "bcast"]
         counts = []
         for step in (2, 3, 4):
             comm.calls.clear()
