@@ -251,8 +251,9 @@ def _save_checked_at_commit(comm, local: dict | None, failure, options: SaveOpti
 
 def _plan_here(local: dict, cache: PlanCache, options: SaveOptions, names: KnownNames, step) -> tuple:
     """This rank's plan of a save checked at the commit: ``(version directory, selection, own plan or None)``;
-    creates the directory and its ``data/`` unless another rank already did (no MPI).  Rank 0 refuses a
-    directory that holds a committed version (never the case while this job holds the root's lock)."""
+    creates the directory and its ``data/`` unless another rank already did (no MPI).  A directory that holds
+    a committed version is refused (never the case while this job holds the root's lock), and then left alone:
+    this rank has no ``path`` to remove."""
     starts, _, own = plan_locally(local, cache, options)
     path = names.next_path(check_step(step))
     if os.path.lexists(os.path.join(path, METADATA_FILE)):
