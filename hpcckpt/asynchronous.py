@@ -64,9 +64,8 @@ from .names import parse_version_name, rank_file
 from .options import SaveOptions, SaveResult
 from .precopy import PreCopy
 from .precopy_plan import PrecopyConfig
-from .agreement import mismatch, replica_mismatch
 from .save_pipeline import commit_on_root, describe, is_incremental, select, with_per_rank
-from .save_plan import PlanCache, agree_plan, plan_locally, reconcile
+from .save_plan import PlanCache, agree_plan, plan_locally, settle
 from .selection import Selection
 from .staging import DEFAULT_STAGING_BYTES, SlotQueue, StagingPool, stage, staged_bytes
 from .stats import phase_record, slowest
@@ -387,9 +386,7 @@ class Engine:
             self._discard(p.name)
             raise
         if replanned is not None:  # some rank's layout changed: everyone adopts the reconciled plan
-            variables, all_boxes, codecs = replanned
-            self.plan_cache.adopt(p.key, variables, all_boxes[self.rank], codecs,
-                                  settled.summaries if self.rank == 0 else None, all_boxes if self.rank == 0 else None)
+            self.plan_cache.adopt(p.key, replanned, self.rank, settled if self.rank == 0 else None)
         if chain is not None:
             chain_cache.remember(*chain)
         if self.precopy is not None:
@@ -424,18 +421,8 @@ class Engine:
         bad = {r: m[0] for r, m in enumerate(msgs) if m[0] is not None}
         if bad:
             return bad
-        # the digest of a save not agreed in its plan stage; the copies of replicated Blocks
-        differ = mismatch([m[6] for m in msgs]) or replica_mismatch([m[8] for m in msgs])
-        if differ is not None:
-            return {0: describe_failure(differ)}
-        names = {m[4] for m in msgs}
-        if len(names) != 1:
-            return {0: describe_failure(CheckpointError(
-                f"the ranks saved different versions {sorted(names)} (different steps?)"))}
-        parts = [m[2] for m in msgs]
-        if isinstance(parts[0], dict):  # incremental: the plan was agreed before the data moved
-            return reconcile(self.plan_cache, parts, [None] * len(parts))
-        settled, failure = attempt(lambda: reconcile(self.plan_cache, parts, [m[5] for m in msgs]))
+        settled, failure = attempt(lambda: settle(self.plan_cache, [m[2] for m in msgs], [m[5] for m in msgs],
+                                                  [m[6] for m in msgs], [m[4] for m in msgs], [m[8] for m in msgs]))
         return {0: failure} if failure is not None else settled
 
     def _commit_root(self, p: Pending, settled, levels, stats: list, values: dict):

@@ -10,8 +10,8 @@ import weakref
 
 from . import rootlock
 from .collective import agree, attempt, bcast_checked, best_effort, on_root, resolve_comm
-from .catalog import Retirement, check_step, current, list_versions, new_version_name, remove_versions, removable, \
-    retained
+from .catalog import KnownNames, Retirement, check_step, current, list_versions, new_version_name, remove_versions, \
+    removable, retained
 from .errors import CheckpointError, TemplateMismatchError
 from .file_tracking import FileTracker, rollback
 from .loading import load_version, version_metadata
@@ -99,6 +99,7 @@ class Checkpointer:
         self.last_restored: str | None = None
         self._last_result: SaveResult | None = None
         self._plan_cache = PlanCache()  # the plan of the last blocking save, reused while the layout holds
+        self._names = KnownNames(self.root)  # what a save planned locally names its version from
         self._retirement = Retirement()  # rank 0: retention's deletions, off the save's critical path
         self._closed = False
         self._registered = None  # the state of register(): read at every save/restore given none
@@ -169,7 +170,7 @@ class Checkpointer:
         self.root, self.comm, self.keep, self.options = config["root"], comm, config["keep"], config["options"]
         self.chain_base, self.last_restored = config["chain_base"], config["last_restored"]
         self._last_result, self._plan_cache, self._closed, self._registered = None, PlanCache(), False, None
-        self._retirement = Retirement()
+        self._retirement, self._names = Retirement(), KnownNames(self.root)
         self._break_lock, self.engine = config["break_lock"], None
         self.files = FileTracker.following(config["files"])  # shared files only: rank 0 records them
         # the lock is rank 0's; the other ranks only mark that it was taken, so the next save agrees on it
@@ -279,8 +280,10 @@ class Checkpointer:
         (``ck.save(step)``).  Retention is bookkeeping: a deletion that fails
         is a warning on rank 0.  When the save returns, the versions retention
         removes are no longer committed (their metadata.json is gone); their
-        directories are deleted by a thread of rank 0 that the next save (or
-        :meth:`close`) waits for (catalog.Retirement).
+        directories are deleted by a worker thread of rank 0, which a save
+        that lists the root (one that plans collectively) and :meth:`close`
+        wait for (catalog.Retirement).  A repeated full save with
+        ``strategy="file-per-rank"`` makes two collectives (save_pipeline).
         """
         state, step = self._state_and_step(state, step, "save")
         self._check_open()
@@ -294,14 +297,14 @@ class Checkpointer:
         # rank 0 clears leftovers and names the version inside the save's first collective
         result = save_version(state, lambda: os.path.join(self.root, self._prepare(check_step(step))), self.comm,
                               opts, step=step, io_root=self.root, cache=self._plan_cache, chain_base=self.chain_base,
-                              files=self._capture(opts) if self.files.patterns else None)
+                              files=self._capture(opts) if self.files.patterns else None, names=self._names)
         self.chain_base = result.path
         self.files.committed(os.path.basename(result.path))
         self._last_result = result
         self.pacer.record_save(step, time.perf_counter() - t0)
         t1 = time.perf_counter()
         on_root(self.comm, lambda: best_effort(f"retention under {self.root!r}", lambda: self._retirement.retire(
-            removable(list_versions(self.root), self.keep))))
+            removable(self._settled_versions(), self.keep))))
         result.timings["retention"] = result.this_rank["timings"]["retention"] = time.perf_counter() - t1
         if self.should_exit():  # the final checkpoint is committed: now an application handler may stop us
             self.pacer.signals.raise_pending()
@@ -360,14 +363,23 @@ class Checkpointer:
         file (with its reason) or the deadline; None before."""
         return self.pacer.stop_reason
 
+    def _settled_versions(self) -> list:
+        """Rank 0, after a save: the root's versions retention may consider, committed ones and those whose names
+        are taken (uncommitted: retired before, a deletion that failed).  Not a newer uncommitted directory: the
+        other ranks may have started the next save, planned locally, and be writing into it."""
+        return [e for e in list_versions(self.root) if e.committed or self._names.taken(e.name)]
+
     def _prepare(self, step: int) -> str:
-        """Clear leftovers of interrupted saves (rank 0) and pick the new version's directory name."""
+        """Clear leftovers of interrupted saves (rank 0) and pick the new version's directory name; the names
+        listed are handed to every rank with the plan (KnownNames: what later saves name their versions from)."""
         self._retirement.wait()  # the last retention's deletions are done: the listing sees the root settled
         entries = list_versions(self.root)
         leftovers = [e for e in entries if not e.committed]
         removed = set(remove_versions(leftovers))
         # one listing: the entries less the leftovers just removed (a leftover that resisted keeps its name taken)
-        return new_version_name([e for e in entries if e.name not in removed], step)
+        kept = [e for e in entries if e.name not in removed]
+        self._names.adopt(KnownNames.revisions_of(e.name for e in kept))
+        return new_version_name(kept, step)
 
     @_shielded
     def restore(self, state=None, step: int | None = None, strict: bool | str = True, cast: bool = False) -> dict:

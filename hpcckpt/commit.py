@@ -57,18 +57,28 @@ def metadata_from_rows(variables: dict, tables: list, codecs: dict | None, value
     return meta, total, nchunks
 
 
-def commit_version(directory: str, meta: Metadata | bytes, fsync: bool = True, storage: Storage = POSIX) -> bytes:
+def commit_version(directory: str, meta: Metadata | bytes, fsync: bool = True, storage: Storage = POSIX,
+                   synced: bool = False) -> bytes:
     """Make the version at ``directory`` visible with ``meta`` (a Metadata, or its committed bytes); those bytes.
 
     Order: ``data/`` fsynced (its new entries are durable), ``metadata.json``
     written to a temporary name, fsynced and renamed over (readers see no
-    version or the whole one), then the parent directory fsynced.
+    version or the whole one), then the version directory (storage.atomic_write)
+    and its parent fsynced.  ``synced``: the writers already fsynced ``data/``
+    (each after creating its files) and the parent (after the version
+    directory was made; its entry there does not change afterwards), in
+    parallel with the other ranks' writes: what is left is the metadata's part.
     """
     raw = meta if isinstance(meta, (bytes, bytearray)) else meta.to_json_bytes()
     data = os.path.join(directory, DATA_DIR)
-    if fsync and storage.exists(data):
+    if fsync and not synced and storage.exists(data):
         storage.sync_directory(data)
     storage.atomic_write(os.path.join(directory, METADATA_FILE), bytes(raw), fsync=fsync)
-    if fsync:
-        storage.sync_directory(os.path.dirname(os.path.abspath(directory)))
+    if fsync and not synced:
+        storage.sync_directory(parent_directory(directory))
     return bytes(raw)
+
+
+def parent_directory(directory: str) -> str:
+    """The directory whose entry names the version ``directory`` (what the commit fsyncs last)."""
+    return os.path.dirname(os.path.abspath(directory))

@@ -4,7 +4,8 @@
 
     describe   save_stages.describe_state      this rank's summaries, arrays, values (no MPI)
     plan       save_plan                        agreed before writing (one allreduce on a cache hit),
-                                                or checked at the commit (asynchronous full saves: no MPI)
+                                                or checked at the commit (no MPI: asynchronous full saves,
+                                                repeated blocking full file-per-rank saves)
     select     selection                        full: every array; incremental: the changed blocks
                                                 (the policy and deduplication: one allgather, two for a
                                                 full version with reusable blocks; from
@@ -13,7 +14,8 @@
     stage      zero-copy (blocking) | staging.stage into the pool (asynchronous; device -> host for CuPy)
     transform  transform                        cut into chunks -> codec -> checksum
     transport  transport.TRANSPORTS (blocking) | background.BackgroundWrite (asynchronous, file-per-rank)
-    commit     commit_on_root + commit.commit_version   (every rank's rows gathered to rank 0)
+    commit     commit_on_root + commit.commit_version   (every rank's rows gathered to rank 0; a repeated
+                                                blocking file-per-rank save: 2 collectives in all)
 
 :func:`save_version` is the blocking save (``hpcckpt.save`` and a
 Checkpointer without engine); the asynchronous / multi-level engine
@@ -26,22 +28,24 @@ CheckpointError on every rank, and the new version's directory is removed.
 from __future__ import annotations
 
 import os
+import shutil
 from dataclasses import dataclass
 
 from . import chain_cache
+from .catalog import KnownNames, check_step
 from .agreement import replica_mismatch
 from .codecs.pipeline import EncodedPieces
 from .collective import attempt, root_phase
-from .commit import commit_version, metadata_from_rows
+from .commit import commit_version, metadata_from_rows, parent_directory
 from .encoding import dtype_from_json, encode_per_rank
 from .errors import CheckpointError
 from .file_manifest import manifest
 from .incremental import incremental_metadata, referenced_versions
 from .log import logger
 from .monitor import PhaseTimer
-from .names import METADATA_FILE
+from .names import DATA_DIR, METADATA_FILE, rank_file
 from .options import SaveOptions, SaveResult
-from .save_plan import PlanCache, agree_plan
+from .save_plan import PlanCache, agree_plan, check_at_commit, plan_locally, reconcile
 from .save_stages import create_version_directory, describe_state
 from .selection import Selection, select_changed, select_full
 from .stateful import resolve as resolve_state
@@ -83,7 +87,7 @@ def select(comm, what: str, local: dict, cache: PlanCache, options: SaveOptions,
 
 def save_version(state, directory, comm, options: SaveOptions | dict, step: int | None = None, extra: dict | None = None,
                  io_root: str | None = None, cache: PlanCache | None = None, chain_base: str | None = None,
-                 storage: Storage = POSIX, files=None) -> SaveResult:
+                 storage: Storage = POSIX, files=None, names: KnownNames | None = None) -> SaveResult:
     """Collectively write ``state`` into a new version directory and commit it (a blocking save).
 
     ``directory``: the path, or a callable that rank 0 runs to choose it (a
@@ -91,11 +95,16 @@ def save_version(state, directory, comm, options: SaveOptions | dict, step: int 
     plan stage's allreduce).  ``io_root``: where bandwidth measurements for
     ``strategy="auto"`` are kept and, for an incremental save, where the
     newest version is looked up as its base (a Checkpointer's root).
-    ``cache``: a PlanCache kept across saves; a repeated save of an unchanged
-    layout then makes three collectives with the file-per-rank transport: the
-    allreduce of the plan stage, and the gather + broadcast of the commit (an
-    incremental save adds its select stage's allgather, or its two alltoalls
-    from dedup_owners.OWNERS_FROM_RANKS ranks on).
+    ``cache``: a PlanCache kept across saves.  ``names``: a Checkpointer's
+    catalog.KnownNames (rank 0 fills them when it names a version; every rank
+    receives them with the plan).  With both, a repeated full save of the same
+    options with ``strategy="file-per-rank"`` (no tracked files, no replicated
+    Blocks) plans locally and is checked at its commit: two collectives, the
+    commit's gather and broadcast (:func:`_save_checked_at_commit`).
+    Otherwise the plan is agreed before the data moves: on a cache hit one
+    allreduce, then the commit's gather + broadcast (an incremental save adds
+    its select stage's allgather, or its two alltoalls from
+    dedup_owners.OWNERS_FROM_RANKS ranks on).
     ``chain_base``: the version an incremental save builds on when it still
     exists (a Checkpointer's last saved or restored one).  ``storage``: where
     the version is written (hpcckpt.storage); one without ``shared_files``
@@ -103,7 +112,8 @@ def save_version(state, directory, comm, options: SaveOptions | dict, step: int 
     keyword arguments to make them from, validated inside the plan stage (an
     invalid option on one rank is the same CheckpointError on every rank).
     Every rank must pass the same step, options, names, kinds and replicated
-    values (agreement.py; checked in the plan stage's allreduce).
+    values (agreement.py; checked in the plan stage's allreduce, or at the
+    commit).
     ``files``: called as ``files(directory)`` on every rank after its data are
     written, returns this rank's records of the tracked output files
     (hpcckpt.file_tracking); rank 0 commits them as ``extra["files"]``.
@@ -111,18 +121,24 @@ def save_version(state, directory, comm, options: SaveOptions | dict, step: int 
     rank, size = comm.Get_rank(), comm.Get_size()
     timer = PhaseTimer()
     cache = cache if cache is not None else PlanCache()
-    options, failure = _options(options)  # a failure is agreed in the plan stage's allreduce, below
+    options, failure = _options(options)  # a failure is agreed in the plan stage, below
     incremental = failure is None and is_incremental(options)
-    name_of = lambda root: f"save of {root[0]!r}" if root else "save of a new version"  # noqa: E731
     with timer.phase("plan"):
         if failure is None:
             local, failure = attempt(lambda: describe(state, comm, options, step))
         else:
             local = None
+    if cache.checked_at_commit and names is not None and names.revisions is not None:  # agreed on every rank
+        result = _save_checked_at_commit(comm, local, failure, options, step, extra, cache, names, timer)
+        if result is not None:
+            return result
+        # some rank asked for other options, or a changed layout did not reconcile: plan collectively after all
+    name_of = lambda root: f"save of {root[0]!r}" if root else "save of a new version"  # noqa: E731
+    with timer.phase("plan"):
         root_part = None
         if rank == 0 and failure is None:
             root_part, failure = attempt(lambda: _start_on_root(directory, size, options, cache, local, io_root,
-                                                                chain_base, storage))
+                                                                chain_base, storage, names))
         try:
             root, held, hit = agree_plan(comm, name_of, local, failure, options, cache, root_part,
                                          frozenset(chain_cache.held()) if incremental else None,
@@ -131,7 +147,9 @@ def save_version(state, directory, comm, options: SaveOptions | dict, step: int 
             if rank == 0 and root_part:
                 _drop(storage, root_part[0])
             raise
-    path, strategy, base_key, history = root
+    path, strategy, base_key, history, listed = root
+    if names is not None:
+        names.adopt(listed)
     what = name_of(root)
     try:
         with timer.phase("plan"):
@@ -139,38 +157,183 @@ def save_version(state, directory, comm, options: SaveOptions | dict, step: int 
             index = chain_cache.base_index(comm, what, base_key, held) if incremental else None
         with timer.phase("hash" if incremental else "plan"):
             selection = select(comm, what, local, cache, options, index)
-        transport = TRANSPORTS[strategy]
-        with timer.phase("write"):
-            encoder = EncodedPieces.for_save(cache.codecs, local["summaries"], options.codec_threads)
-            pieces = encoded_pieces(raw_pieces(selection.items, options.chunk_bytes), encoder, timer,
-                                    checksum_here=not transport.hashes_while_writing, digests=selection.digests)
-            written, failure = attempt(lambda: transport.write(ctx, pieces))
-            records = None
-            if failure is None and files is not None:
-                records, failure = attempt(lambda: files(path))
-        stats = {"seconds": dict(timer.seconds), "timeline": list(timer.timeline),
-                 "bytes": written.nbytes if written is not None else 0}
+        written, records, failure, stats = _write(ctx, TRANSPORTS[strategy], cache.codecs, local, selection,
+                                                  options, timer, files)
         with timer.phase("commit"):
             def on_root(msgs):
                 check_replicas([m[3] for m in msgs])
-                record = phase_record([m[0] for m in msgs])
-                values = with_per_rank(local["values"], [m[2] for m in msgs])
-                tracked = {} if files is None else {"files": manifest([r for m in msgs for r in m[4]])}
-                done = commit_on_root(path, cache.variables, cache.codecs, [m[1] for m in msgs], values,
-                                      size, step, {**(extra or {}), "strategy": strategy, "stats": record, **tracked},
-                                      options.fsync, selection.info, storage)
-                return done.small() + (slowest(record), str(straggler(record)))  # small: broadcast to every rank
+                return _commit_rows(path, msgs, cache.variables, cache.codecs, [m[1] for m in msgs], local, size,
+                                    step, {**(extra or {}), "strategy": strategy}, options, selection, storage,
+                                    files is not None)
 
             mine = (stats, selection.commit_part(written.rows) if written is not None else None, local["per_rank"],
                     selection.replicas, records)
-            nbytes, nchunks, summary, chain, phases, straggler_text = root_phase(comm, what, failure, mine, on_root)
+            outcome = root_phase(comm, what, failure, mine, on_root)
     except CheckpointError:
         cache.invalidate()
+        if names is not None:
+            names.forget()
         if rank == 0:  # the directory is new (rank 0 created it): drop the partial version
             _drop(storage, path)
         raise
+    # the next save of these options may plan locally, checked at its commit (every rank decides alike)
+    cache.checked_at_commit = (names is not None and cache.expect_hit and not incremental and files is None
+                               and storage is POSIX and options.strategy == "file-per-rank"
+                               and not cache.has_replicated)
+    cache.options = options
+    return _saved(path, step, outcome, selection, options, strategy, stats, timer, rank, size, io_root, names)
+
+
+def _save_checked_at_commit(comm, local: dict | None, failure, options: SaveOptions | None, step, extra,
+                            cache: PlanCache, names: KnownNames, timer: PhaseTimer) -> SaveResult | None:
+    """A blocking save planned locally against the cached plan and checked at its commit: two collectives.
+
+    Every rank names the version from ``names`` (catalog.KnownNames, no
+    listing), creates its directory if no rank did yet, plans with
+    save_plan.plan_locally and writes its file; the commit's gather brings
+    rank 0 what the plan stage's allreduce would have checked (failures, the
+    ranks' digests, one version name: save_plan.check_at_commit), rank 0
+    reconciles a changed layout (save_plan.reconcile) and commits, and the
+    broadcast carries the outcome to every rank: the same CheckpointError
+    everywhere on a failure (the version's directory removed by rank 0,
+    the cache invalidated, so the next save plans collectively and clears any
+    leftover), or the reconciled plan each rank adopts.  A rank whose options
+    differ from those of the save that agreed the plan writes nothing (its
+    options may change how the ranks write together); then, or when a
+    changed layout does not reconcile, the directory is removed and None
+    returned on every rank: the caller plans collectively after all.
+    """
+    rank, size = comm.Get_rank(), comm.Get_size()
+    other = failure is None and options != cache.options  # this rank asks for another kind of save
+    path = own = None
+    selection = Selection([])
+    with timer.phase("plan"):
+        if failure is None and not other:
+            planned, failure = attempt(lambda: _plan_here(local, cache, options, names, step))
+            if failure is None:
+                path, selection, own = planned
+    written = records = None
+    stats = {"seconds": {}, "timeline": [], "bytes": 0}
+    if failure is None and not other:
+        ctx = TransportContext(comm=comm, directory=path, layout=None, max_writers=options.max_writers,
+                               fsync=options.fsync)
+        codecs = cache.codecs if own is None else own[2]
+        written, records, failure, stats = _write(ctx, TRANSPORTS["file-per-rank"], codecs, local, selection,
+                                                  options, timer, None)
+    what = f"save of {path!r}" if path else "save of a new version"
+    reconciled = []  # rank 0: the plan it committed with
+    with timer.phase("commit"):
+        def on_root(msgs):
+            if any(m[5] for m in msgs):
+                return None
+            check_at_commit([m[4] for m in msgs], [m[6] for m in msgs], [{}] * len(msgs))
+            settled, unreconciled = attempt(lambda: reconcile(cache, [m[1] for m in msgs], [m[3] for m in msgs]))
+            if unreconciled is not None:
+                return None
+            reconciled.append(settled)
+            return _commit_rows(path, msgs, settled.variables, settled.codecs, settled.tables, local, size, step,
+                                {**(extra or {}), "strategy": "file-per-rank"}, options, selection, POSIX, False), \
+                ((settled.variables, settled.all_boxes, settled.codecs) if settled.changed else None)
+
+        mine = (stats, selection.commit_part(written.rows) if written is not None else None, local and
+                local["per_rank"], own, local and local["details"], other, path and os.path.basename(path))
+        try:
+            outcome = root_phase(comm, what, failure, mine, on_root)
+        except CheckpointError:
+            cache.invalidate()
+            names.forget()
+            _drop_here(path, rank)
+            raise
+    if outcome is None:
+        cache.invalidate()
+        _drop_here(path, rank)
+        return None
+    outcome, replanned = outcome
+    if replanned is not None:  # some rank's layout changed: every rank adopts the reconciled plan
+        cache.adopt(local["key"], replanned, rank, reconciled[0] if rank == 0 else None)
+    return _saved(path, step, outcome, selection, options, "file-per-rank", stats, timer, rank, size, None, names)
+
+
+def _plan_here(local: dict, cache: PlanCache, options: SaveOptions, names: KnownNames, step) -> tuple:
+    """This rank's plan of a save checked at the commit: ``(version directory, selection, own plan or None)``;
+    creates the directory and its ``data/`` unless another rank already did (no MPI).  A directory that holds
+    a committed version is refused (never the case while this job holds the root's lock), and then left alone:
+    this rank has no ``path`` to remove."""
+    starts, _, own = plan_locally(local, cache, options)
+    path = names.next_path(check_step(step))
+    if os.path.lexists(os.path.join(path, METADATA_FILE)):
+        raise CheckpointError(f"{path} already holds a committed version: the root changed behind this job")
+    os.makedirs(os.path.join(path, DATA_DIR), exist_ok=True)
+    return path, select_full(local["arrays"], starts), own
+
+
+def _drop_here(path: str | None, rank: int) -> None:
+    """Remove what a failed save checked at the commit left (``path``: this rank's directory, or None): rank 0
+    the whole directory, another rank its own file and the directories if empty (a rank that named another
+    version, passing another step, created one of its own); never raises, whatever order the ranks come in."""
+    if path is None:
+        return
+    if rank == 0:
+        shutil.rmtree(path, ignore_errors=True)
+        return
+    for remove, target in ((os.unlink, os.path.join(path, rank_file(rank))),
+                           (os.rmdir, os.path.join(path, DATA_DIR)), (os.rmdir, path)):
+        try:
+            remove(target)
+        except OSError:
+            pass
+
+
+def _write(ctx: TransportContext, transport, codecs: dict, local: dict, selection: Selection, options: SaveOptions,
+           timer: PhaseTimer, files) -> tuple:
+    """The transform and transport stages on this rank: ``(written, tracked-file records, failure, stats)``."""
+    with timer.phase("write"):
+        encoder = EncodedPieces.for_save(codecs, local["summaries"], options.codec_threads)
+        pieces = encoded_pieces(raw_pieces(selection.items, options.chunk_bytes), encoder, timer,
+                                checksum_here=not transport.hashes_while_writing, digests=selection.digests)
+        written, failure = attempt(lambda: transport.write(ctx, pieces))
+        if failure is None and ctx.fsync and transport.name == "file-per-rank":
+            failure = attempt(lambda: sync_written(ctx, written))[1]
+        records = None
+        if failure is None and files is not None:
+            records, failure = attempt(lambda: files(ctx.directory))
+    stats = {"seconds": dict(timer.seconds), "timeline": list(timer.timeline),
+             "bytes": written.nbytes if written is not None else 0}
+    return written, records, failure, stats
+
+
+def sync_written(ctx: TransportContext, written) -> None:
+    """After this rank wrote its own file (file-per-rank, fsynced): ``data/`` fsynced by every rank that created a
+    file there, the version's parent by rank 0 (the version directory exists by now), each in parallel with the
+    other ranks' writes instead of on rank 0's commit (commit.commit_version with ``synced``)."""
+    storage = ctx.storage or POSIX
+    if written.rows:
+        storage.sync_directory(os.path.join(ctx.directory, DATA_DIR))
+    if ctx.comm.Get_rank() == 0:
+        storage.sync_directory(parent_directory(ctx.directory))
+
+
+def _commit_rows(path: str, msgs: list, variables: dict, codecs: dict, tables: list, local: dict, size: int, step,
+                 extra: dict, options: SaveOptions, selection: Selection, storage: Storage, tracked: bool) -> tuple:
+    """Rank 0, the commit of a blocking save from every rank's message ``(stats, part, per-rank values, ...,
+    tracked-file records)``: what every rank receives (Committed.small, the slowest phases, the straggler)."""
+    record = phase_record([m[0] for m in msgs])
+    values = with_per_rank(local["values"], [m[2] for m in msgs])
+    files = {"files": manifest([r for m in msgs for r in m[4]])} if tracked else {}
+    done = commit_on_root(path, variables, codecs, tables, values, size, step,
+                          {**extra, "stats": record, **files}, options.fsync, selection.info, storage,
+                          synced=extra["strategy"] == "file-per-rank")
+    return done.small() + (slowest(record), str(straggler(record)))  # small: broadcast to every rank
+
+
+def _saved(path: str, step, outcome: tuple, selection: Selection, options: SaveOptions, strategy: str, stats: dict,
+           timer: PhaseTimer, rank: int, size: int, io_root, names: KnownNames | None) -> SaveResult:
+    """Every rank, after a commit: the SaveResult (rank 0 records the bandwidth for ``auto`` and logs)."""
+    nbytes, nchunks, summary, chain, phases, straggler_text = outcome
     if chain is not None:
         chain_cache.remember(*chain)
+    if names is not None:
+        names.add(os.path.basename(path))
     if rank == 0:
         write_seconds = phases.get("write", 0.0)
         if options.strategy == "auto":  # its only reader: a fixed strategy's save skips the write of the file
@@ -200,9 +363,9 @@ def _options(options) -> tuple:
 
 
 def _start_on_root(directory, nranks: int, options: SaveOptions, cache: PlanCache, local: dict, io_root, chain_base,
-                   storage: Storage) -> tuple:
+                   storage: Storage, names: KnownNames | None) -> tuple:
     """Rank 0's part of the plan stage: ``(version directory, strategy or None, base key or None, bandwidth
-    history or None)``.
+    history or None, the known version names or None)``.
 
     Creates the directory (choosing it first when ``directory`` is a callable),
     decides the strategy when its own layout is unchanged (a cache hit needs no
@@ -222,7 +385,7 @@ def _start_on_root(directory, nranks: int, options: SaveOptions, cache: PlanCach
     history = io_history.read(io_root) if options.strategy == "auto" and storage.shared_files else None
     strategy = _auto(nranks, options, cache, history, storage) if local["key"] == cache.key else None
     create_version_directory(path, storage)  # last: nothing to clean up when the checks above fail
-    return path, strategy, base, history
+    return path, strategy, base, history, None if names is None else names.revisions
 
 
 def _auto(nranks: int, options: SaveOptions, cache: PlanCache, history, storage: Storage) -> str:
@@ -287,12 +450,15 @@ class Committed:
 
 
 def commit_on_root(directory: str, variables: dict, codecs: dict, parts: list, values, nranks: int, step,
-                   extra: dict, fsync: bool, info: dict | None, storage: Storage = POSIX) -> Committed:
+                   extra: dict, fsync: bool, info: dict | None, storage: Storage = POSIX,
+                   synced: bool = False) -> Committed:
     """Rank 0, the commit stage: the version's Metadata from every rank's part, committed at ``directory``.
 
     ``parts``: each rank's :meth:`Selection.commit_part`; ``info``: the
     incremental policy's outcome (None for a plain full save).  An
     incremental version whose base disappeared during the save is refused.
+    ``synced``: the writers fsynced ``data/`` and the parent already
+    (:func:`sync_written`; commit.commit_version).
     """
     references = frozenset()
     if info is None:
@@ -307,6 +473,6 @@ def commit_on_root(directory: str, variables: dict, codecs: dict, parts: list, v
         for ref in references:
             if not os.path.isfile(os.path.join(parent, ref, METADATA_FILE)):
                 raise CheckpointError(f"the base version {ref} was removed during the save")
-    raw = commit_version(directory, meta, fsync, storage)
+    raw = commit_version(directory, meta, fsync, storage, synced)
     return Committed(raw, nbytes, nchunks, summary, chain_cache.committed(directory, meta) if info else None,
                      references)

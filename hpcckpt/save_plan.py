@@ -11,11 +11,13 @@ layout changes.  The cache is used in one of two ways, by the kind of writer:
   rank count (a few fields, the reduction's tree: O(log P) messages).  A repeated save of the same layout then needs no
   planning collective, and a collective transport runs over a plan that every
   rank holds.
-* checked at the commit (:func:`plan_locally` + :func:`reconcile`;
-  asynchronous full saves): nothing collective before the background writer
-  starts.  A rank whose layout changed plans its own part; rank 0 reconciles
-  every rank's plan when the commit gathers them, or fails the version on every
-  rank.
+* checked at the commit (:func:`plan_locally`, :func:`check_at_commit` + :func:`reconcile`; asynchronous
+  full saves, and a blocking full file-per-rank save whose last save agreed
+  its plan: ``PlanCache.checked_at_commit``): nothing collective before the
+  data move.  A rank whose layout changed plans its own part; rank 0 checks
+  what the allreduce would have checked (failures, the ranks' digests, one
+  version name) and reconciles every rank's plan when the commit gathers them,
+  or fails the version on every rank.
 
 Pure apart from :func:`replan` and :func:`agree_plan` (which call MPI through
 ``comm`` and nothing else).
@@ -28,7 +30,7 @@ import json
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from .agreement import check_digests
+from .agreement import check_digests, mismatch, replica_mismatch
 from .codecs.core import AUTO
 from .codecs.pipeline import decide_alone, default_threads
 from .collective import attempt, collective_error, raise_if_failed
@@ -61,6 +63,8 @@ class PlanCache:
     all_boxes: list | None = None
     expect_hit: bool = False  # agreed: whether the next save checks the cache first (see agree_plan)
     replicas: dict | None = None  # this rank's {name: (owned boxes, shared regions)} of replicated Blocks
+    checked_at_commit: bool = False  # agreed: the next blocking save plans locally, checked at its commit
+    options: SaveOptions | None = None  # the options of the save that set checked_at_commit
 
     @property
     def has_replicated(self) -> bool:
@@ -69,17 +73,19 @@ class PlanCache:
 
     def invalidate(self) -> None:
         self.key = None
-        self.expect_hit = False
+        self.expect_hit = self.checked_at_commit = False
 
     @property
     def valid(self) -> bool:
         return self.key is not None
 
-    def adopt(self, key: str, variables: dict, boxes: dict, codecs: dict, summaries=None, all_boxes=None) -> None:
-        """Take a plan agreed elsewhere (a reconciled one, broadcast by the commit)."""
-        self.key, self.variables, self.boxes, self.codecs, self.replicas = key, variables, boxes, codecs, {}
+    def adopt(self, key: str, replanned: tuple, rank: int, settled=None) -> None:
+        """Take the plan a commit reconciled: ``replanned`` is the broadcast ``(variables, every rank's boxes,
+        codecs)``; ``settled`` rank 0's :class:`Reconciled` (its summaries and boxes are kept there only)."""
+        variables, all_boxes, codecs = replanned
+        self.key, self.variables, self.boxes, self.codecs, self.replicas = key, variables, all_boxes[rank], codecs, {}
         self.total_bytes = sum(v.nbytes for v in variables.values())
-        self.summaries, self.all_boxes = summaries, all_boxes
+        self.summaries, self.all_boxes = (settled.summaries, all_boxes) if settled is not None else (None, None)
 
 
 def replan(comm, what: str, local: dict | None, failure, options: SaveOptions, cache: PlanCache) -> None:
@@ -321,3 +327,28 @@ def reconcile(cache: PlanCache, tables: list, owns: list) -> Reconciled:
         fixed.append([(v, f, off, nb, dg, tuple(a + d for a, d in zip(st, shift[v])), cnt)
                       if any(shift[v]) else (v, f, off, nb, dg, st, cnt) for v, f, off, nb, dg, st, cnt in rows])
     return Reconciled(fixed, variables, codecs, boxes, summaries)
+
+
+def check_at_commit(details: list, names: list, replicas: list) -> None:
+    """Rank 0, pure: what the plan stage's allreduce checks for an agreed plan, checked instead when the commit
+    gathers the parts of a save planned locally (:func:`plan_locally`); CheckpointError if any differs.
+
+    ``details``: each rank's entries (agreement.py: step, options, names,
+    kinds, replicated values; None from a rank whose plan was agreed);
+    ``names``: each rank's version name (one, or the ranks passed different
+    steps); ``replicas``: each rank's digests of the regions of replicated
+    Blocks it shares (agreement.replica_mismatch).
+    """
+    differ = mismatch(details) or replica_mismatch(replicas)
+    if differ is not None:
+        raise differ
+    if len(set(names)) != 1:
+        raise CheckpointError(f"the ranks saved different versions {sorted(set(names))} (different steps?)")
+
+
+def settle(cache: PlanCache, parts: list, owns: list, details: list, names: list, replicas: list) -> Reconciled:
+    """Rank 0, pure: :func:`check_at_commit`, then the plan the version commits with (:func:`reconcile` of the
+    ranks' ``owns``; ``parts`` that are dicts are an incremental save's, whose plan was agreed before the data
+    moved)."""
+    check_at_commit(details, names, replicas)
+    return reconcile(cache, parts, [None] * len(parts) if isinstance(parts[0], dict) else owns)

@@ -2,8 +2,9 @@
 and options, or every rank raises the same CheckpointError naming what differs and two ranks, and nothing is
 committed; values that differ per rank are hpcckpt.PerRank.
 
-Each case runs for blocking, incremental and asynchronous saves, after a first good save (so the asynchronous
-one takes its cached plan: the check rides on the commit's gather) and on a first save (the plan's allgather).
+Each case runs for blocking, incremental and asynchronous saves and blocking file-per-rank ones, after a first good
+save (so the asynchronous and file-per-rank ones take their cached plan: the check rides on the commit's gather) and
+on a first save (the plan's allgather).
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from hpcckpt import Block, CheckpointError, Checkpointer, PerRank, TemplateMisma
 from hpcckpt.agreement import entry_digests, mismatch
 from hpcckpt.encoding import PerRankEntries, decode_value, encode_per_rank
 
-KINDS = {"blocking": {}, "incremental": {"incremental": True}, "asynchronous": {"asynchronous": True}}
+KINDS = {"blocking": {}, "incremental": {"incremental": True}, "asynchronous": {"asynchronous": True},
+         "file-per-rank": {"strategy": "file-per-rank"}}  # blocking, a cached plan checked at the commit
 
 
 def _state(comm, k=0.0):

@@ -121,13 +121,14 @@ def test_serial_asynchronous_round_trip(tmp_path):
 def test_retention_uncommits_at_the_commit_and_deletes_in_the_background(tmp_path, monkeypatch):
     from hpcckpt import catalog
 
-    gate = threading.Event()
+    gate, started = threading.Event(), threading.Event()
     deleting = []
     original = catalog.delete_directories
 
     def held(entries):  # retention's deletion waits until the test lets it go: the commit must not wait for it
         if entries and threading.current_thread().name == "hpcckpt-retention":
             deleting.append([e.path for e in entries])
+            started.set()
             gate.wait(30)
         return original(entries)
 
@@ -140,6 +141,7 @@ def test_retention_uncommits_at_the_commit_and_deletes_in_the_background(tmp_pat
             ck.wait()
         # committed: the dropped version is no version any more, its directory still being deleted
         assert ck.steps() == [2, 3]
+        assert started.wait(30)  # the worker thread takes the queued directory when it gets a core
         assert len(deleting) == 1 and os.path.isdir(deleting[0][0]) and not gate.is_set()
         gate.set()
         b = np.zeros(1000)

@@ -1,5 +1,6 @@
-"""The blocking save's plan cache: a repeated save of an unchanged layout makes at most three collectives
-(issue 18), and any change of layout replans and still restores exactly."""
+"""The blocking save's plan cache: a repeated file-per-rank save makes two collectives (planned locally, checked at
+the commit; issue 20), one whose plan is agreed first three (issue 18), and any change of layout replans or is
+reconciled at the commit and still restores exactly."""
 
 from __future__ import annotations
 
@@ -29,17 +30,19 @@ def _state(comm, n=2000, k=0.0, rows=3):
 
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.timeout(120)
-def test_a_repeated_blocking_save_makes_at_most_three_collectives(world, mpi_tmp):
+def test_a_repeated_blocking_save_makes_two_collectives(world, mpi_tmp):
     comm = CountingComm(world)
     with Checkpointer(f"{mpi_tmp}/root", comm=comm, strategy="file-per-rank", track_failures=False) as ck:
-        ck.save(_state(world), 1)  # plans
+        comm.calls.clear()
+        ck.save(_state(world), 1)  # the lock's allgather, a plan at once, the commit
+        assert [c for c in comm.calls if c in COLLECTIVES] == ["allgather", "gather", "bcast", "scatter", "gather",
+                                                               "bcast"]
         counts = []
         for step in (2, 3, 4):
             comm.calls.clear()
             ck.save(_state(world, k=step), step)
             counts.append([c for c in comm.calls if c in COLLECTIVES])
-        assert all(len(c) <= 3 for c in counts), counts
-        assert counts[0] == ["allreduce", "gather", "bcast"], counts
+        assert counts == [["gather", "bcast"]] * 3, counts
         target = _state(world, k=-1)
         out = ck.restore(target)
     assert out["t"] == 4 and np.array_equal(target["u"].local, _state(world, k=4)["u"].local)
@@ -108,16 +111,40 @@ def test_a_repeated_incremental_save_plans_from_the_cache(world, mpi_tmp, asynch
 
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.timeout(120)
-def test_a_layout_that_keeps_changing_is_planned_at_once(world, mpi_tmp):
-    """After one miss, saves plan without asking the cache first (gather, bcast, scatter); when the layout
-    settles, the cache is checked again and a repeated save is back to three collectives."""
+def test_a_layout_that_keeps_changing_is_reconciled_at_the_commit(world, mpi_tmp):
+    """A file-per-rank save whose Ragged rows change on every rank: each rank plans its own part, rank 0 reconciles
+    the row offsets at the commit; two collectives every time, and every version restores exactly."""
     comm = CountingComm(world)
-    with Checkpointer(f"{mpi_tmp}/root", comm=comm, strategy="file-per-rank", track_failures=False) as ck:
+    with Checkpointer(f"{mpi_tmp}/root", comm=comm, strategy="file-per-rank", track_failures=False,
+                      keep=None) as ck:
+        counts = []
+        for step, (rows, n) in enumerate(((3, 2000), (4, 2000), (5, 1500), (6, 1500), (6, 1500))):
+            comm.calls.clear()
+            ck.save(_state(world, k=step, rows=rows, n=n), step)
+            counts.append([c for c in comm.calls if c in COLLECTIVES])
+        assert counts[1:] == [["gather", "bcast"]] * 4, counts
+        for step, (rows, n) in enumerate(((3, 2000), (4, 2000), (5, 1500), (6, 1500), (6, 1500))):
+            target = _state(world, k=-1, rows=rows, n=n)
+            out = ck.restore(target, step=step)
+            assert out["t"] == step and np.array_equal(target["u"].local, _state(world, k=step, n=n)["u"].local)
+            parts = np.concatenate(world.allgather(out["p"].local))
+            assert parts.tolist() == sorted(sum(([r] * (rows + r) for r in range(world.size)), []))
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.timeout(120)
+def test_a_layout_that_keeps_changing_is_planned_at_once(world, mpi_tmp):
+    """A plan agreed before the data move (here: the aggregated strategy, whose ranks write through aggregators):
+    after one miss, saves plan without asking the cache first (gather, bcast, scatter); when the layout settles,
+    the cache is checked again and a repeated save is back to three collectives."""
+    PLANNING = {"allgather", "gather", "bcast", "scatter", "allreduce"}
+    comm = CountingComm(world)
+    with Checkpointer(f"{mpi_tmp}/root", comm=comm, strategy="aggregated", track_failures=False) as ck:
         counts = []
         for step, rows in enumerate((3, 4, 5, 6, 6, 6)):
             comm.calls.clear()
             ck.save(_state(world, k=step, rows=rows), step)
-            counts.append([c for c in comm.calls if c in COLLECTIVES])
+            counts.append([c for c in comm.calls if c in PLANNING])  # the transport's own messages aside
         commit = ["gather", "bcast"]
         assert counts[1] == ["allreduce", "gather", "bcast", "scatter"] + commit, counts  # expected a hit: missed
         assert counts[2] == counts[3] == ["gather", "bcast", "scatter"] + commit, counts  # planned at once
@@ -177,3 +204,106 @@ def test_a_load_makes_at_most_three_collectives(world, mpi_tmp, reshard, ragged)
         if ragged:
             rows = np.concatenate(world.allgather(out["p"].local))
             assert np.array_equal(rows, np.concatenate([np.full(3 + r, r, np.int64) for r in range(size)]))
+
+
+def _versions(world, root) -> list:
+    """Every version directory under ``root``, committed or not (a leftover would show here), as rank 0 lists it
+    once every rank is done (the same answer on every rank: an assertion fails everywhere, no rank hangs)."""
+    import os
+
+    world.Barrier()
+    return world.bcast(sorted(p for p in os.listdir(root) if p.startswith("step-")) if world.rank == 0 else None)
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("how", ["overlap", "disk full", "write error", "step"])
+def test_a_failing_save_checked_at_the_commit_fails_on_every_rank_and_loses_nothing(world, mpi_tmp, monkeypatch,
+                                                                                   how):
+    """A save planned locally (file-per-rank, cached plan) that fails on one rank: a Block that now overlaps rank
+    0's (its layout changed and does not reconcile), a full disk, a failure in the middle of the write, a step of
+    its own.  Every rank raises the same CheckpointError, no directory of the failed version is left, the earlier
+    versions restore exactly, and the next save plans collectively and commits."""
+    import errno
+
+    from hpcckpt import CheckpointError
+    from hpcckpt.transport import file_per_rank
+
+    odd = world.size - 1
+    root = f"{mpi_tmp}/root"
+    comm = CountingComm(world)
+    with Checkpointer(root, comm=comm, strategy="file-per-rank", track_failures=False, keep=None) as ck:
+        ck.save(_state(world), 1)
+        ck.save(_state(world, k=2), 2)
+        state, step = _state(world, k=3), 3
+        if world.rank == odd:
+            if how == "overlap":
+                state["u"] = Block(np.zeros(3), offset=(0,), global_shape=(world.size * 2000,))
+            elif how == "disk full":
+                monkeypatch.setattr(file_per_rank.os, "fsync",
+                                    lambda fd: (_ for _ in ()).throw(OSError(errno.ENOSPC, "No space left on device")))
+            elif how == "write error":
+                monkeypatch.setattr(file_per_rank, "store_piece",
+                                    lambda *a: (_ for _ in ()).throw(RuntimeError("the codec broke")))
+            else:
+                step = 4
+        comm.calls.clear()
+        with pytest.raises(CheckpointError) as info:
+            ck.save(state, step)
+        monkeypatch.undo()
+        texts = world.allgather(str(info.value).partition(" failed")[2])
+        assert len(set(texts)) == 1, texts
+        assert f"rank {odd}" in texts[0] or how in ("overlap", "step"), texts[0]
+        if how != "overlap":  # the others were caught at the commit's gather: no collective beyond it
+            assert [c for c in comm.calls if c in COLLECTIVES] == ["gather", "bcast"], comm.calls
+        assert _versions(world, root) == ["step-000000000001", "step-000000000002"]
+        assert ck.steps() == [1, 2]
+        target = _state(world, k=-1)
+        assert ck.restore(target)["t"] == 2 and np.array_equal(target["u"].local, _state(world, k=2)["u"].local)
+        comm.calls.clear()
+        ck.save(_state(world, k=5), 5)  # plans collectively again (the first after a failure), then commits
+        assert [c for c in comm.calls if c in COLLECTIVES][:3] == ["gather", "bcast", "scatter"], comm.calls
+        assert ck.steps() == [1, 2, 5]
+    assert _versions(world, root) == ["step-000000000001", "step-000000000002", "step-000000000005"]
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("other", [{"incremental": True, "block_bytes": 4096}, {"chunk_bytes": 4096}])
+def test_other_options_on_every_rank_plan_collectively_after_all(world, mpi_tmp, other):
+    """The ranks ask for another kind of save than the one whose plan is cached: nobody writes, the commit's
+    gather finds out, and every rank plans collectively after all; the version is committed once and exact."""
+    root = f"{mpi_tmp}/root"
+    comm = CountingComm(world)
+    with Checkpointer(root, comm=comm, strategy="file-per-rank", track_failures=False, keep=None) as ck:
+        ck.save(_state(world), 1)
+        comm.calls.clear()
+        ck.save(_state(world, k=2), 2, **other)
+        calls = [c for c in comm.calls if c in COLLECTIVES]
+        assert calls[:2] == ["gather", "bcast"] and len(calls) > 4, calls  # then the agreed save
+        assert (ck.last_result.incremental is not None) == ("incremental" in other)  # the save asked for
+        assert _versions(world, root) == ["step-000000000001", "step-000000000002"]
+        target = _state(world, k=-1)
+        assert ck.restore(target)["t"] == 2 and np.array_equal(target["u"].local, _state(world, k=2)["u"].local)
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.timeout(120)
+def test_retention_leaves_the_next_save_alone_that_other_ranks_have_started(world, mpi_tmp, monkeypatch):
+    """Rank 0 applies retention after the commit's bcast, while the other ranks may already write the next save
+    (planned locally: they create its directory): retention must not take that directory for a leftover."""
+    import time
+
+    from hpcckpt import checkpointer
+
+    real = checkpointer.list_versions
+    if world.rank == 0:  # a slow listing: the others are well into the next save when rank 0 lists the root
+        monkeypatch.setattr(checkpointer, "list_versions", lambda root: (time.sleep(0.3), real(root))[1])
+    root = f"{mpi_tmp}/root"
+    with Checkpointer(root, comm=world, strategy="file-per-rank", track_failures=False, keep=2) as ck:
+        for step in range(1, 6):
+            ck.save(_state(world, k=step), step)
+        assert ck.steps() == [4, 5]
+        target = _state(world, k=-1)
+        assert ck.restore(target)["t"] == 5 and np.array_equal(target["u"].local, _state(world, k=5)["u"].local)
+    assert _versions(world, root) == ["step-000000000004", "step-000000000005"]
