@@ -30,7 +30,6 @@ import argparse
 import json
 import os
 import shutil
-import statistics
 import sys
 import tempfile
 import time
@@ -40,7 +39,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from benchutil import print_table  # noqa: E402 - bench/ is the script's folder
-from latency import parse_size  # noqa: E402
+from latency import med, paired, parse_size  # noqa: E402
 
 
 def fsync_dir(path: str) -> None:
@@ -106,8 +105,8 @@ def main() -> None:
                 (raw_save if method == "raw" else floor_save)(top, k, arr, index)
                 times[method].append(time.perf_counter() - t0)
                 shutil.rmtree(top)
-        ratio = statistics.median(f / r for f, r in zip(times["floor"], times["raw"]))
-        raw, floor = statistics.median(times["raw"]), statistics.median(times["floor"])
+        ratio = paired(times["floor"], times["raw"])
+        raw, floor = med(times["raw"]), med(times["floor"])
         rows.append([text, f"{raw * 1e3:.2f}", f"{floor * 1e3:.2f}", f"{(floor - raw) * 1e3:.2f}", f"{ratio:.2f}"])
         record["sizes"][text] = {"raw": times["raw"], "floor": times["floor"], "ratio": ratio}
     print_table(["size", "raw ms", "floor ms", "extra ms", "floor / raw"], rows)
