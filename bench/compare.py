@@ -14,7 +14,11 @@ Scenarios (each an mpiexec job of its own):
   same job, on a communicator ``COMM_WORLD.Split`` makes; rank 3 sleeps in a
   polled non-blocking barrier); loads warm (right after the save or the previous
   load: page cache) and cold (the method's files dropped first with
-  posix_fadvise(DONTNEED); they are clean after the fsync).
+  posix_fadvise(DONTNEED); they are clean after the fsync).  With
+  ``--same-files``, each cold load is preceded by a raw cold read of the
+  method's own data files (every file but metadata: whole files dealt to the
+  ranks, or each file cut in one byte range per rank; one ``preadv`` a piece):
+  the raw cold read of the same bytes by the same ranks, as the files lie.
 * ``small``: 16 ranks x ``--small-mib`` (4) MiB: the per-file costs dominate.
   ``HPCCKPT_RANKS_PER_NODE=4`` simulates 4 nodes of 4 ranks for hpcckpt.  Save,
   load on 16, reshard load on 12.
@@ -215,6 +219,33 @@ def overlaps(directory: str, lo: int, hi: int):
         a, b = max(lo, e["row0"]), min(hi, e["row0"] + e["rows"])
         if a < b:
             yield os.path.join(directory, e["file"]), a - e["row0"], a - lo, b - a
+
+
+def read_files_raw(directory: str, rank: int, size: int, scratch: np.ndarray) -> None:
+    """A raw read of a method's own data files (every file under ``directory`` but metadata): whole files
+    dealt round-robin when there are at least as many as ranks, otherwise each file cut into ``size`` byte
+    ranges, one per rank; one preadv per piece into ``scratch`` (issue 20: the cold read of the same bytes)."""
+    files = sorted(os.path.join(root, n) for root, _, names in os.walk(directory) for n in names
+                   if not n.startswith("metadata") and not n.endswith(".json"))
+    if len(files) >= size:
+        pieces = [(f, 0, os.path.getsize(f)) for f in files[rank::size]]
+    else:
+        pieces = []
+        for f in files:
+            n = os.path.getsize(f)
+            pieces.append((f, n * rank // size, n * (rank + 1) // size))
+    view = memoryview(scratch)
+    for path, lo, hi in pieces:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            at = lo
+            while at < hi:  # straight into scratch, a scratch-full at a time (a piece larger than it wraps)
+                n = os.preadv(fd, [view[:min(hi - at, len(view))]], at)
+                if not n:
+                    raise SystemExit(f"compare: {path} is short")
+                at += n
+        finally:
+            os.close(fd)
 
 
 class Raw:
@@ -418,6 +449,7 @@ def worker(args) -> None:
 
     times: dict = {}
     tbytes: dict = {}
+    scratch = np.ones(state.nbytes + (1 << 20), np.uint8) if args.same_files else None
 
     def one(name, d, nrows, lo, hi, parts, state, target, lo3, hi3, expect3, target3, rec):
         """Save, then every load, of one method into the fresh directory d; rec None: untimed (warm-up)."""
@@ -437,6 +469,12 @@ def worker(args) -> None:
                 continue
             target.fill(0.0)
             if op == "load cold":
+                if args.same_files:
+                    if rank == 0:
+                        drop_cache(d)
+                    world.Barrier()
+                    rec.setdefault("same files cold", []).append(
+                        timed(world, lambda: read_files_raw(d, rank, size, scratch)))
                 if rank == 0:
                     drop_cache(d)
                 world.Barrier()
@@ -539,6 +577,8 @@ def run_scenario(args, name, ranks, nrows, reshard, workdir, env_extra, save_onl
            "--scenario", name, "--nrows", str(nrows), "--reshard-ranks", str(reshard), "--base", base,
            "--out", out, "--methods", args.methods,
            "--repeats", str(args.small_repeats if name == "small" else args.repeats)]
+    if args.same_files:
+        cmd.append("--same-files")
     if env_extra.get("HPCCKPT_RANKS_PER_NODE"):
         cmd += ["--ranks-per-node", env_extra["HPCCKPT_RANKS_PER_NODE"]]
     if not args.cold:
@@ -634,6 +674,12 @@ def report(results: dict, args) -> list[tuple]:
                         r = paired(times[s][op], times["raw"][op])
                         check(f"[{scen}] {s.split(':')[1]} {op} <= {ceiling}x raw", f"{r:.2f}x", r <= ceiling,
                               f"{med(times[s][op]):.3f} s against raw {med(times['raw'][op]):.3f} s")
+                if "same files cold" in times[s]:  # --same-files: against a raw read of the method's own files
+                    r = paired(times[s]["load cold"], times[s]["same files cold"])
+                    check(f"[{scen}] {s.split(':')[1]} load cold <= 1.1x raw read of its files", f"{r:.2f}x",
+                          r <= 1.1, f"{med(times[s]['load cold']):.3f} s against "
+                          f"{med(times[s]['same files cold']):.3f} s (raw's own files: "
+                          f"{med(times['raw'].get('same files cold', [])):.3f} s)")
         if scen == "small" and "hpcckpt:aggregated" in times and "hpcckpt:file-per-rank" in times:
             r = paired(times["hpcckpt:file-per-rank"]["save"], times["hpcckpt:aggregated"]["save"])
             check(f"[{scen}] aggregated save beats file-per-rank", f"{r:.2f}x", r > 1.0,
@@ -734,6 +780,8 @@ def main() -> None:
     ap.add_argument("--small-repeats", type=int, default=5, help="repeats of the small scenario (5)")
     ap.add_argument("--scenarios", default="big,small,throttled")
     ap.add_argument("--methods", default=",".join(ALL_METHODS))
+    ap.add_argument("--same-files", action="store_true",
+                    help="before each cold load, time a raw cold read of the method's own files (same bytes)")
     ap.add_argument("--no-cold", dest="cold", action="store_false", help="skip the cold-cache loads")
     ap.add_argument("--no-mpich-yield", dest="mpich_yield", action="store_false",
                     help="do not set MPIR_CVAR_CH4_PROGRESS_THROTTLE/POLLS_BEFORE_YIELD")
