@@ -27,7 +27,9 @@ class SaveOptions:
 
     ``strategy``: "auto" (default), "file-per-rank", "aggregated" or "shared-file"
     (docs/io.md); ``aggregators``: aggregator count (default one per node);
-    ``aggregator_buffer``: the most bytes an aggregator holds at once;
+    ``aggregator_buffer``: the aggregated strategy's slice size (an aggregator
+    holds one slice, plus as much again of compressed pieces waiting for their
+    turn: hpcckpt.transport.aggregated);
     ``max_writers``: at most this many ranks write at the same time;
     ``ranks_per_node``: simulate nodes of this many ranks (also the environment
     variable HPCCKPT_RANKS_PER_NODE); ``mpiio_hints``: MPI-IO hints for shared-file.

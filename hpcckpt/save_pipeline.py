@@ -411,7 +411,8 @@ def _transport(comm, directory: str, options: SaveOptions, cache: PlanCache, his
                                        cache.layout.max_ranks_per_node, history)
     ctx = TransportContext(comm=comm, directory=directory, layout=cache.layout, max_writers=options.max_writers,
                            aggregators=options.aggregators, aggregator_buffer=options.aggregator_buffer,
-                           mpiio_hints=options.mpiio_hints, fsync=options.fsync, storage=storage)
+                           mpiio_hints=options.mpiio_hints, fsync=options.fsync, storage=storage,
+                           encoded=any(c.get("id") != "none" for c in (cache.codecs or {}).values()))
     return ctx, strategy
 
 

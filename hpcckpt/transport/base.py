@@ -60,6 +60,7 @@ class TransportContext:
     mpiio_hints: dict = field(default_factory=dict)
     fsync: bool = True
     storage: object = None  # a hpcckpt.storage.Storage; None: POSIX
+    encoded: bool = False  # some pieces are compressed on their way (the aggregated transport's waiting buffers)
 
 
 class Transport(ABC):
