@@ -33,6 +33,7 @@ repeat's directory is deleted after its timing, outside it.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shutil
@@ -72,12 +73,14 @@ def raw_save(top: str, k: int, arr: np.ndarray, index: bytes) -> None:
     write_synced(os.path.join(top, f"raw-{k:06d}.json"), index)
 
 
-def floor_save(top: str, k: int, arr: np.ndarray, index: bytes) -> None:
-    """The file-system steps of one version in hpcckpt's layout (docs/format.md section 2), nothing else."""
+def version_save(top: str, k: int, arr: np.ndarray, index: bytes, data_dir: str | None = "data") -> None:
+    """The file-system steps of one version in hpcckpt's layout (docs/format.md section 2), nothing else;
+    ``data_dir`` None: the data file directly in the version directory (the ``flat`` variant)."""
     version = os.path.join(top, f"step-{k:012d}")
-    data = os.path.join(version, "data")
+    data = version if data_dir is None else os.path.join(version, data_dir)
     os.mkdir(version)
-    os.mkdir(data)
+    if data_dir is not None:
+        os.mkdir(data)
     with open(os.path.join(data, "part-000000.bin"), "wb") as f:
         arr.tofile(f)
         f.flush()
@@ -90,23 +93,7 @@ def floor_save(top: str, k: int, arr: np.ndarray, index: bytes) -> None:
     fsync_dir(version)
 
 
-def flat_save(top: str, k: int, arr: np.ndarray, index: bytes) -> None:
-    """:func:`floor_save` with the data file directly in the version directory (no ``data/``)."""
-    version = os.path.join(top, f"step-{k:012d}")
-    os.mkdir(version)
-    with open(os.path.join(version, "part-000000.bin"), "wb") as f:
-        arr.tofile(f)
-        f.flush()
-        os.fsync(f.fileno())
-    fsync_dir(version)
-    fsync_dir(top)
-    tmp = os.path.join(version, "metadata.json.tmp")
-    write_synced(tmp, index)
-    os.replace(tmp, os.path.join(version, "metadata.json"))
-    fsync_dir(version)
-
-
-METHODS = {"raw": raw_save, "floor": floor_save, "flat": flat_save}
+METHODS = {"raw": raw_save, "floor": version_save, "flat": functools.partial(version_save, data_dir=None)}
 
 
 def main() -> None:
