@@ -160,6 +160,43 @@ def test_flags_closed_out_of_order_leave_sigint_as_it_was():
     first.uninstall()  # second's handler stays in place: first's is still in its chain
     os.kill(os.getpid(), signal.SIGINT)
     assert second.signum == signal.SIGINT and not first.is_set and second.pending is None  # nor raises
-    second.uninstall()  # puts back first's handler, now transparent
+    second.uninstall()  # puts back what first's handler, now transparent, stood for
     with pytest.raises(KeyboardInterrupt):
         os.kill(os.getpid(), signal.SIGINT)
+
+
+def test_two_checkpointers_share_one_chain_and_both_flags_set(tmp_path):
+    """Two Checkpointers of one process saving in turn: no warning, no chain that grows with every save (it
+    once grew by one handler per save and signal, until getsignal's repr of it hit the recursion limit)."""
+    signal.signal(signal.SIGUSR1, signal.SIG_DFL)
+    state = {"u": hpcckpt.Block(np.arange(4.0))}
+    first = hpcckpt.Checkpointer(tmp_path / "a", keep=1, track_failures=False)
+    second = hpcckpt.Checkpointer(tmp_path / "b", keep=1, track_failures=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for step in range(60):
+            first.save(state, step=step)
+            second.save(state, step=step)
+    depth, handler = 0, signal.getsignal(signal.SIGUSR1)
+    while callable(handler) and hasattr(handler, "previous"):
+        depth, handler = depth + 1, handler.previous
+    assert depth == 2 and handler == signal.SIG_DFL
+    os.kill(os.getpid(), signal.SIGUSR1)
+    assert first.pacer.signals.is_set and second.pacer.signals.is_set
+    first.close()
+    second.close()
+    assert signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL
+
+
+def test_an_application_handler_between_two_flags_is_adopted_once_and_keeps_running():
+    hits = []
+    first = SignalFlag().install()
+    signal.signal(signal.SIGTERM, lambda s, f: hits.append(s))  # the application, between the two flags
+    second = SignalFlag().install()
+    with pytest.warns(RuntimeWarning, match="SIGTERM handler of hpcckpt was replaced"):
+        assert first.adopt_replacements() == [signal.SIGTERM]  # the application may not chain on: adopt
+    assert first.adopt_replacements() == [] and second.adopt_replacements() == []
+    os.kill(os.getpid(), signal.SIGTERM)
+    assert first.is_set and second.is_set and hits == [signal.SIGTERM]
+    first.uninstall()
+    second.uninstall()

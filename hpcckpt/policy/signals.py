@@ -21,7 +21,10 @@ rank has agreed on it (hpcckpt.pacing).
   does).  ``adopt_replacements()`` -- called by the Checkpointer at each of
   its collective calls -- notices it, warns once per signal naming the
   replacing handler, and re-installs ours chained to it: the application's
-  handler still runs, and the flag still sets.
+  handler still runs, and the flag still sets.  The handler of another
+  SignalFlag (a second Checkpointer of the process) that leads to ours is no
+  replacement: it calls ours at once, so the flags of several Checkpointers
+  share one chain instead of re-installing over each other at every save.
 * While hpcckpt is inside a collective (``with flag.deferred():``) the
   chained application handlers are not called; they run when the outermost
   such section ends, so nothing raised by them can leave one rank out of a
@@ -89,8 +92,11 @@ class _ChainedHandler:
                 os.kill(os.getpid(), signum)
             return
         self.flag._caught(signum)
-        if chains_to(self.previous):
-            self.flag._chain(effective(self.previous), signum, frame)
+        target = effective(self.previous)
+        if isinstance(target, _ChainedHandler):  # another Checkpointer's flag: set it now, it defers its own
+            target(signum, frame)
+        elif chains_to(target):
+            self.flag._chain(target, signum, frame)
 
     def __repr__(self) -> str:
         return f"<hpcckpt signal handler, then {handler_name(self.previous)}>"
@@ -132,6 +138,15 @@ class SignalFlag:
     def _ours(self, handler) -> bool:
         return isinstance(handler, _ChainedHandler) and handler.flag is self
 
+    def _reached(self, handler) -> bool:
+        """Whether ``handler`` is ours, or hpcckpt handlers of other flags (other Checkpointers of this process)
+        that lead to ours: each calls the one it replaced, so our flag still sets."""
+        while isinstance(handler, _ChainedHandler):
+            if handler.flag is self:
+                return True
+            handler = handler.previous
+        return False
+
     def install(self) -> "SignalFlag":
         if self.installed:
             return self
@@ -162,7 +177,7 @@ class SignalFlag:
         adopted = []
         for s in self.signals:
             current = signal.getsignal(s)
-            if self._ours(current):
+            if self._reached(current):
                 continue
             signal.signal(s, _ChainedHandler(self, current))
             adopted.append(s)
@@ -179,8 +194,9 @@ class SignalFlag:
     def _restore(self) -> None:
         for s, prev in self._original.items():
             current = signal.getsignal(s)
-            if self._ours(current):  # put back what our handler chains to (the original, or an adopted one)
-                signal.signal(s, current.previous if current.previous is not None else signal.SIG_DFL)
+            if self._ours(current):  # put back what our handler chains to (the original, or an adopted one),
+                previous = effective(current.previous)  # past handlers of flags uninstalled before ours
+                signal.signal(s, previous if previous is not None else signal.SIG_DFL)
             # else another handler replaced ours since the last adopt_replacements(): it stays
         self._original.clear()
 
