@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 
 import pytest
 
@@ -24,11 +25,29 @@ def mpiexec_path() -> str:
     return found
 
 
+@dataclass(frozen=True)
+class Runtime:
+    """Where an MPI program runs: the mpiexec command, the Python it runs, and directories it imports from
+    before this tree (a library of another Python: tests/petsc_env.py)."""
+
+    mpiexec: tuple[str, ...]
+    python: str
+    pythonpath: tuple[str, ...] = ()
+
+
+def project_runtime() -> Runtime:
+    """This environment's own: its mpiexec and the Python running the tests."""
+    return Runtime((mpiexec_path(),), sys.executable)
+
+
 def run_mpi(nranks: int, script: str, *args, timeout: float = 120, env: dict | None = None, check: bool = True,
-            cwd: str = ROOT):
-    """Run ``python script args`` under ``mpiexec -n nranks`` in ``cwd``; fail the test on timeout (a hang)."""
-    cmd = [mpiexec_path(), "-n", str(nranks), sys.executable, script, *map(str, args)]
-    full_env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), **(env or {}))
+            cwd: str = ROOT, runtime: Runtime | None = None):
+    """Run ``python script args`` under ``mpiexec -n nranks`` in ``cwd`` (this environment's, or ``runtime``'s
+    mpiexec and Python); fail the test on timeout (a hang)."""
+    runtime = runtime or project_runtime()
+    cmd = [*runtime.mpiexec, "-n", str(nranks), runtime.python, script, *map(str, args)]
+    path = os.pathsep.join((*runtime.pythonpath, ROOT, os.environ.get("PYTHONPATH", "")))
+    full_env = dict(os.environ, PYTHONPATH=path, **(env or {}))
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env, cwd=cwd)
     except subprocess.TimeoutExpired as exc:

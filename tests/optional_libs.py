@@ -1,18 +1,23 @@
 """The optional libraries of hpcckpt.adapters, installed for the tests when missing.
 
-They build from source with pip and need Debian packages for that, so they
-are not in setup.cfg's ``test`` extra (its install would fail on a machine
-without those packages).  ``ensure_library(lib)`` installs the Debian
-packages with apt-get (as tests/slurm does for SLURM), then the library's
-requirement from setup.cfg's ``adapters`` extra with pip, so that a fresh CI
-machine runs the adapter tests instead of skipping them; it skips with the
-reason only where that is impossible (not root, no apt-get).  A failed pip
-install fails the test.
+``ensure_library(lib)`` makes ``lib`` importable where the tests run it and
+returns the ``mpitools.Runtime`` its MPI programs run under (None: this
+environment's own), so that a fresh CI machine runs the adapter tests
+instead of skipping them; it skips with the reason only where that is
+impossible (not root, no apt-get).  A failed install fails the test.
 
-petsc4py is the exception: its pip build compiles PETSc itself, which takes
-far longer than a CI run may (docs/integrations.md, "Installing the
-libraries"), so it is built only when ``HPCCKPT_BUILD_PETSC=1`` is set;
-otherwise the petsc tests run where petsc4py is installed and skip elsewhere.
+mpi4py-fft builds from source with pip and needs FFTW's headers, so it is not
+in setup.cfg's ``test`` extra (its install would fail on a machine without
+them): the Debian package is installed with apt-get (as tests/slurm does for
+SLURM), then the library's requirement from setup.cfg's ``adapters`` extra
+with pip, into this environment.
+
+petsc4py is used from this environment where it imports.  Elsewhere the tests
+use Debian's (tests/petsc_env.py): its pip build compiles PETSc itself, far
+longer than a CI run may take (docs/integrations.md, "Installing the
+libraries"), while Debian's installs in under a minute, for Debian's Python
+and OpenMPI, so its programs run in a venv of that Python under OpenMPI's
+mpiexec.
 
 heat is installed only when ``HPCCKPT_INSTALL_HEAT=1`` is set, and never from
 setup.cfg: heat 1.8.0 declares ``torch<2.11.1`` while the project's torch is
@@ -36,13 +41,15 @@ import sys
 import pytest
 
 from aptget import apt_install
-from mpitools import ROOT
+from mpitools import ROOT, Runtime
+from petsc_env import debian_runtime
 
 #: library -> (module to import, Debian packages its pip build needs, a file those packages provide,
-#: the environment variable that must be set for the tests to build it, or None: always)
+#: the environment variable that must be set for the tests to build it, or None: always); petsc4py is
+#: never built: where this environment lacks it, Debian's is used (tests/petsc_env.py)
 LIBRARIES = {
     "mpi4py_fft": ("mpi4py_fft", ("libfftw3-dev",), "/usr/include/fftw3.h", None),
-    "petsc": ("petsc4py", ("liblapack-dev", "libblas-dev"), "/usr/include/lapack.h", "HPCCKPT_BUILD_PETSC"),
+    "petsc": ("petsc4py", (), None, None),
     "heat": ("heat", (), None, "HPCCKPT_INSTALL_HEAT"),
 }
 
@@ -62,9 +69,12 @@ def _pip_spec(module: str) -> str:
     raise AssertionError(f"setup.cfg's adapters extra lacks {dist}")
 
 
-def ensure_library(lib: str) -> None:
-    """Import ``lib``'s module, installing it (and its build's Debian packages) first when missing."""
+def ensure_library(lib: str) -> Runtime | None:
+    """Import ``lib``'s module, installing it (and its build's Debian packages) first when missing; the Runtime
+    of ``lib``'s programs (None: this environment's own)."""
     module, packages, header, opt_in = LIBRARIES[lib]
+    if lib == "petsc" and importlib.util.find_spec(module) is None:
+        return debian_runtime()
     if importlib.util.find_spec(module) is None:
         if opt_in and os.environ.get(opt_in) != "1":
             pytest.skip(f"{module} is not installed; {opt_in}=1 lets the tests install it (tests/optional_libs.py)")
@@ -81,3 +91,4 @@ def ensure_library(lib: str) -> None:
         importlib.import_module(module)
     except Exception as exc:  # noqa: BLE001 - an installed library that does not import is the test's failure
         pytest.fail(f"{module} is installed but import {module} fails: {type(exc).__name__}: {exc}")
+    return None

@@ -46,12 +46,12 @@ CASES = {"mpi4py_fft": ("mpi4py-fft", "ckpt-fft", fft_expected), "petsc": ("pets
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("lib", sorted(CASES))
 def test_the_documented_program_checkpoints_and_restores_on_another_rank_count(lib, tmp_path):
-    ensure_library(lib)
+    runtime = ensure_library(lib)
     heading, root, expected = CASES[lib]
     script = tmp_path / "program.py"
     script.write_text(program(heading))
     for n in (2, 3):
-        run_mpi(n, str(script), timeout=240, cwd=str(tmp_path))
+        run_mpi(n, str(script), timeout=240, cwd=str(tmp_path), runtime=runtime)
     with hpcckpt.open(str(tmp_path / root)) as view:
         assert view.step == 6  # the 3-rank run resumed at step 3
         assert np.array_equal(view.read("u"), expected())

@@ -9,6 +9,14 @@ components when ``dof > 1`` (the layout of ``da.getVecArray(vec)``, so
 holds ``da.getRanges()``.  A DMDA's local (ghosted) vector is refused: save
 the global one.
 
+The vector's DM is asked for as PETSc's own ``VecGetDM`` finds it, with
+``vec.query(DM_KEY)``, not ``vec.getDM()``: petsc4py 3.18 (Debian 12's) gives
+``getDM()`` a base ``DM`` without the DMDA's methods, and takes no reference
+for it while dropping one when it is freed, so each call leaves the DM's
+count one short and the program crashes at exit; ``query`` returns the DM as
+its own class (a ``DMDA``) with a reference of its own on 3.18 and on current
+petsc4py alike.
+
 The Block holds a getter: ``vec.getArray()`` is asked for at every save and
 restore, so PETSc's get/restore of the array (and its object state, which
 caches norms) follow each one.  Nothing from petsc4py is imported here.
@@ -21,11 +29,15 @@ import math
 from ..errors import TemplateMismatchError
 from ..state import Block
 
+#: the name under which PETSc's VecSetDM composes a vector's DM: VecGetDM is PetscObjectQuery of it
+#: (src/dm/interface/dm.c, the same in PETSc 3.18 and 3.26)
+DM_KEY = "__PETSc_dm"
+
 
 def vec_block(vec) -> Block:
     """The Block of ``vec`` (1-D, or the DMDA's grid for a DMDA global vector)."""
-    dm = vec.getDM()
-    if dm and dm.getType() == "da":
+    dm = vec.query(DM_KEY)  # None for a vector without a DM
+    if dm is not None and dm.getType() == "da":
         return _dmda_block(vec, dm)
     lo, hi = vec.getOwnershipRange()
     return Block(vec.getArray, (int(lo),), (int(vec.getSize()),))
