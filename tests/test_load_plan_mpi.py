@@ -19,7 +19,7 @@ from mpitools import CountingComm
 
 pytestmark = [pytest.mark.mpi(min_size=2), pytest.mark.timeout(120)]
 
-COLLECTIVES = {"allgather", "gather", "bcast", "scatter", "allreduce", "exscan", "Barrier", "barrier", "alltoall",
+COLLECTIVES = {"allgather", "gather", "bcast", "scatter", "allreduce", "exscan", "Scan", "Barrier", "barrier", "alltoall",
                "Allgather", "Gather", "Bcast", "Scatter", "Allreduce", "Alltoallv", "Split", "Dup"}
 
 
