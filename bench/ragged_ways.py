@@ -1,14 +1,14 @@
 #!/usr/bin/env python
-"""A real Ragged load both ways on a few ranks: the chunk directory (one Scan, then its alltoalls) against the
-gathered way (every rank's requests, then an agreement after the reads); issue 20.
+"""A real Ragged load both ways on a few ranks: the chunk directory (the metadata's broadcast, one Scan, then its
+alltoalls) against the gathered way (each rank reads the metadata, then every rank's requests and an agreement
+after the reads: hpcckpt.load on at most 16 ranks); issue 20.
 
     flock /tmp/hpcckpt-bench.lock mpiexec -n 4 .venv/bin/python bench/ragged_ways.py --loads 40 --json out.json
 
 Every rank saves ``--vars`` Blocks of ``--block-kib`` KiB (its rows of 2-D arrays) and a Ragged table of
 uneven rows (4 float64 columns); then ``--loads`` rounds, each loading the version once each way in an order
-that alternates, with the metadata broadcast by rank 0 (as on more than
-loading.PER_RANK_METADATA_MAX_RANKS ranks, or in Checkpointer.restore: the case where the ways differ), for
-two templates: the saved rows (``same``: no rank needs a part from another) and an even split of the table
+that alternates (the way chosen through loading.PER_RANK_METADATA_MAX_RANKS: 0 for the directory, as on
+more ranks or in Checkpointer.restore, 16 for the gathered way), for two templates: the saved rows (``same``: no rank needs a part from another) and an even split of the table
 with the Blocks' rows shifted by one (``reshard``).  Timing: ``Barrier; t0; load; Barrier``, rank 0's clock.
 Reported: median ms per way, the median of the paired per-round ratios directory / gathered, and the
 collectives each way makes (tests/mpitools.CountingComm).  The data is checked after every load.
@@ -32,12 +32,12 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
 from benchutil import print_table  # noqa: E402
 
 import hpcckpt  # noqa: E402
-from hpcckpt import Block, Ragged, load_plan, loading  # noqa: E402
+from hpcckpt import Block, Ragged, loading  # noqa: E402
 from mpitools import CountingComm  # noqa: E402
 
 COLLECTIVES = {"allgather", "gather", "bcast", "scatter", "allreduce", "exscan", "Scan", "Barrier", "barrier",
                "alltoall", "Allgather", "Gather", "Bcast", "Scatter", "Allreduce", "Alltoallv"}
-WAYS = {"directory": 1, "gathered": 1 << 62}  # load_plan.RAGGED_DIRECTORY_FROM_RANKS of each way
+WAYS = {"directory": 0, "gathered": 16}  # loading.PER_RANK_METADATA_MAX_RANKS of each way
 
 
 def main() -> None:
@@ -51,7 +51,6 @@ def main() -> None:
     args = ap.parse_args()
     comm = MPI.COMM_WORLD
     n, r = comm.size, comm.rank
-    loading.PER_RANK_METADATA_MAX_RANKS = 0  # rank 0 broadcasts the metadata, as beyond 16 ranks
     rows, cols = 16, args.block_kib * 1024 // (16 * 8)
     shape = (rows * n, cols)
     counts = [40 + 17 * q % 23 for q in range(n)]
@@ -74,7 +73,7 @@ def main() -> None:
             asks = counts[r] if layout == "same" else None
             want = (first, first + counts[r]) if layout == "same" else (total * r // n, total * (r + 1) // n)
             for way in (list(WAYS) if k % 2 == 0 else list(WAYS)[::-1]):
-                load_plan.RAGGED_DIRECTORY_FROM_RANKS = WAYS[way]
+                loading.PER_RANK_METADATA_MAX_RANKS = WAYS[way]
                 template = {name: Block(np.empty((hi - lo, cols)), (lo, 0), shape) for name in names}
                 template["particles"] = Ragged(rows=asks)
                 counting = CountingComm(comm)

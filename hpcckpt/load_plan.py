@@ -35,24 +35,18 @@ from .read_directory import (all_self_sufficient, decide, fast_summary, parts_fo
 from .read_plan import encode_requests, rank_reads, target_boxes
 
 
-#: Ragged loads are planned through the chunk directory from this communicator size on (the same decision on
-#: every rank, without communication), when every rank has the metadata before the plan (rank 0 broadcast it):
-#: below it the gathered way's one allgather is small and makes a reshard one collective fewer (measured:
-#: docs/performance.md, "Many ranks").  Tests lower it.
-RAGGED_DIRECTORY_FROM_RANKS = 64
-
-
 def ragged_names(meta: Metadata) -> list[str]:
     """The stored Ragged tables of ``meta``, sorted: the columns of :func:`scan_rows`'s tallies."""
     return sorted(name for name, v in meta.variables.items() if v.kind == "ragged")
 
 
-def directory_way(meta: Metadata, nranks: int, own: bool) -> bool:
-    """Whether a load of ``meta`` on ``nranks`` ranks is planned through the chunk directory: it holds no Ragged
-    table, or the ranks did not read the metadata themselves (``own``: loading.reads_metadata_itself, where a
-    rank that could not read it does not know that the others scan first) and there are at least
-    :data:`RAGGED_DIRECTORY_FROM_RANKS` of them (then :func:`scan_rows` places the rows first)."""
-    return not ragged_names(meta) or (not own and nranks >= RAGGED_DIRECTORY_FROM_RANKS)
+def directory_way(meta: Metadata, own: bool) -> bool:
+    """Whether a load of ``meta`` is planned through the chunk directory: it holds no Ragged table, or every rank
+    has the metadata before the plan (rank 0 broadcast it, or sent it with something else: not ``own``), so
+    that every rank knows that the load starts with :func:`scan_rows`.  ``own``: each rank read the metadata
+    itself (loading.reads_metadata_itself, on at most 16 ranks): one that could not does not know which way
+    the others take, and joins the first alltoall, which the gathered way's requests then pair with."""
+    return not ragged_names(meta) or not own
 
 
 def scan_rows(comm, meta: Metadata, requests: dict | None) -> tuple[dict, str | None]:

@@ -83,7 +83,7 @@ def load_version(state, directory: str, comm, strict: bool = True, timer: PhaseT
     with timer.phase("plan"):
         local, failure = attempt(lambda: read_template(state, meta, strict, cast, rank, size))
     plan = None
-    by_directory = directory_way(meta, size, own)
+    by_directory = directory_way(meta, own)
     if by_directory:  # read first: a failed read rides on the directory's first exchange
         with timer.phase("plan"):  # a Ragged table's rows: one scan of a few numbers per table
             rows, problem = scan_rows(comm, meta, local and local["requests"]) if ragged_names(meta) else ({}, None)

@@ -1,6 +1,7 @@
 """Ragged loads both ways (issue 20): through the chunk directory, each rank's rows from one MPI_Scan
-(load_plan.scan_rows), and the gathered way below load_plan.RAGGED_DIRECTORY_FROM_RANKS; exact rows, the same
-TemplateMismatchError for bad row requests on every rank, one CheckpointError for one rank's failure.
+(load_plan.scan_rows), wherever rank 0 broadcasts the metadata, and the gathered way where each rank reads it
+(hpcckpt.load on a few ranks); exact rows, the same TemplateMismatchError for bad row requests on every rank,
+one CheckpointError for one rank's failure.
 
 Run with ``mpiexec -n N python tests/mpi_pytest.py --with-mpi -m mpi tests/test_ragged_directory_mpi.py`` (N = 2..4).
 """
@@ -32,15 +33,13 @@ def comm():
 
 @pytest.fixture(params=["directory", "gathered"])
 def way(request, monkeypatch):
-    """The Ragged way of every load in the test: the chunk directory (its threshold lowered to one rank; rank 0
-    broadcasts the metadata, as it does from loading.PER_RANK_METADATA_MAX_RANKS ranks on), or the gathered way."""
-    from hpcckpt import load_plan, loading
+    """The Ragged way of every load in the test: the chunk directory (rank 0 broadcasts the metadata, as beyond
+    loading.PER_RANK_METADATA_MAX_RANKS ranks: the threshold set to 0), or the gathered way (each rank reads
+    it, as hpcckpt.load does on these few ranks)."""
+    from hpcckpt import loading
 
     if request.param == "directory":
-        monkeypatch.setattr(load_plan, "RAGGED_DIRECTORY_FROM_RANKS", 1)
         monkeypatch.setattr(loading, "PER_RANK_METADATA_MAX_RANKS", 0)
-    else:
-        monkeypatch.setattr(load_plan, "RAGGED_DIRECTORY_FROM_RANKS", 1 << 62)
     return request.param
 
 
@@ -193,3 +192,18 @@ def test_a_failure_after_the_scan_fails_the_load_on_every_rank(comm, mpi_tmp, wa
         monkeypatch.setattr(loading, "_read", broken)
     with pytest.raises(CheckpointError, match=f"rank {comm.size - 1}: RuntimeError: rows broke"):
         hpcckpt.load({"p": Ragged(), "q": Ragged()}, path, comm=comm, strict=False)
+
+
+def test_ragged_rows_of_a_stored_block_take_the_gathered_way_after_the_scan(comm, mpi_tmp, way):
+    """A template asking Ragged rows of a variable saved as a Block (the scan does not place them): in the
+    directory way every rank learns it in the first alltoall and takes the gathered way (an allgather of the
+    requests, then the reads' agreement); the rows are exact either way."""
+    path, p_all, _ = _saved(comm, mpi_tmp)
+    n, r = comm.size, comm.rank
+    counting = CountingComm(comm)
+    out = hpcckpt.load({"u": Ragged(rows=2), "p": Ragged()}, path, comm=counting, strict=False)
+    assert np.array_equal(out["u"].local, np.full((2, 3), float(r)))
+    assert np.array_equal(out["p"].local, p_all[n * n * r // n:n * n * (r + 1) // n])
+    calls = [c for c in counting.calls if c in COLLECTIVES]
+    want = ["bcast", "Scan", "alltoall", "allgather", "allgather"] if way == "directory" else ["alltoall", "allgather"]
+    assert calls == want, calls
