@@ -116,6 +116,8 @@ def parts_for_directories(meta: Metadata, roles: dict, nranks: int) -> dict[int,
 
 def signature_problem(signatures: list) -> str | None:
     """Rank 0: why the ranks' ``((name, kind), ...)`` differ (the messages of loading.plan_reads), or None."""
+    if all(sig == signatures[0] for sig in signatures):  # the usual answer, in tuple comparisons alone
+        return None
     first = dict(signatures[0])
     for rank, sig in enumerate(signatures):
         sig = dict(sig)
