@@ -1,25 +1,36 @@
 """The collective plan of a load: every rank's checked template in, this rank's shared chunks out.
 
-Two ways, chosen alike on every rank:
+Two ways, chosen alike on every rank (:func:`directory_way`):
 
-* Blocks only (the checkpoint holds no Ragged table, and no rank asks for
-  one): the distributed chunk directory of hpcckpt.read_directory, two sparse
+* the distributed chunk directory of hpcckpt.read_directory, two sparse
   alltoalls whose size per rank is bounded by the chunks it touches and
   directs (:func:`plan_directory`), or only the first when it shows that no
   rank needs a part from another (a restart on the same decomposition:
   read_directory.all_self_sufficient).  Each rank has read what it reads
   before them (who reads what is decided locally: read_directory.chunk_roles),
   so a failed read travels in the first exchange like a failed template
-  check, and the load needs no agreement after its reads;
-* otherwise: one allgather of every rank's compact requests
-  (hpcckpt.read_plan, :func:`plan_gathered`), as a Ragged table's row offsets
-  depend on every rank's row count; the reads follow the plan.
+  check, and the load needs no agreement after its reads.  A checkpoint of
+  Blocks always takes it; one holding a Ragged table takes it whenever every
+  rank has the metadata before the plan (rank 0 broadcast it: on more than
+  16 ranks, and in Checkpointer.restore), after one MPI_Scan of 4 int64 per
+  table that gives each rank its rows (:func:`scan_rows`,
+  hpcckpt.ragged_rows; the last rank's check of every rank's row requests
+  rides on the first alltoall).  So a Ragged load there makes the broadcast,
+  the Scan and one alltoall (the saved rows) or two (a reshard);
+* otherwise (a Ragged table when each rank read the metadata itself:
+  hpcckpt.load on at most 16 ranks, where a rank that could not read it does
+  not know that the others would scan first): one alltoall of every rank's
+  compact requests (hpcckpt.read_plan, :func:`plan_gathered`), then the
+  reads and their agreement: two collectives.  A template asking Ragged rows
+  of a variable saved as a Block says so in the directory's first alltoall,
+  and every rank then takes this way (with an allgather).
 
 A rank's failure (``failure``, from collective.attempt) travels in the first
 exchange, so that it costs no collective of its own: every rank raises the
 same CheckpointError.  Any problem of the plan (blocks that overlap or leave a
-gap, ranks that load different names or kinds) is the same
-TemplateMismatchError on every rank.
+gap, ranks that load different names or kinds, Ragged row requests that
+planning.plan_rows refuses) is the same TemplateMismatchError on every rank.
+Measured: docs/performance.md, "Many ranks".
 """
 
 from __future__ import annotations

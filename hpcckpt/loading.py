@@ -5,10 +5,12 @@ reads and validates it once, then broadcasts) -> template check
 (names, kinds, dtypes, shapes, tiling, Ragged row counts; every mismatch names
 the variable on every rank) -> reads (each rank reads only the chunks that
 overlap its own boxes, straight into its buffers where it can) -> the returned
-dict.  A checkpoint of Blocks is read before its plan (who reads a shared chunk
-is decided by each rank alone: hpcckpt.read_directory) and a failed check or
-read rides on the plan's first exchange; a checkpoint with a Ragged table is
-planned first and its reads run under ``agree``.  Either way one rank's failure
+dict.  A checkpoint is read before its plan (who reads a shared chunk is
+decided by each rank alone: hpcckpt.read_directory; a Ragged table's rows come
+from one scan first: load_plan.scan_rows) and a failed check or read rides on
+the plan's first exchange; only a checkpoint with a Ragged table whose
+metadata each rank read itself is planned first, its reads under ``agree``
+(hpcckpt.load_plan: the two ways).  Either way one rank's failure
 is every rank's CheckpointError, and a damaged checkpoint is a
 CorruptCheckpointError on all ranks so that ``Checkpointer.restore`` can fall
 back to an older version in step.
