@@ -334,6 +334,9 @@ def _check_ragged(name: str, ragged: Ragged, var: Variable, cast: bool = False):
         raise TemplateMismatchError(f"variable {name!r}: Ragged(rows=...) must be an integer, got {ragged.rows!r}")
     if not var.shape:
         raise TemplateMismatchError(f"variable {name!r} is a 0-d array; a Ragged template needs rows")
+    if ragged.rows is not None and ragged.rows > var.shape[0]:  # (the row sums of any rank count then fit int64)
+        raise TemplateMismatchError(f"variable {name!r}: Ragged(rows={ragged.rows}) asks for more rows than the "
+                                    f"checkpoint holds ({var.shape[0]})")
     return ("ragged", None if ragged.rows is None else int(ragged.rows))
 
 

@@ -38,7 +38,9 @@ def tally(requests: dict | None, names: list) -> np.ndarray:
 
     ``requests``: loading.check_template's (``{name: ("ragged", rows or None) | ("block", ...)}``), or None
     for a rank whose template failed (it adds nothing; its failure travels in the next exchange).  A name this
-    rank does not ask Ragged rows of adds nothing either (rank 0's signature check reports the mismatch).
+    rank does not ask Ragged rows of adds nothing either (rank 0's signature check reports the mismatch).  A
+    negative count adds -1 rows, whatever it is (it is refused anyway, and no sum can overflow: the template
+    check refuses a count above the stored rows).
     """
     out = np.zeros((len(names), COLUMNS), np.int64)
     for i, name in enumerate(names):
@@ -48,7 +50,7 @@ def tally(requests: dict | None, names: list) -> np.ndarray:
         if request[1] is None:
             out[i, _SPLITS] = 1
         else:
-            out[i, _ROWS], out[i, _COUNTS], out[i, _NEGATIVE] = request[1], 1, request[1] < 0
+            out[i, _ROWS], out[i, _COUNTS], out[i, _NEGATIVE] = max(request[1], -1), 1, request[1] < 0
     return out.reshape(-1)
 
 

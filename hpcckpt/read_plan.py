@@ -28,9 +28,9 @@ def encode_requests(requests: dict) -> tuple[tuple, np.ndarray]:
 
     ``signature``: ``((name, kind), ...)`` sorted by name; the vector holds,
     per name in that order, a Block's start and stop, or a Ragged's row count
-    (:data:`EVEN_SPLIT` for an even split: a negative count stays a negative
-    count, which the checks refuse).  About 8 bytes per number instead of a
-    pickled dict of tuples per variable.
+    (:data:`EVEN_SPLIT` for an even split; any negative count as -1, which the
+    checks refuse whatever its size, and which fits int64).  About 8 bytes per
+    number instead of a pickled dict of tuples per variable.
     """
     signature, numbers = [], []
     for name in sorted(requests):
@@ -40,7 +40,7 @@ def encode_requests(requests: dict) -> tuple[tuple, np.ndarray]:
             numbers.extend(request[1])
             numbers.extend(request[2])
         else:
-            numbers.append(EVEN_SPLIT if request[1] is None else request[1])
+            numbers.append(EVEN_SPLIT if request[1] is None else max(request[1], -1))
     return tuple(signature), np.asarray(numbers, np.int64)
 
 

@@ -125,7 +125,7 @@ def test_bad_row_requests_are_one_template_error_on_every_rank(comm, mpi_tmp, wa
     gathered way once sent an even split as -1, so that Ragged(rows=-1) on every rank loaded an even split.)"""
     path, p_all, _ = _saved(comm, mpi_tmp)
     n, r = comm.size, comm.rank
-    rows = {"mixed": None if r == 0 else 1, "negative": -1 if r == n - 1 else len(p_all) + 1 - n if r == 0 else 1, "all negative": -1,
+    rows = {"mixed": None if r == 0 else 1, "negative": -1 if r == n - 1 else len(p_all) + 1 - n if r == 0 else 1, "all negative": -10**30,
             "too many": len(p_all) if r == 0 else 1, "too few": 0}[problem]
     want = {"mixed": "some ranks give Ragged\\(rows=...\\) and others do not",
             "negative": "a negative Ragged row count was requested",
@@ -133,6 +133,19 @@ def test_bad_row_requests_are_one_template_error_on_every_rank(comm, mpi_tmp, wa
             "too many": f"the ranks ask for {len(p_all) + n - 1} rows in all but the checkpoint holds {len(p_all)}",
             "too few": f"the ranks ask for 0 rows in all but the checkpoint holds {len(p_all)}"}[problem]
     with pytest.raises(TemplateMismatchError, match=f"variable 'p': {want}") as info:
+        hpcckpt.load({"p": Ragged(rows=rows)}, path, comm=comm, strict=False)
+    assert len(set(comm.allgather(str(info.value)))) == 1
+
+
+def test_a_count_above_the_stored_rows_is_refused_by_its_rank(comm, mpi_tmp, way):
+    """A count that no rank count could make valid (here beyond int64, as one rank's typo could be) is that
+    rank's template error, before any exchange: the same TemplateMismatchError on every rank, naming it."""
+    path, p_all, _ = _saved(comm, mpi_tmp)
+    n, r = comm.size, comm.rank
+    rows = 10**30 if r == n - 1 else 1
+    with pytest.raises(TemplateMismatchError, match=f"on 1 of {n} ranks: rank {n - 1}: variable 'p': "
+                                                    f"Ragged\\(rows={10**30}\\) asks for more rows than the "
+                                                    f"checkpoint holds \\({len(p_all)}\\)") as info:
         hpcckpt.load({"p": Ragged(rows=rows)}, path, comm=comm, strict=False)
     assert len(set(comm.allgather(str(info.value)))) == 1
 

@@ -108,10 +108,11 @@ def test_a_table_some_rank_does_not_ask_ragged_rows_of_is_left_to_the_signature_
 
 
 def test_the_tally_of_one_rank():
-    """Four numbers per table: rows asked by a count, a count asked, an even split asked, a negative count."""
-    got = tally({"a": ("ragged", 5), "b": ("ragged", None), "c": ("ragged", -2), "d": ("block", (0,), (3,))},
-                ["a", "b", "c", "d", "e"])
-    assert got.tolist() == [5, 1, 0, 0, 0, 0, 1, 0, -2, 1, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0]
+    """Four numbers per table: rows asked by a count, a count asked, an even split asked, a negative count (any
+    negative count adds -1 rows: no int64 overflow, and the negative count is refused whatever its size)."""
+    got = tally({"a": ("ragged", 5), "b": ("ragged", None), "c": ("ragged", -2), "d": ("block", (0,), (3,)),
+                 "f": ("ragged", -10**30)}, ["a", "b", "c", "d", "e", "f"])
+    assert got.tolist() == [5, 1, 0, 0, 0, 0, 1, 0, -1, 1, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, -1, 1, 0, 1]
     assert tally(None, ["a"]).tolist() == [0, 0, 0, 0]
 
 
