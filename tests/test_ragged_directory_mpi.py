@@ -220,3 +220,15 @@ def test_ragged_rows_of_a_stored_block_take_the_gathered_way_after_the_scan(comm
     calls = [c for c in counting.calls if c in COLLECTIVES]
     want = ["bcast", "Scan", "alltoall", "allgather", "allgather"] if way == "directory" else ["alltoall", "allgather"]
     assert calls == want, calls
+
+
+@pytest.mark.parametrize("layout", ["split", "counts"])
+def test_cast_rows_of_a_reshard_are_exact(comm, mpi_tmp, way, layout):
+    """Rows cast on load (float64 stored, float32 asked on some ranks): a rank whose rows are cast cannot send
+    from them, so the shared chunks it reads wholly go to the others from what it holds; exact after the cast."""
+    path, _, q_all = _saved(comm, mpi_tmp, chunk_bytes=2 * 6 * 8)
+    n, r = comm.size, comm.rank
+    rows, want = _rows_of(layout, len(q_all), n, r)
+    dtype = np.float32 if r % 2 else np.float64
+    out = hpcckpt.load({"q": Ragged(np.zeros((0, 2, 3), dtype), rows=rows)}, path, comm=comm, strict=False, cast=True)
+    assert out["q"].local.dtype == dtype and np.array_equal(out["q"].local, q_all[slice(*want)].astype(dtype))
