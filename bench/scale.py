@@ -250,12 +250,12 @@ def load_case(meta, q: int, nvars: int, nsample: int, old_full_max: int) -> dict
     # the directory way (Blocks only): the chunk indexes (built once per process), then this rank's own work
     clear_indexes(meta)
     t_index = timed(lambda: [v.chunks.index() for v in meta.variables.values()])[0]
-    targets = BoxIndex(starts, stops)
+    targets = {n: (BoxIndex(starts, stops), starts, stops) for n in names(nvars)}
     times, cpus, peaks, touched, received = [], [], [], [], []
     signature = tuple((n, "block") for n in names(nvars))
     for r in sample:
         box = {n: (tuple(starts[r].tolist()), tuple(stops[r].tolist())) for n in names(nvars)}
-        inbox = directory_inbox(meta, targets, starts, stops, r, q)
+        inbox = directory_inbox(meta, targets, r, q)
         if r == 0:
             inbox = [dict(m or {}, signature=signature) for m in inbox]
         t1, c1, routed = timed_cpu(lambda: parts_for_directories(meta, chunk_roles(meta, box, set(box)), q))
@@ -264,7 +264,7 @@ def load_case(meta, q: int, nvars: int, nsample: int, old_full_max: int) -> dict
         replies = [None] * q
         for d in sorted(routed):
             replies[d] = decide(meta, names(nvars), [m.get("parts") for m in directory_inbox(
-                meta, targets, starts, stops, d, q)], d, q)[1].get(r)
+                meta, targets, d, q)], d, q)[1].get(r)
         t3, c3, shared = timed_cpu(lambda: shared_from_assignments(replies, names(nvars)))
         times.append(t1 + t2 + t3)
         cpus.append(c1 + c2 + c3)
@@ -275,7 +275,7 @@ def load_case(meta, q: int, nvars: int, nsample: int, old_full_max: int) -> dict
                         + sum(empty if x is None else psize({"assigned": x}) for x in replies))
     r = sample[len(sample) // 2]  # (the chunk indexes came with the metadata)
     box = {n: (tuple(starts[r].tolist()), tuple(stops[r].tolist())) for n in names(nvars)}
-    inbox = directory_inbox(meta, targets, starts, stops, r, q)
+    inbox = directory_inbox(meta, targets, r, q)
     peaks.append(traced(lambda: (parts_for_directories(meta, chunk_roles(meta, box, set(box)), q),
                                  decide(meta, names(nvars), [m.get("parts") for m in inbox], r, q))))
     # old: every rank plans every rank's reads
@@ -311,17 +311,168 @@ def load_case(meta, q: int, nvars: int, nsample: int, old_full_max: int) -> dict
             "metadata_bcast_bytes": meta_bcast, "metadata_unpickle_s": t_unpickle, "sampled_ranks": sample}
 
 
+TABLE = "particles"  # the Ragged table of the --ragged case: 4 float64 columns per row
+TABLE_COLS = 4
+
+
+def table_rows(p: int) -> list[int]:
+    """Rows each of p ranks saved of the Ragged table: 64-127, uneven (particles drift between ranks)."""
+    return [64 + (r * 37) % 64 for r in range(p)]
+
+
+def ragged_metadata(p: int, nvars: int):
+    """The version of the --ragged case, parsed as a load reads it: ``nvars`` Blocks of the 3-D grid plus a
+    Ragged table saved in one chunk per rank (rows in rank order)."""
+    shape = tuple(int(g) * EDGE for g in grid(p))
+    starts, stops = boxes_of(p, shape)
+    counts = table_rows(p)
+    variables = {n: _plan(Variable(n, "block", np.dtype("<f8"), shape, None)) for n in names(nvars)}
+    variables[TABLE] = _plan(Variable(TABLE, "ragged", np.dtype("<f8"), (sum(counts), TABLE_COLS), None))
+    rows = chunk_rows(p, nvars, starts, stops)
+    row0 = 0
+    for r in range(p):
+        at = sum(x[3] for x in rows[r])
+        rows[r].append((TABLE, rank_file(r), at, counts[r] * TABLE_COLS * ITEM, "0123456789abcdef", (row0, 0),
+                        (counts[r], TABLE_COLS)))
+        row0 += counts[r]
+    meta = metadata_from_rows(variables, rows, {}, {}, p, 1, {})[0]
+    return parse(meta.to_json_bytes()).indexed()
+
+
+class ScanOf:
+    """A stand-in communicator for one rank of a q-rank job: its Scan hands back that rank's inclusive sum of
+    the tallies every rank gives (load_plan.scan_rows runs as in a load; the other ranks are simulated)."""
+
+    def __init__(self, rank: int, size: int, inclusive: np.ndarray):
+        self.rank, self.size, self.inclusive = rank, size, inclusive
+
+    def Get_rank(self) -> int:
+        return self.rank
+
+    def Get_size(self) -> int:
+        return self.size
+
+    def Scan(self, sendbuf, recvbuf, op=None) -> None:
+        recvbuf[...] = self.inclusive
+
+
+def ragged_load_case(meta, p: int, q: int, nvars: int, nsample: int, counts: bool) -> dict:
+    """A load of ``meta`` (:func:`ragged_metadata`) on q ranks of their own 3-D grid, the Ragged table by an even
+    split (``Ragged()``) or by counts (``Ragged(rows=n)``, uneven): the directory way (one Scan, then the
+    directory's alltoalls, this rank's part: load_plan.scan_rows, load_boxes, chunk_roles,
+    parts_for_directories, fast_summary, decide, shared_from_assignments) against the gathered way
+    (every rank's encoded requests: target_boxes, rank_reads), per sampled rank."""
+    from hpcckpt.load_plan import load_boxes, ragged_names, scan_rows
+    from hpcckpt.ragged_rows import tally
+    from hpcckpt.read_directory import fast_summary
+
+    shape = meta.variables[names(nvars)[0]].shape
+    total = meta.variables[TABLE].shape[0]
+    starts, stops = boxes_of(q, shape)
+    asks = [None] * q
+    if counts:  # uneven counts that add up: every even rank one row fewer, the next one more
+        asks = [total * (r + 1) // q - total * r // q for r in range(q)]
+        for r in range(0, q - 1, 2):
+            if asks[r]:
+                asks[r], asks[r + 1] = asks[r] - 1, asks[r + 1] + 1
+    requests = [{**{n: ("block", tuple(starts[r].tolist()), tuple(stops[r].tolist())) for n in names(nvars)},
+                 TABLE: ("ragged", asks[r])} for r in range(q)]
+    tables = ragged_names(meta)
+    inclusive = np.cumsum(np.stack([tally(req, tables) for req in requests]), axis=0)
+    lo = np.cumsum([0] + [a for a in asks[:-1]]) if counts else np.asarray([total * r // q for r in range(q)])
+    hi = lo + np.asarray(asks if counts else [total * (r + 1) // q - total * r // q for r in range(q)])
+    t_starts, t_stops = np.stack([lo, np.zeros(q, np.int64)], 1), np.stack([hi, np.full(q, TABLE_COLS)], 1)
+    per_name = {n: (BoxIndex(starts, stops), starts, stops) for n in names(nvars)}
+    per_name[TABLE] = (BoxIndex(t_starts, t_stops), t_starts, t_stops)
+    everything = names(nvars) + [TABLE]
+    signature = tuple((n, requests[0][n][0]) for n in sorted(everything))
+    sample = sorted({int(x) for x in np.linspace(0, q - 1, nsample)})
+    out = {"saved_on": p, "ranks": q, "table_rows": total, "counts": counts, "sampled_ranks": sample}
+    cpus, walls, received, scan_cpus, touched = [], [], [], [], []
+    for r in sample:
+        comm = ScanOf(r, q, inclusive[r])
+
+        def plan_here(r=r, comm=comm):
+            rows, problem = scan_rows(comm, meta, requests[r])
+            assert problem is None
+            boxes = load_boxes(meta, requests[r], rows)
+            roles = chunk_roles(meta, boxes, set(boxes))
+            return boxes, roles, parts_for_directories(meta, roles, q), fast_summary(meta, boxes, roles, signature, r)
+        c0 = time.process_time()
+        rows, _ = scan_rows(comm, meta, requests[r])
+        scan_cpus.append(time.process_time() - c0)
+        assert rows[TABLE] == (int(lo[r]), int(hi[r])), (rows, lo[r], hi[r])
+        inbox = directory_inbox(meta, per_name, r, q)
+        if r == 0:
+            inbox = [dict(m or {}, signature=signature) for m in inbox]
+        t1, c1, (boxes, roles, routed, summary) = timed_cpu(plan_here)
+        t2, c2, (problem, _, _) = timed_cpu(lambda: decide(meta, everything, [m.get("parts") for m in inbox], r, q))
+        assert problem is None, problem
+        replies = [None] * q
+        for d in sorted(routed):
+            replies[d] = decide(meta, everything, [m.get("parts") for m in directory_inbox(meta, per_name, d, q)],
+                                d, q)[1].get(r)
+        t3, c3, _ = timed_cpu(lambda: shared_from_assignments(replies, everything))
+        walls.append(t1 + t2 + t3)
+        cpus.append(c1 + c2 + c3)
+        touched.append(sum(len(x) for x in routed.values()))
+        empty = psize(None)
+        received.append(sum(psize({"parts": m["parts"]}) if m.get("parts") else empty for m in inbox)
+                        + (q - 1) * (psize({"signature": signature}) if r == 0 else 0)
+                        + sum(empty if x is None else psize({"assigned": x}) for x in replies))
+    steps = max(1, (q - 1).bit_length())  # MPI_Scan by recursive doubling: ceil(log2 q) vectors received
+    out.update({"scan_bytes_rank": steps * 8 * 4 * len(tables), "scan_cpu_s_max": max(scan_cpus),
+                "directory_plan_s_max": max(walls), "directory_plan_cpu_s_max": max(cpus),
+                "directory_received_bytes_max": max(received),
+                "directory_received_bytes_median": float(np.median(received)), "parts_touched_max": max(touched)})
+    encoded = [encode_requests(req) for req in requests]
+    gathered, gathered_cpu = [], []
+    for r in sample[:3]:
+        t, c, _ = timed_cpu(lambda r=r: rank_reads(meta, target_boxes(encoded, meta), r))
+        gathered.append(t)
+        gathered_cpu.append(c)
+    out.update({"gathered_bytes_rank": q * psize({"requests": encoded[-1]}), "gathered_plan_s_max": max(gathered),
+                "gathered_plan_cpu_s_max": max(gathered_cpu), "agree_bytes_rank": q * psize(None)})
+    return out
+
+
+def ragged_main(args) -> None:
+    results = []
+    for p in args.ranks:
+        meta = ragged_metadata(p, args.vars)
+        for q in (3 * p // 4, 2 * p):
+            for counts in (False, True):
+                results.append(ragged_load_case(meta, p, q, args.vars, args.sample, counts))
+            print(f"P={p} -> {q} done", file=sys.stderr, flush=True)
+    print(f"\nRagged load plan per rank ({args.vars} Blocks on a 3-D grid + a Ragged table of 4 columns, one chunk "
+          "per saved rank; directory: one Scan + the directory's alltoalls; gathered: every rank's requests)\n")
+    print_table(["P -> Q", "table rows", "rows by", "parts", "scan B/rank", "directory CPU ms (max)",
+                 "directory wall ms", "recv directory KiB (max / median)", "gathered CPU ms (max)", "gathered wall ms",
+                 "recv gathered KiB", "agree KiB"],
+                [[f"{r['saved_on']} -> {r['ranks']}", r["table_rows"], "counts" if r["counts"] else "split",
+                  r["parts_touched_max"], r["scan_bytes_rank"], f"{r['directory_plan_cpu_s_max'] * 1e3:.1f}",
+                  f"{r['directory_plan_s_max'] * 1e3:.1f}",
+                  f"{r['directory_received_bytes_max'] / 1024:.1f} / {r['directory_received_bytes_median'] / 1024:.1f}",
+                  f"{r['gathered_plan_cpu_s_max'] * 1e3:.1f}", f"{r['gathered_plan_s_max'] * 1e3:.1f}",
+                  f"{r['gathered_bytes_rank'] / 1024:.1f}", f"{r['agree_bytes_rank'] / 1024:.1f}"] for r in results])
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"ragged_load": results}, f, indent=1)
+
+
 def clear_indexes(meta) -> None:
     """Forget the chunk indexes (a fresh process builds them on first use)."""
     for v in meta.variables.values():
         v.chunks._index = None
 
 
-def directory_inbox(meta, targets, starts, stops, d: int, q: int) -> list:
-    """What directory rank ``d`` receives in the first exchange, by sender (the parts of the chunks it directs)."""
+def directory_inbox(meta, per_name: dict, d: int, q: int) -> list:
+    """What directory rank ``d`` receives in the first exchange, by sender (the parts of the chunks it directs);
+    ``per_name``: ``{name: (BoxIndex of the ranks' boxes, starts, stops)}``."""
     inbox = [None] * q
     for name in sorted(meta.variables):
         c = meta.variables[name].chunks
+        targets, starts, stops = per_name[name]
         for k in directed(d, len(c), q):
             for u in targets.query(c.start[k], c.stop[k]).tolist():
                 lo = tuple(np.maximum(starts[u], c.start[k]).tolist())
@@ -495,9 +646,12 @@ def main() -> None:
     ap.add_argument("--json", default=None)
     ap.add_argument("--metadata-only", action="store_true", help="only the metadata rows (docstring)")
     ap.add_argument("--repeat", type=int, default=3, help="with --metadata-only: repeats, best CPU reported")
+    ap.add_argument("--ragged", action="store_true", help="only the load plan of Blocks plus a Ragged table, both ways")
     args = ap.parse_args()
     if args.metadata_only:
         return metadata_main(args)
+    if args.ragged:
+        return ragged_main(args)
     results = {"save": [], "load": [], "incremental": []}
     for p in args.ranks:
         save, meta, rows = save_case(p, args.vars, sorted({0, p // 2, p - 1}))

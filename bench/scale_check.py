@@ -13,6 +13,11 @@ directory) and by its metadata broadcast, and the plan phase's time
 same case (scale.save_case / load_case) and prints both side by side, with
 the size of the real metadata.json against the simulated one.
 
+``--ragged``: the same ranks save the variables plus a Ragged table (scale.table_rows rows of 4 float64 per
+rank) and the 3P/4 load them with the table split evenly (``Ragged()``), the metadata broadcast (as beyond 16
+ranks): the chunk directory after one Scan; the bytes its alltoalls hand each rank are set against
+scale.ragged_load_case's.
+
 ``--dedup``: instead, P ranks save an incremental chain like scale.py's incremental case (a 4^3 float64
 block per rank and variable, block_bytes 512; 2 of each rank's variables change, every new block with a twin
 on another rank) with the deduplication forced through the keys' owners (hpcckpt.dedup_owners), and the
@@ -71,9 +76,12 @@ def main() -> None:
     ap.add_argument("--dir", default=None)
     ap.add_argument("--json", default=None)
     ap.add_argument("--dedup", action="store_true", help="the incremental save's deduplication exchange")
+    ap.add_argument("--ragged", action="store_true", help="a Ragged table too, loaded through the directory")
     args = ap.parse_args()
     if args.dedup:
         return dedup_check(args)
+    if args.ragged:
+        return ragged_check(args)
     p, rank = COMM.size, COMM.rank
     q = 3 * p // 4
     root = COMM.bcast(tempfile.mkdtemp(prefix="scale-", dir=args.dir) if rank == 0 else None)
@@ -116,6 +124,53 @@ def main() -> None:
             with open(args.json, "w") as f:
                 json.dump({"ranks": p, "load_ranks": q, "real": real, "metadata_bytes": meta_bytes,
                            "simulated": sim}, f, indent=1)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def ragged_check(args) -> None:
+    """Real bytes received by a Ragged load's directory against the simulation (docstring)."""
+    from hpcckpt import loading
+
+    loading.PER_RANK_METADATA_MAX_RANKS = 0  # rank 0 broadcasts the metadata: the directory way for Ragged tables
+    p, rank = COMM.size, COMM.rank
+    q = 3 * p // 4
+    root = COMM.bcast(tempfile.mkdtemp(prefix="scale-", dir=args.dir) if rank == 0 else None)
+    path = os.path.join(root, "ck")
+    shape = tuple(int(g) * scale.EDGE for g in scale.grid(p))
+    starts, _ = scale.boxes_of(p, shape)
+    local = np.full((scale.EDGE,) * 3, float(rank))
+    rows = scale.table_rows(p)
+    table = np.arange(sum(rows[:rank]) * 4, sum(rows[:rank + 1]) * 4, dtype=np.float64).reshape(-1, scale.TABLE_COLS)
+    state = {n: hpcckpt.Block(local, tuple(starts[rank].tolist()), shape) for n in scale.names(args.vars)}
+    hpcckpt.save({**state, scale.TABLE: hpcckpt.Ragged(table)}, path, comm=COMM)
+    sub = COMM.Split(0 if rank < q else MPI.UNDEFINED, rank)
+    mine = None
+    if sub != MPI.COMM_NULL:
+        lo, hi = scale.boxes_of(q, shape)
+        box = (tuple(lo[sub.rank].tolist()), tuple(hi[sub.rank].tolist()))
+        template = {n: hpcckpt.Block(np.zeros(np.subtract(box[1], box[0])), box[0], shape)
+                    for n in scale.names(args.vars)}
+        template[scale.TABLE] = hpcckpt.Ragged()
+        load_version(template, path, sub)  # warm-up: imports and first-call costs
+        counting = Received(sub)
+        out = load_version(template, path, counting)
+        total = sum(rows)
+        want = np.arange(total * 4, dtype=np.float64).reshape(-1, 4)[total * sub.rank // q:total * (sub.rank + 1) // q]
+        assert np.array_equal(out[scale.TABLE].local, want)
+        mine = counting.bytes.get("alltoall", 0)
+        sub.Free()
+    everyone = COMM.gather(mine, root=0)
+    if rank == 0:
+        real = [m for m in everyone if m is not None]
+        sim = scale.ragged_load_case(scale.ragged_metadata(p, args.vars), p, q, args.vars, 6, False)
+        print(f"\n{p} ranks save, {q} load ({args.vars} variables + a Ragged table of {sum(rows)} rows, split "
+              "evenly; the directory after one Scan)\n")
+        print_table(["directory bytes received per rank", "real", "simulated"],
+                    [["median", f"{np.median(real):.0f}", f"{sim['directory_received_bytes_median']:.0f}"],
+                     ["max", f"{max(real)}", f"{sim['directory_received_bytes_max']}"]])
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"ranks": p, "load_ranks": q, "real": real, "simulated": sim}, f, indent=1)
         shutil.rmtree(root, ignore_errors=True)
 
 

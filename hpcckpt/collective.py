@@ -61,6 +61,9 @@ class SerialComm:
     def exscan(self, obj, op=None):
         return None
 
+    def Scan(self, sendbuf, recvbuf, op=None) -> None:
+        recvbuf[...] = sendbuf
+
     def Barrier(self) -> None:
         pass
 

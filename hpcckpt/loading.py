@@ -5,10 +5,12 @@ reads and validates it once, then broadcasts) -> template check
 (names, kinds, dtypes, shapes, tiling, Ragged row counts; every mismatch names
 the variable on every rank) -> reads (each rank reads only the chunks that
 overlap its own boxes, straight into its buffers where it can) -> the returned
-dict.  A checkpoint of Blocks is read before its plan (who reads a shared chunk
-is decided by each rank alone: hpcckpt.read_directory) and a failed check or
-read rides on the plan's first exchange; a checkpoint with a Ragged table is
-planned first and its reads run under ``agree``.  Either way one rank's failure
+dict.  A checkpoint is read before its plan (who reads a shared chunk is
+decided by each rank alone: hpcckpt.read_directory; a Ragged table's rows come
+from one scan first: load_plan.scan_rows) and a failed check or read rides on
+the plan's first exchange; only a checkpoint with a Ragged table whose
+metadata each rank read itself is planned first, its reads under ``agree``
+(hpcckpt.load_plan: the two ways).  Either way one rank's failure
 is every rank's CheckpointError, and a damaged checkpoint is a
 CorruptCheckpointError on all ranks so that ``Checkpointer.restore`` can fall
 back to an older version in step.
@@ -27,7 +29,7 @@ from .errors import CorruptCheckpointError, TemplateMismatchError
 from .metadata import Metadata, Variable
 from .monitor import PhaseTimer
 from .planning import common_names, plan_rows
-from .load_plan import directory_way, plan_directory, plan_gathered
+from .load_plan import directory_way, load_boxes, plan_directory, plan_gathered, ragged_names, scan_rows
 from .read_directory import HOLDS, NEEDS, chunk_roles
 from .read_plan import encode_requests, target_boxes
 from .metadata_file import read_metadata_reused
@@ -78,18 +80,22 @@ def load_version(state, directory: str, comm, strict: bool = True, timer: PhaseT
             meta, failure = (bcast_checked(comm, what, lambda: version_metadata(directory, storage, expect_step))
                              if metadata is None else unpack_checked(comm, what, metadata)), None
     if failure is not None:  # the way the others take starts with the same alltoall (plan_gathered's too)
-        plan_directory(comm, what, meta, None, None, failure)
-    rank = comm.Get_rank()
+        plan_directory(comm, what, meta, None, None, None, failure)
+    rank, size = comm.Get_rank(), comm.Get_size()
     with timer.phase("plan"):
-        local, failure = attempt(lambda: read_template(state, meta, strict, cast, rank, comm.Get_size()))
+        local, failure = attempt(lambda: read_template(state, meta, strict, cast, rank, size))
     plan = None
-    if directory_way(meta):  # read first: a failed read rides on the directory's first exchange
+    by_directory = directory_way(meta, own)
+    if by_directory:  # read first: a failed read rides on the directory's first exchange
+        with timer.phase("plan"):  # a Ragged table's rows: one scan of a few numbers per table
+            rows, problem = scan_rows(comm, meta, local and local["requests"]) if ragged_names(meta) else ({}, None)
         with timer.phase("read"):
-            roles = None if failure is not None or _asks_ragged(local) else _roles(meta, local)
+            boxes = None if failure is not None else load_boxes(meta, local["requests"], rows)
+            roles = None if boxes is None else _roles(meta, local, boxes)
             early, failure = (None, failure) if roles is None else attempt(
-                lambda: _read_early(directory, meta, local, roles, storage))
+                lambda: _read_early(directory, meta, local, boxes, roles, storage))
         with timer.phase("plan"):
-            plan = plan_directory(comm, what, meta, local, roles, failure)
+            plan = plan_directory(comm, what, meta, local, boxes, roles, failure, problem)
     if plan is not None:
         shared, reread = plan
         targets, held, values = early
@@ -98,9 +104,9 @@ def load_version(state, directory: str, comm, strict: bool = True, timer: PhaseT
                 agree(comm, what, lambda: _reread(directory, meta, targets, roles, shared, rank, storage))
             outgoing = _owed(meta, targets, held, shared, rank)
             _exchange(comm, meta, targets, shared, outgoing)
-    else:  # a Ragged table: the allgather of every rank's requests, then the reads, then their agreement
+    else:  # the allgather of every rank's requests, then the reads, then their agreement
         with timer.phase("plan"):
-            boxes, shared = plan_gathered(comm, what, meta, local, failure, alltoall=own and not directory_way(meta))
+            boxes, shared = plan_gathered(comm, what, meta, local, failure, alltoall=own and not by_directory)
         with timer.phase("read"):
             targets, outgoing, values = agree(comm, what, lambda: _read(directory, meta, local, boxes, shared, rank,
                                                                         storage))
@@ -328,6 +334,9 @@ def _check_ragged(name: str, ragged: Ragged, var: Variable, cast: bool = False):
         raise TemplateMismatchError(f"variable {name!r}: Ragged(rows=...) must be an integer, got {ragged.rows!r}")
     if not var.shape:
         raise TemplateMismatchError(f"variable {name!r} is a 0-d array; a Ragged template needs rows")
+    if ragged.rows is not None and ragged.rows > var.shape[0]:  # (the row sums of any rank count then fit int64)
+        raise TemplateMismatchError(f"variable {name!r}: Ragged(rows={ragged.rows}) asks for more rows than the "
+                                    f"checkpoint holds ({var.shape[0]})")
     return ("ragged", None if ragged.rows is None else int(ragged.rows))
 
 
@@ -364,17 +373,14 @@ def plan_targets(requests: list[dict], meta: Metadata) -> list[dict]:
              per_variable.items()} for r in range(len(requests))]
 
 
-def _asks_ragged(local: dict) -> bool:
-    return any(r[0] == "ragged" for r in local["requests"].values())
-
-
-def _roles(meta: Metadata, local: dict) -> dict:
-    """This rank's role in each chunk its Blocks touch (read_directory.chunk_roles)."""
-    boxes, sendable = {}, set()
-    for name, request in local["requests"].items():
-        boxes[name] = (tuple(request[1]), tuple(request[2]))
-        out = local["distributed"][name].local
-        if isinstance(out, np.ndarray) and out.dtype == meta.variables[name].dtype:
+def _roles(meta: Metadata, local: dict, boxes: dict) -> dict:
+    """This rank's role in each chunk its boxes touch (read_directory.chunk_roles): a Block's target can send in
+    place when it is a host array of the stored dtype, a Ragged table's new rows unless they are cast."""
+    sendable = set()
+    for name, value in local["distributed"].items():
+        out = value.local
+        if (name not in local["dtypes"] if isinstance(value, Ragged) else
+                isinstance(out, np.ndarray) and out.dtype == meta.variables[name].dtype):
             sendable.add(name)
     return chunk_roles(meta, boxes, sendable)
 
@@ -394,14 +400,14 @@ def _values(meta: Metadata, local: dict) -> dict:
     return {name: decode_value(meta.values[name], repr(name)) for name in local["replicated"]}
 
 
-def _read_early(directory: str, meta: Metadata, local: dict, roles: dict, storage: Storage):
-    """The directory way's reads, before its plan: ``(targets, held, values)``.
+def _read_early(directory: str, meta: Metadata, local: dict, boxes: dict, roles: dict, storage: Storage):
+    """The directory way's reads of this rank's ``boxes``, before its plan: ``(targets, held, values)``.
 
     Every chunk this rank reads (its roles but NEEDS) is read and verified now;
     a shared chunk whose centre it holds is kept whole in ``held[(name,
     chunk)]`` (its own part copied out) for the users it may have to send to.
     """
-    targets = _targets(meta, local, {name: (tuple(r[1]), tuple(r[2])) for name, r in local["requests"].items()})
+    targets = _targets(meta, local, boxes)
     held = {}
     with ChunkReader(directory, meta, storage) as reader:
         for name, (start, stop, out) in targets.items():

@@ -43,10 +43,10 @@ plan (``reread``: the load then needs an agreement after those reads).
 
 A rank receives O(the chunks it touches + the chunks it directs) parts, plus a
 few bytes per rank for the empty slots of the alltoall; rank 0 receives every
-rank's signature (as the save's gather does).  Blocks only: a Ragged table's
-row offsets depend on every rank's row count (loading.py plans checkpoints
-that hold one with the allgather of hpcckpt.read_plan).  Pure: the MPI calls
-are loading.py's.
+rank's signature (as the save's gather does).  A Ragged table's rows are a
+box like a Block's once each rank knows them (load_plan.scan_rows, one scan
+of a few numbers per table: hpcckpt.ragged_rows).  Pure: the MPI calls are
+load_plan.py's.
 """
 
 from __future__ import annotations
@@ -116,6 +116,8 @@ def parts_for_directories(meta: Metadata, roles: dict, nranks: int) -> dict[int,
 
 def signature_problem(signatures: list) -> str | None:
     """Rank 0: why the ranks' ``((name, kind), ...)`` differ (the messages of loading.plan_reads), or None."""
+    if all(sig == signatures[0] for sig in signatures):  # the usual answer, in tuple comparisons alone
+        return None
     first = dict(signatures[0])
     for rank, sig in enumerate(signatures):
         sig = dict(sig)

@@ -28,8 +28,9 @@ def encode_requests(requests: dict) -> tuple[tuple, np.ndarray]:
 
     ``signature``: ``((name, kind), ...)`` sorted by name; the vector holds,
     per name in that order, a Block's start and stop, or a Ragged's row count
-    (-1 for an even split).  About 8 bytes per number instead of a pickled dict
-    of tuples per variable.
+    (:data:`EVEN_SPLIT` for an even split; any negative count as -1, which the
+    checks refuse whatever its size, and which fits int64).  About 8 bytes per
+    number instead of a pickled dict of tuples per variable.
     """
     signature, numbers = [], []
     for name in sorted(requests):
@@ -39,8 +40,12 @@ def encode_requests(requests: dict) -> tuple[tuple, np.ndarray]:
             numbers.extend(request[1])
             numbers.extend(request[2])
         else:
-            numbers.append(-1 if request[1] is None else request[1])
+            numbers.append(EVEN_SPLIT if request[1] is None else max(request[1], -1))
     return tuple(signature), np.asarray(numbers, np.int64)
+
+
+#: The number :func:`encode_requests` sends for ``Ragged()`` (no row count: an even split).
+EVEN_SPLIT = int(np.iinfo(np.int64).min)
 
 
 def target_boxes(encoded: list[tuple[tuple, np.ndarray]], meta: Metadata) -> dict[str, tuple]:
@@ -74,7 +79,7 @@ def target_boxes(encoded: list[tuple[tuple, np.ndarray]], meta: Metadata) -> dic
         else:
             rows = numbers[:, at].tolist()
             at += 1
-            ranges = np.asarray(plan_rows([None if r < 0 else r for r in rows], shape[0], name),
+            ranges = np.asarray(plan_rows([None if r == EVEN_SPLIT else r for r in rows], shape[0], name),
                                 np.int64).reshape(len(rows), 2)
             starts = np.zeros((len(rows), nd), np.int64)
             stops = np.tile(np.asarray(shape, np.int64), (len(rows), 1))

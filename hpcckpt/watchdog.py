@@ -33,8 +33,8 @@ ENV = "HPCCKPT_DEBUG"
 ENV_TIMEOUT = "HPCCKPT_DEBUG_TIMEOUT"
 DEFAULT_TIMEOUT = 120.0
 #: The communicator methods that block until the other ranks make the same call.
-COLLECTIVES = frozenset({"allgather", "gather", "bcast", "scatter", "allreduce", "exscan", "alltoall", "Barrier",
-                         "barrier", "Allgather", "Gather", "Bcast", "Scatter", "Allreduce", "Alltoallv", "Split",
+COLLECTIVES = frozenset({"allgather", "gather", "bcast", "scatter", "allreduce", "exscan", "Scan", "alltoall",
+                         "Barrier", "barrier", "Allgather", "Gather", "Bcast", "Scatter", "Allreduce", "Alltoallv", "Split",
                          "Split_type", "Dup"})
 #: The collectives that return a new communicator (watched in turn).
 DERIVING = frozenset({"Split", "Split_type", "Dup"})

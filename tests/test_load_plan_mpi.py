@@ -19,7 +19,7 @@ from mpitools import CountingComm
 
 pytestmark = [pytest.mark.mpi(min_size=2), pytest.mark.timeout(120)]
 
-COLLECTIVES = {"allgather", "gather", "bcast", "scatter", "allreduce", "exscan", "Barrier", "barrier", "alltoall",
+COLLECTIVES = {"allgather", "gather", "bcast", "scatter", "allreduce", "exscan", "Scan", "Barrier", "barrier", "alltoall",
                "Allgather", "Gather", "Bcast", "Scatter", "Allreduce", "Alltoallv", "Split", "Dup"}
 
 
@@ -147,9 +147,9 @@ def metadata_way(request, monkeypatch):
 def test_a_load_makes_at_most_three_collectives(comm, mpi_tmp, layout, ragged, ranks, table_form, metadata_way):
     """The metadata (each rank reads it on a few ranks; else rank 0's bcast), then the chunk directory's first
     alltoall (the reads come before it, their failures ride on it), and its second only when some rank needs a
-    part of a chunk another rank reads; or, for a Ragged table, every rank's requests (an alltoall when each rank
-    read the metadata: the same first collective as the directory's; else an allgather) and the read's
-    agreement; the shared parts move point to point.  On every rank, on one rank fewer (reshard: unaligned with
+    part of a chunk another rank reads; with a Ragged table, after the broadcast one Scan first (each rank's
+    rows), and when each rank read the metadata, every rank's requests instead (an alltoall: the same first
+    collective as the directory's) and the read's agreement; the shared parts move point to point.  On every rank, on one rank fewer (reshard: unaligned with
     the saved blocks of 2 rows, but for 2 ranks: one rank loads all) and on a one-rank communicator (each rank
     loads the whole array alone, with any layout): the second alltoall is left out exactly when every rank's rows
     are whole saved chunks (boundaries on even rows) and the blocks do not overlap.  Checkpointer.restore reads
@@ -170,9 +170,12 @@ def test_a_load_makes_at_most_three_collectives(comm, mpi_tmp, layout, ragged, r
         out = hpcckpt.load(template, path, comm=counting)
         calls = [c for c in counting.calls if c in COLLECTIVES]
         aligned = all(x % 2 == 0 for q in range(sub.size) for x in _rows(2 * n, sub.size, q, layout))
-        expected = metadata_way + ((["allgather"] if metadata_way else ["alltoall"]) + ["allgather"] if ragged else
-                                   ["alltoall"] if aligned and (layout != "halo" or sub.size == 1) else
-                                   ["alltoall", "alltoall"])
+        saved_rows = [q * (q + 1) // 2 for q in range(n + 1)]  # the table's saved chunk boundaries
+        split_on_saved = all(saved_rows[-1] * q // sub.size in saved_rows for q in range(sub.size))
+        own_chunks = aligned and (layout != "halo" or sub.size == 1) and (not ragged or split_on_saved)
+        expected = metadata_way + (["alltoall", "allgather"] if ragged and not metadata_way else
+                                   (["Scan"] if ragged else []) + (["alltoall"] if own_chunks else
+                                                                  ["alltoall", "alltoall"]))
         assert calls == expected, calls
         assert np.array_equal(out["u"].local, whole[lo:hi]) and np.array_equal(out["v"].local, np.ones((hi - lo, 3)))
         if ragged:

@@ -10,7 +10,7 @@ import pytest
 from hpcckpt import Block, Checkpointer, Ragged
 from mpitools import CountingComm
 
-COLLECTIVES = {"allgather", "gather", "bcast", "scatter", "allreduce", "exscan", "Barrier", "barrier", "alltoall",
+COLLECTIVES = {"allgather", "gather", "bcast", "scatter", "allreduce", "exscan", "Scan", "Barrier", "barrier", "alltoall",
                "Allgather", "Gather", "Bcast", "Scatter", "Allreduce", "Alltoallv", "send", "recv", "Send", "Recv",
                "sendrecv", "Sendrecv", "Split", "Dup"}
 
@@ -161,12 +161,13 @@ def test_a_layout_that_keeps_changing_is_planned_at_once(world, mpi_tmp):
 @pytest.mark.parametrize("ragged", [False, True])
 def test_a_load_makes_at_most_three_collectives(world, mpi_tmp, reshard, ragged):
     """hpcckpt.load and Checkpointer.restore: the metadata (a load on a few ranks: each reads it; a restore:
-    rank 0 broadcasts it with the version listing), then with a Ragged table one exchange of the checked
-    template's requests (an alltoall after per-rank metadata: a rank that could not read it sends its failure
-    in it; an allgather after the broadcast) and the agreement after the reads, or with Blocks alone the chunk
-    directory's two alltoalls (the reads come before them), the second one only in a reshard (on the saved
-    blocks no rank needs a part from another); the parts of chunks read by another rank come point to point.
-    Reshard: the Block is split another way than it was saved."""
+    rank 0 broadcasts it with the version listing), then with a Ragged table after per-rank metadata one
+    alltoall of the checked template's requests (a rank that could not read the metadata sends its failure in
+    it) and the agreement after the reads; otherwise the chunk directory's two alltoalls (the reads come before
+    them; with a Ragged table after one Scan that places every rank's rows), the second one only when some rank
+    needs a part of a chunk another rank reads (a reshard of the Block; the Ragged rows split evenly across
+    the saved ones); the parts of chunks read by another rank come point to point.  Reshard: the Block is split
+    another way than it was saved."""
     from hpcckpt import load
 
     with Checkpointer(f"{mpi_tmp}/root", comm=world, strategy="file-per-rank", track_failures=False) as ck:
@@ -195,10 +196,13 @@ def test_a_load_makes_at_most_three_collectives(world, mpi_tmp, reshard, ragged)
             out = load(state, path, comm=comm)
             calls = [c for c in comm.calls if c in COLLECTIVES]
         metadata = ["bcast"] if restore else []  # a load on a few ranks: each rank reads the metadata itself
-        if ragged:
-            plan = ["allgather" if restore else "alltoall", "allgather"]
+        saved_rows = np.cumsum([3 + q for q in range(size)]).tolist()  # the table's saved chunk boundaries
+        split_on_saved = all(saved_rows[-1] * q // size in [0] + saved_rows for q in range(size))
+        if ragged and not restore:
+            plan = ["alltoall", "allgather"]
         else:
-            plan = ["alltoall", "alltoall"] if reshard else ["alltoall"]
+            plan = (["Scan"] if ragged else []) + (
+                ["alltoall", "alltoall"] if reshard or (ragged and not split_on_saved) else ["alltoall"])
         assert calls == metadata + plan, calls
         assert out["t"] == 7 and np.array_equal(target, want[lo:hi])
         if ragged:

@@ -21,7 +21,7 @@ from hpcckpt.policy import FailureHistory
 from hpcckpt.save_plan import Ballot, merge_ballots, merge_reports
 from mpitools import CountingComm
 
-COLLECTIVES = {"allgather", "gather", "bcast", "scatter", "allreduce", "exscan", "alltoall", "Barrier", "barrier"}
+COLLECTIVES = {"allgather", "gather", "bcast", "scatter", "allreduce", "exscan", "Scan", "alltoall", "Barrier", "barrier"}
 
 
 def _state(k: float, n: int = 512) -> dict:
