@@ -15,10 +15,13 @@ Scenarios (each an mpiexec job of its own):
   polled non-blocking barrier); loads warm (right after the save or the previous
   load: page cache) and cold (the method's files dropped first with
   posix_fadvise(DONTNEED); they are clean after the fsync).  With
-  ``--same-files``, each cold load is preceded by a raw cold read of the
+  ``--same-files``, each cold load is paired with a raw cold read of the
   method's own data files (every file but metadata: whole files dealt to the
   ranks, or each file cut in one byte range per rank; one ``preadv`` a piece):
   the raw cold read of the same bytes by the same ranks, as the files lie.
+  It comes before the cold load in even repeats and after it in odd ones: on
+  this VM the first cold read of a version just saved and a later one differ,
+  for any reader (docs/performance.md, "Session 8").
 * ``small``: 16 ranks x ``--small-mib`` (4) MiB: the per-file costs dominate.
   ``HPCCKPT_RANKS_PER_NODE=4`` simulates 4 nodes of 4 ranks for hpcckpt.  Save,
   load on 16, reshard load on 12.
@@ -451,8 +454,17 @@ def worker(args) -> None:
     tbytes: dict = {}
     scratch = np.ones(state.nbytes + (1 << 20), np.uint8) if args.same_files else None
 
-    def one(name, d, nrows, lo, hi, parts, state, target, lo3, hi3, expect3, target3, rec):
-        """Save, then every load, of one method into the fresh directory d; rec None: untimed (warm-up)."""
+    def same_files_cold(d, rec):
+        """--same-files: the raw cold read of the method's own files, timed like its loads."""
+        if rank == 0:
+            drop_cache(d)
+        world.Barrier()
+        rec.setdefault("same files cold", []).append(timed(world, lambda: read_files_raw(d, rank, size, scratch)))
+
+    def one(name, d, nrows, lo, hi, parts, state, target, lo3, hi3, expect3, target3, rec, same_first=True):
+        """Save, then every load, of one method into the fresh directory d; rec None: untimed (warm-up).
+        ``same_first``: with --same-files, the raw read of the files comes before the cold load, else after it
+        (alternated over the repeats: on this VM a first cold read after a save and a second differ)."""
         meth = methods[name]
         rec = rec if rec is not None else {}
         if rank == 0:
@@ -468,19 +480,18 @@ def worker(args) -> None:
             if op not in ops:
                 continue
             target.fill(0.0)
+            same_files = op == "load cold" and args.same_files
+            if same_files and same_first:
+                same_files_cold(d, rec)
             if op == "load cold":
-                if args.same_files:
-                    if rank == 0:
-                        drop_cache(d)
-                    world.Barrier()
-                    rec.setdefault("same files cold", []).append(
-                        timed(world, lambda: read_files_raw(d, rank, size, scratch)))
                 if rank == 0:
                     drop_cache(d)
                 world.Barrier()
             rec.setdefault(op, []).append(timed(world, lambda: meth.load(d, world, target, lo, hi, nrows, parts)))
             if not np.array_equal(target, state):
                 raise SystemExit(f"compare: {name} {op} read wrong data on rank {rank}")
+            if same_files and not same_first:
+                same_files_cold(d, rec)
         if "reshard" in ops:
             if sub == MPI.COMM_NULL:
                 idle_wait()
@@ -531,7 +542,7 @@ def worker(args) -> None:
             rec = times.setdefault(name, {})
             one(name, os.path.join(base, f"rep{rep}", name.replace(":", "-")), nrows, lo, hi, writer_parts,
                 state, target, lo3 if sub != MPI.COMM_NULL else 0, hi3 if sub != MPI.COMM_NULL else 0,
-                expect3 if sub != MPI.COMM_NULL else None, target3 if sub != MPI.COMM_NULL else None, rec)
+                expect3 if sub != MPI.COMM_NULL else None, target3 if sub != MPI.COMM_NULL else None, rec, same_first=rep % 2 == 0)
             if "throttled" in rec:
                 tbytes.setdefault(name, []).extend(rec.pop("throttled"))
         if rank == 0:
