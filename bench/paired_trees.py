@@ -41,7 +41,8 @@ def run(tree: str, ranks: int, script: str, args: list[str]) -> dict:
     with tempfile.TemporaryDirectory(prefix="paired-") as tmp:
         out = os.path.join(tmp, "out.json")
         env = dict(os.environ, PYTHONPATH=tree, MPIR_CVAR_CH4_PROGRESS_THROTTLE="1", MPIR_CVAR_POLLS_BEFORE_YIELD="1")
-        cmd = ["mpiexec", "-n", str(ranks), sys.executable, os.path.join(tree, script), *args, "--json", out]
+        cmd = [os.path.join(os.path.dirname(sys.executable), "mpiexec"), "-n", str(ranks), sys.executable,
+               os.path.join(tree, script), *args, "--json", out]  # the venv's, whatever MPI is first on PATH
         subprocess.run(cmd, check=True, env=env, cwd=tree, stdout=subprocess.DEVNULL)
         with open(out) as f:
             return flatten(json.load(f))

@@ -12,7 +12,15 @@ gzips its restart file on one process), Veros' ``read_restart``, hpcckpt's
 restore (``restore_state``).  Times are wall seconds between barriers,
 medians; bytes are the files on disk.  Page cache warm for both.  Veros'
 restart on more than one rank needs h5py built with MPI (``driver="mpio"``);
-without it that column is empty and Veros runs in diskless mode there.
+without it that column is empty and Veros runs in diskless mode there.  On
+Debian 12, Debian's MPI build serves (docs/performance.md, "Veros"):
+
+    apt-get install python3-h5py-mpi            # HDF5 and h5py for OpenMPI, Debian's Python
+    /usr/bin/python3 -m venv --system-site-packages V
+    echo numpy==1.24.2 > keep-numpy.txt          # Debian's numpy, which its h5py is built against
+    V/bin/pip install -c keep-numpy.txt veros==1.7.0 "mpi4py>=4.1" xxhash tqdm numcodecs
+    V/bin/pip uninstall -y h5py                 # pip's serial h5py would hide Debian's
+    V/bin/python bench/veros_restart.py --mpiexec "/usr/bin/mpiexec.openmpi --oversubscribe --allow-run-as-root"
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -114,6 +123,8 @@ def main() -> None:
     p.add_argument("--ny", type=int, default=84)
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--json", default=None, help="also write the results here")
+    p.add_argument("--mpiexec", default=os.path.join(os.path.dirname(sys.executable), "mpiexec"),
+                   help="the launcher and its flags, one string (default: the mpiexec next to this Python)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--nranks", type=int, help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
@@ -122,13 +133,12 @@ def main() -> None:
         return worker(args)
     here = os.path.dirname(os.path.abspath(__file__))
     env = dict(os.environ, PYTHONPATH=os.path.dirname(here) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
     rows, results = [], {}
     for n in args.ranks:
         work = tempfile.mkdtemp(prefix=f"bench-veros-{n}-")
         try:
             out = os.path.join(work, "result.json")
-            subprocess.run([mpiexec, "-n", str(n), sys.executable, os.path.abspath(__file__), "--worker",
+            subprocess.run([*shlex.split(args.mpiexec), "-n", str(n), sys.executable, os.path.abspath(__file__), "--worker",
                             "--nranks", str(n), "--nx", str(args.nx), "--ny", str(args.ny),
                             "--reps", str(args.reps), "--out", out], cwd=work, env=env, check=True,
                            stdout=subprocess.DEVNULL)
