@@ -230,6 +230,23 @@ def metadata_case(p: int, nvars: int, repeat: int) -> dict:
     return out
 
 
+def directory_replies(meta, loaded: list, routed: dict, r: int, q: int, inbox_of) -> list:
+    """What rank ``r`` gets in the directory's second alltoall: each directory it sent parts to decides on its
+    own inbox (``inbox_of(d)``, read_directory.decide), as the real load does."""
+    replies = [None] * q
+    for d in sorted(routed):
+        replies[d] = decide(meta, loaded, [m.get("parts") for m in inbox_of(d)], d, q)[1].get(r)
+    return replies
+
+
+def directory_received(inbox: list, replies: list, signature: tuple, r: int, q: int) -> int:
+    """Pickled bytes rank ``r`` receives in the directory's two alltoalls (rank 0 also every signature)."""
+    empty = psize(None)
+    return (sum(psize({"parts": m["parts"]}) if m.get("parts") else empty for m in inbox)
+            + (q - 1) * (psize({"signature": signature}) if r == 0 else 0)
+            + sum(empty if x is None else psize({"assigned": x}) for x in replies))
+
+
 def load_case(meta, q: int, nvars: int, nsample: int, old_full_max: int) -> dict:
     shape = meta.variables[names(nvars)[0]].shape
     starts, stops = boxes_of(q, shape)
@@ -261,18 +278,12 @@ def load_case(meta, q: int, nvars: int, nsample: int, old_full_max: int) -> dict
         t1, c1, routed = timed_cpu(lambda: parts_for_directories(meta, chunk_roles(meta, box, set(box)), q))
         t2, c2, (problem, _, _) = timed_cpu(lambda: decide(meta, names(nvars), [m.get("parts") for m in inbox], r, q))
         assert problem is None
-        replies = [None] * q
-        for d in sorted(routed):
-            replies[d] = decide(meta, names(nvars), [m.get("parts") for m in directory_inbox(
-                meta, targets, d, q)], d, q)[1].get(r)
+        replies = directory_replies(meta, names(nvars), routed, r, q, lambda d: directory_inbox(meta, targets, d, q))
         t3, c3, shared = timed_cpu(lambda: shared_from_assignments(replies, names(nvars)))
         times.append(t1 + t2 + t3)
         cpus.append(c1 + c2 + c3)
         touched.append(sum(len(p) for p in routed.values()))
-        empty = psize(None)
-        received.append(sum(psize({"parts": m["parts"]}) if m.get("parts") else empty for m in inbox)
-                        + (q - 1) * (psize({"signature": signature}) if r == 0 else 0)
-                        + sum(empty if x is None else psize({"assigned": x}) for x in replies))
+        received.append(directory_received(inbox, replies, signature, r, q))
     r = sample[len(sample) // 2]  # (the chunk indexes came with the metadata)
     box = {n: (tuple(starts[r].tolist()), tuple(stops[r].tolist())) for n in names(nvars)}
     inbox = directory_inbox(meta, targets, r, q)
@@ -408,18 +419,12 @@ def ragged_load_case(meta, p: int, q: int, nvars: int, nsample: int, counts: boo
         t1, c1, (boxes, roles, routed, summary) = timed_cpu(plan_here)
         t2, c2, (problem, _, _) = timed_cpu(lambda: decide(meta, everything, [m.get("parts") for m in inbox], r, q))
         assert problem is None, problem
-        replies = [None] * q
-        for d in sorted(routed):
-            replies[d] = decide(meta, everything, [m.get("parts") for m in directory_inbox(meta, per_name, d, q)],
-                                d, q)[1].get(r)
+        replies = directory_replies(meta, everything, routed, r, q, lambda d: directory_inbox(meta, per_name, d, q))
         t3, c3, _ = timed_cpu(lambda: shared_from_assignments(replies, everything))
         walls.append(t1 + t2 + t3)
         cpus.append(c1 + c2 + c3)
         touched.append(sum(len(x) for x in routed.values()))
-        empty = psize(None)
-        received.append(sum(psize({"parts": m["parts"]}) if m.get("parts") else empty for m in inbox)
-                        + (q - 1) * (psize({"signature": signature}) if r == 0 else 0)
-                        + sum(empty if x is None else psize({"assigned": x}) for x in replies))
+        received.append(directory_received(inbox, replies, signature, r, q))
     steps = max(1, (q - 1).bit_length())  # MPI_Scan by recursive doubling: ceil(log2 q) vectors received
     out.update({"scan_bytes_rank": steps * 8 * 4 * len(tables), "scan_cpu_s_max": max(scan_cpus),
                 "directory_plan_s_max": max(walls), "directory_plan_cpu_s_max": max(cpus),

@@ -84,20 +84,11 @@ def main() -> None:
         return ragged_check(args)
     p, rank = COMM.size, COMM.rank
     q = 3 * p // 4
-    root = COMM.bcast(tempfile.mkdtemp(prefix="scale-", dir=args.dir) if rank == 0 else None)
-    path = os.path.join(root, "ck")
-    shape = tuple(int(g) * scale.EDGE for g in scale.grid(p))
-    starts, _ = scale.boxes_of(p, shape)
-    local = np.full((scale.EDGE,) * 3, float(rank))
-    hpcckpt.save({n: hpcckpt.Block(local, tuple(starts[rank].tolist()), shape) for n in scale.names(args.vars)},
-                 path, comm=COMM)
+    root, path, shape = grid_save(args)
     sub = COMM.Split(0 if rank < q else MPI.UNDEFINED, rank)
     mine = None
     if sub != MPI.COMM_NULL:
-        lo, hi = scale.boxes_of(q, shape)
-        box = (tuple(lo[sub.rank].tolist()), tuple(hi[sub.rank].tolist()))
-        template = {n: hpcckpt.Block(np.zeros(np.subtract(box[1], box[0])), box[0], shape)
-                    for n in scale.names(args.vars)}
+        template = grid_template(args, q, shape, sub)
         load_version(template, path, sub)  # warm-up: imports and first-call costs
         counting, timer = Received(sub), PhaseTimer()
         load_version(template, path, counting, timer=timer)
@@ -127,6 +118,36 @@ def main() -> None:
         shutil.rmtree(root, ignore_errors=True)
 
 
+def real_against_simulated(label: str, real: list, sim_median: float, sim_max: int, args, record: dict) -> None:
+    """Rank 0: the table of bytes received per rank, real against simulated (median, max); ``record`` to --json."""
+    print_table([label, "real", "simulated"], [["median", f"{np.median(real):.0f}", f"{sim_median:.0f}"],
+                                               ["max", f"{max(real)}", f"{sim_max}"]])
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(record, f, indent=1)
+
+
+def grid_save(args, extra: dict | None = None) -> tuple[str, str, tuple]:
+    """Every rank saves its box of the 3-D grid of ``args.vars`` variables (and ``extra``) into a fresh root:
+    ``(root, checkpoint path, global shape)``."""
+    p, rank = COMM.size, COMM.rank
+    root = COMM.bcast(tempfile.mkdtemp(prefix="scale-", dir=args.dir) if rank == 0 else None)
+    path = os.path.join(root, "ck")
+    shape = tuple(int(g) * scale.EDGE for g in scale.grid(p))
+    starts, _ = scale.boxes_of(p, shape)
+    local = np.full((scale.EDGE,) * 3, float(rank))
+    state = {n: hpcckpt.Block(local, tuple(starts[rank].tolist()), shape) for n in scale.names(args.vars)}
+    hpcckpt.save({**state, **(extra or {})}, path, comm=COMM)
+    return root, path, shape
+
+
+def grid_template(args, q: int, shape: tuple, sub) -> dict:
+    """The Blocks of ``sub``'s rank on the grid of ``q`` ranks over ``shape``: a load template."""
+    lo, hi = scale.boxes_of(q, shape)
+    box = (tuple(lo[sub.rank].tolist()), tuple(hi[sub.rank].tolist()))
+    return {n: hpcckpt.Block(np.zeros(np.subtract(box[1], box[0])), box[0], shape) for n in scale.names(args.vars)}
+
+
 def ragged_check(args) -> None:
     """Real bytes received by a Ragged load's directory against the simulation (docstring)."""
     from hpcckpt import loading
@@ -134,23 +155,13 @@ def ragged_check(args) -> None:
     loading.PER_RANK_METADATA_MAX_RANKS = 0  # rank 0 broadcasts the metadata: the directory way for Ragged tables
     p, rank = COMM.size, COMM.rank
     q = 3 * p // 4
-    root = COMM.bcast(tempfile.mkdtemp(prefix="scale-", dir=args.dir) if rank == 0 else None)
-    path = os.path.join(root, "ck")
-    shape = tuple(int(g) * scale.EDGE for g in scale.grid(p))
-    starts, _ = scale.boxes_of(p, shape)
-    local = np.full((scale.EDGE,) * 3, float(rank))
     rows = scale.table_rows(p)
     table = np.arange(sum(rows[:rank]) * 4, sum(rows[:rank + 1]) * 4, dtype=np.float64).reshape(-1, scale.TABLE_COLS)
-    state = {n: hpcckpt.Block(local, tuple(starts[rank].tolist()), shape) for n in scale.names(args.vars)}
-    hpcckpt.save({**state, scale.TABLE: hpcckpt.Ragged(table)}, path, comm=COMM)
+    root, path, shape = grid_save(args, {scale.TABLE: hpcckpt.Ragged(table)})
     sub = COMM.Split(0 if rank < q else MPI.UNDEFINED, rank)
     mine = None
     if sub != MPI.COMM_NULL:
-        lo, hi = scale.boxes_of(q, shape)
-        box = (tuple(lo[sub.rank].tolist()), tuple(hi[sub.rank].tolist()))
-        template = {n: hpcckpt.Block(np.zeros(np.subtract(box[1], box[0])), box[0], shape)
-                    for n in scale.names(args.vars)}
-        template[scale.TABLE] = hpcckpt.Ragged()
+        template = dict(grid_template(args, q, shape, sub), **{scale.TABLE: hpcckpt.Ragged()})
         load_version(template, path, sub)  # warm-up: imports and first-call costs
         counting = Received(sub)
         out = load_version(template, path, counting)
@@ -165,12 +176,9 @@ def ragged_check(args) -> None:
         sim = scale.ragged_load_case(scale.ragged_metadata(p, args.vars), p, q, args.vars, 6, False)
         print(f"\n{p} ranks save, {q} load ({args.vars} variables + a Ragged table of {sum(rows)} rows, split "
               "evenly; the directory after one Scan)\n")
-        print_table(["directory bytes received per rank", "real", "simulated"],
-                    [["median", f"{np.median(real):.0f}", f"{sim['directory_received_bytes_median']:.0f}"],
-                     ["max", f"{max(real)}", f"{sim['directory_received_bytes_max']}"]])
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump({"ranks": p, "load_ranks": q, "real": real, "simulated": sim}, f, indent=1)
+        real_against_simulated("directory bytes received per rank", real, sim["directory_received_bytes_median"],
+                               sim["directory_received_bytes_max"], args,
+                               {"ranks": p, "load_ranks": q, "real": real, "simulated": sim})
         shutil.rmtree(root, ignore_errors=True)
 
 
@@ -214,12 +222,9 @@ def dedup_check(args) -> None:
         info = result.incremental
         print(f"\n{p} ranks, an incremental save of {args.vars} variables ({info['kind']}, written "
               f"{info['written_bytes']} bytes, deduplicated {info['deduplicated_bytes']})\n")
-        print_table(["owners' exchange, bytes received per rank", "real", "simulated"],
-                    [["median", f"{np.median(everyone):.0f}", f"{sim['owners_bytes_rank_median']:.0f}"],
-                     ["max", f"{max(everyone)}", f"{sim['owners_bytes_rank_max']}"]])
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump({"ranks": p, "real": everyone, "simulated": sim, "incremental": info}, f, indent=1)
+        real_against_simulated("owners' exchange, bytes received per rank", everyone,
+                               sim["owners_bytes_rank_median"], sim["owners_bytes_rank_max"], args,
+                               {"ranks": p, "real": everyone, "simulated": sim, "incremental": info})
         shutil.rmtree(root, ignore_errors=True)
 
 
