@@ -435,7 +435,7 @@ class Checkpointer:
                     warnings.warn(f"hpcckpt: skipping unusable version {entry.path}: {exc}", stacklevel=2)
                 continue
             if self.files.patterns:  # the files' rollback: agreed checks first, then one atomic step per file
-                self.files.remember(rollback(self.comm, entry.path), entry.name)
+                self.files.remember(rollback(self.comm, entry.path, self.files.patterns), entry.name)
             self.last_restored = self.chain_base = entry.path
             return out
         raise CheckpointError(f"no valid checkpoint under {self.root!r}: every version is damaged or unreadable ({skipped})")

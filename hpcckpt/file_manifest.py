@@ -20,7 +20,9 @@ This module holds no I/O and no MPI (hpcckpt.file_tracking does those).
 
 from __future__ import annotations
 
+import fnmatch
 import glob
+import posixpath
 from dataclasses import dataclass
 
 from .errors import CheckpointError, CorruptCheckpointError
@@ -62,6 +64,63 @@ class Pattern:
 
     def for_rank(self, rank: int) -> str:
         return self.pattern.replace(RANK_FIELD, str(rank))
+
+    def names(self, rank: int) -> str:
+        """The normalised path or glob this registration names for files recorded by ``rank``."""
+        return posixpath.normpath(self.for_rank(rank) if self.per_rank else self.pattern)
+
+
+def registration_of(record: "Record", registered: list[Pattern]) -> Pattern | None:
+    """The registration of the running application that covers ``record``, or None: then the record is
+    ignored by a restore.
+
+    A record is covered when its path (normalised, as saves write it) is the
+    path a literal registration names, or is matched component by component
+    by a glob registration as ``glob.glob`` would match it, in the same mode.
+    An ``absent`` record is covered by a literal registration only (a glob
+    never records one).  Whatever a checkpoint's metadata says, a restore can
+    therefore only act on files the application registers now.
+    """
+    if record.path != posixpath.normpath(record.path):
+        return None
+    for p in registered:
+        name = p.names(record.rank)
+        if p.literal:
+            if name == record.path and record.mode in ("absent", p.mode):
+                return p
+        elif record.mode == p.mode and glob_matches(name, record.path):
+            return p
+    return None
+
+
+def glob_matches(pattern: str, path: str) -> bool:
+    """Whether ``glob.glob(pattern)`` can name ``path`` (both normalised): the same number of components, each
+    matched by its pattern component, ``*`` never crossing a ``/`` and a hidden name only by a hidden pattern."""
+    pattern_parts, path_parts = pattern.split("/"), path.split("/")
+    return len(pattern_parts) == len(path_parts) and all(
+        _component_matches(p, n) for p, n in zip(pattern_parts, path_parts))
+
+
+def _component_matches(pattern: str, name: str) -> bool:
+    if not glob.has_magic(pattern):
+        return pattern == name
+    if name.startswith(".") and not pattern.startswith("."):
+        return False
+    return fnmatch.fnmatchcase(name, pattern)
+
+
+def registered_location(name: str) -> str:
+    """The directory every path a normalised registration ``name`` names lies in: its leading components
+    without glob characters (the file's own directory for a literal path)."""
+    parts = name.split("/")[:-1]
+    fixed = []
+    for part in parts:
+        if glob.has_magic(part):
+            break
+        fixed.append(part)
+    if fixed == [""]:
+        return "/"
+    return "/".join(fixed) or "."
 
 
 def patterns(files, mode: str = "append", block_bytes: int = DEFAULT_BLOCK_BYTES) -> list[Pattern]:

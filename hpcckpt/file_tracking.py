@@ -24,15 +24,18 @@ from __future__ import annotations
 import glob
 import os
 import stat
+import warnings
 
 from .checksum import checksum
 from .collective import attempt, bcast_checked, raise_if_failed
 from .errors import CheckpointError, CorruptCheckpointError
-from .file_manifest import (DEFAULT_BLOCK_BYTES, Pattern, Record, block_count, block_span,
-                            parse_manifest, patterns, recorder, reuse, root_form, tail_span, tracked_file)
+from .file_manifest import (DEFAULT_BLOCK_BYTES, Pattern, Record, block_count, block_span, parse_manifest, patterns,
+                            recorder, registered_location, registration_of, reuse, root_form, tail_span,
+                            tracked_file)
 from .incremental import raw_hash
 from .metadata_file import read_metadata
-from .storage.posix import confined_path, fsync_path, open_regular, write_all
+from .storage.opening import create_new, create_replacing, open_regular
+from .storage.posix import confined_path, fsync_path, write_all
 
 #: The suffix of the temporary copy an in-place rollback writes next to the file before renaming it over.
 ROLLBACK_SUFFIX = ".hpcckpt-rollback"
@@ -69,7 +72,7 @@ class FileTracker:
             for p in self.patterns:
                 if not p.per_rank and rank != 0:
                     continue
-                for path in _expand(p.for_rank(rank) if p.per_rank else p.pattern, p.literal):
+                for path in _expand(p.names(rank), p.literal):
                     self.pending.append(self._record(path, rank, p, blob))
         finally:
             blob.close()
@@ -77,10 +80,14 @@ class FileTracker:
 
     def _record(self, path: str, rank: int, p: Pattern, blob: "_Blob") -> Record:
         try:
-            fd = open_regular(path)
+            fd = open_regular(path, follow=False)
         except FileNotFoundError:
             return Record(path=path, rank=rank, mode="absent")
         except CorruptCheckpointError as exc:
+            if os.path.islink(path):
+                raise CheckpointError(f"tracked file {path!r} is a symbolic link, and a restore never writes "
+                                      f"through one: register the file it points to, {os.path.realpath(path)!r}"
+                                      ) from None
             raise CheckpointError(f"tracked file {path!r} is not a regular file: {exc}") from None
         try:
             size = os.fstat(fd).st_size
@@ -113,33 +120,51 @@ class _Blob:
 
     def __init__(self, path: str, name: str, fsync: bool):
         self.path, self.name, self.fsync = path, name, fsync
-        self.handle, self.offset = None, 0
+        self.handle: int | None = None
+        self.offset = 0
 
     def append(self, data: bytes) -> tuple[str, int]:
         if self.handle is None:
             os.makedirs(os.path.dirname(self.path), exist_ok=True)
-            self.handle = open(self.path, "wb")
-        self.handle.write(data)
+            self.handle = create_new(self.path)
+        write_all(self.handle, data)
         self.offset += len(data)
         return self.name, self.offset - len(data)
 
     def close(self) -> None:
         if self.handle is None:
             return
-        self.handle.flush()
-        if self.fsync:
-            os.fsync(self.handle.fileno())
-        self.handle.close()
-        self.handle = None
+        try:
+            if self.fsync:
+                os.fsync(self.handle)
+        finally:
+            os.close(self.handle)
+            self.handle = None
         if self.fsync:
             fsync_path(os.path.dirname(self.path))
 
 
-def _expand(pattern: str, literal: bool) -> list[str]:
-    """The paths a pattern names now: a literal path as it is, a glob's matching regular files, sorted."""
+def _expand(name: str, literal: bool) -> list[str]:
+    """The paths a normalised registration names now: a literal path as it is; a glob's matching regular
+    files (not symbolic links) whose directory lies inside the glob's fixed leading directories, sorted."""
     if literal:
-        return [os.path.normpath(pattern)]
-    return sorted(os.path.normpath(p) for p in glob.glob(pattern) if os.path.isfile(p))
+        return [name]
+    location = registered_location(name)
+    return sorted(p for p in (os.path.normpath(m) for m in glob.glob(name))
+                  if _is_regular(p) and _inside(os.path.dirname(p) or ".", location))
+
+
+def _is_regular(path: str) -> bool:
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def _inside(directory: str, location: str) -> bool:
+    """Whether ``directory`` resolves (symbolic links followed) to ``location`` or below it."""
+    real, top = os.path.realpath(directory), os.path.realpath(location)
+    return real == top or real.startswith(top.rstrip("/") + "/")
 
 
 def records_of(version_dir: str) -> list[Record]:
@@ -148,21 +173,35 @@ def records_of(version_dir: str) -> list[Record]:
     return [] if doc is None else parse_manifest(doc)
 
 
-def rollback(comm, version_dir: str) -> list[Record]:
-    """Collective: bring every file that ``version_dir`` recorded back to its content there; all the records.
+def rollback(comm, version_dir: str, registered: list[Pattern]) -> list[Record]:
+    """Collective: bring every file that ``version_dir`` recorded and the application registers now
+    (``registered``) back to its content there; the records acted on.
 
-    Every rank checks its files and prepares their temporary copies; only when
-    all ranks succeeded does any file change (otherwise the copies are removed
-    and every rank raises the same CheckpointError).
+    The metadata is untrusted: a record of a path no current registration
+    covers (file_manifest.registration_of), or whose directory resolves
+    outside its registration's location through a symbolic link, is reported
+    in a warning and ignored.  Every rank checks its files and prepares their
+    temporary copies; only when all ranks succeeded does any file change
+    (otherwise the copies are removed and every rank raises the same
+    CheckpointError).
     """
     what = f"rollback of the tracked files of {version_dir!r}"
-    records = bcast_checked(comm, what, lambda: records_of(version_dir))
-    mine = [r for r in records if recorder(r.rank, comm.Get_size()) == comm.Get_rank()]
+    recorded = bcast_checked(comm, what, lambda: records_of(version_dir))
+    covered = [(r, registration_of(r, registered)) for r in recorded]
+    if comm.Get_rank() == 0:
+        _warn_ignored(version_dir, [r.path for r, p in covered if p is None], "no registration of this run "
+                      "covers them")
+    covered = [(r, p) for r, p in covered if p is not None]
+    mine = [(r, p) for r, p in covered if recorder(r.rank, comm.Get_size()) == comm.Get_rank()]
     actions: list = []
+    escaped: list[str] = []
 
     def prepare_mine():
-        for r in mine:
-            actions.append(_prepare(version_dir, r))  # one by one: a failure leaves the earlier ones to discard
+        for r, p in mine:  # one by one: a failure leaves the earlier ones to discard
+            if _inside(os.path.dirname(r.path) or ".", registered_location(p.names(r.rank))):
+                actions.append(_prepare(version_dir, r))
+            else:
+                escaped.append(r.path)
 
     _, failure = attempt(prepare_mine)
     failures = comm.allgather(failure)
@@ -170,9 +209,18 @@ def rollback(comm, version_dir: str) -> list[Record]:
         for action in actions:
             _discard(action)
         raise_if_failed(comm, what, failures)
+    _warn_ignored(version_dir, escaped, "their directory resolves outside the registered one")
     _, failure = attempt(lambda: [_apply(a) for a in actions])
     raise_if_failed(comm, what, comm.allgather(failure))
-    return records
+    ignored = set(path for paths in comm.allgather(escaped) for path in paths)
+    return [r for r, _ in covered if r.path not in ignored]
+
+
+def _warn_ignored(version_dir: str, paths: list[str], why: str) -> None:
+    if paths:
+        shown = ", ".join(repr(p) for p in paths[:5]) + (f" and {len(paths) - 5} more" if len(paths) > 5 else "")
+        warnings.warn(f"hpcckpt: {version_dir!r} records tracked files that this restore leaves alone ({why}): "
+                      f"{shown}", stacklevel=4)
 
 
 def _prepare(version_dir: str, r: Record):
@@ -187,7 +235,7 @@ def _prepare(version_dir: str, r: Record):
                                   "regular file: left alone")
         return ("remove", r.path)
     try:
-        fd = open_regular(r.path)
+        fd = open_regular(r.path, follow=False)  # a link in the file's place is never written through
     except FileNotFoundError:
         raise CheckpointError(f"tracked file {r.path!r} is missing: it cannot be rolled back") from None
     except CorruptCheckpointError as exc:
@@ -195,13 +243,14 @@ def _prepare(version_dir: str, r: Record):
     try:
         st = os.fstat(fd)
         if r.mode == "append":
-            return _prepare_append(fd, st.st_size, r)
+            return _prepare_append(fd, st, r)
         return _prepare_inplace(version_dir, fd, st, r)
     finally:
         os.close(fd)
 
 
-def _prepare_append(fd: int, size: int, r: Record):
+def _prepare_append(fd: int, st, r: Record):
+    size = st.st_size
     if size < r.size:
         raise CheckpointError(f"tracked file {r.path!r} is shorter ({size} bytes) than at this version "
                               f"({r.size}): it was truncated or replaced")
@@ -209,16 +258,16 @@ def _prepare_append(fd: int, size: int, r: Record):
     if checksum(os.pread(fd, n, start)) != r.tail:
         raise CheckpointError(f"tracked file {r.path!r} was rewritten or replaced: its bytes [{start}, {r.size}) "
                               "differ from this version's (it is registered as append-only)")
-    return ("truncate", r.path, r.size) if size > r.size else None
+    return ("truncate", r.path, r.size, (st.st_dev, st.st_ino)) if size > r.size else None
 
 
 def _prepare_inplace(version_dir: str, fd: int, st, r: Record):
     spans = [block_span(i, r.size, r.block_bytes) for i in range(len(r.blocks))]
     if st.st_size == r.size and all(raw_hash(os.pread(fd, n, o)) == h for (o, n), (h, _, _) in zip(spans, r.blocks)):
         return None
-    target = os.path.realpath(r.path)  # a symbolic link stays one: the file it points to is rolled back
+    target = r.path
     tmp = os.path.join(os.path.dirname(target), "." + os.path.basename(target) + ROLLBACK_SUFFIX)
-    out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, stat.S_IMODE(st.st_mode))
+    out = create_replacing(tmp, stat.S_IMODE(st.st_mode))
     roots: dict = {}
     sources: dict = {}  # blob -> open descriptor, for this file's rebuild
     try:
@@ -247,8 +296,15 @@ def _apply(action) -> None:
         return
     kind, path = action[0], action[1]
     if kind == "truncate":
-        os.truncate(path, action[2])
-        fsync_path(path)
+        fd = open_regular(path, write=True, follow=False)
+        try:
+            st = os.fstat(fd)
+            if (st.st_dev, st.st_ino) != action[3]:
+                raise CheckpointError(f"tracked file {path!r} was replaced while it was rolled back: left alone")
+            os.ftruncate(fd, action[2])
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         return
     if kind == "replace":
         path = action[2]

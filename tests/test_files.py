@@ -290,21 +290,6 @@ def test_asynchronous_saves_refuse_tracked_files(tmp_path):
         hpcckpt.Checkpointer(str(tmp_path / "ck"), comm=SerialComm(), files=["x"], asynchronous=True)
 
 
-def test_a_tracked_symbolic_link_stays_a_link_and_its_target_is_rolled_back(tmp_path):
-    real, link = tmp_path / "real.bin", tmp_path / "link.bin"
-    real.write_bytes(b"a" * 3000)
-    link.symlink_to(real)
-    root = str(tmp_path / "ck")
-    ck = hpcckpt.Checkpointer(root, comm=SerialComm(), files={str(link): "inplace"})
-    ck.save(state(1), 1)
-    ck.close()
-    real.write_bytes(b"b" * 5000)
-    ck = hpcckpt.Checkpointer(root, comm=SerialComm(), files={str(link): "inplace"})
-    ck.restore(template())
-    ck.close()
-    assert link.is_symlink() and real.read_bytes() == b"a" * 3000
-
-
 def spec_rebuild(version_dir: str) -> dict:
     """docs/format.md section 9 alone (json + xxhash, no hpcckpt): each record's content, or its length and tail."""
     import json

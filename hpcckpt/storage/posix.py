@@ -17,9 +17,12 @@ from ..errors import CheckpointError, CorruptCheckpointError
 from ..metadata import check_relative_path
 from ..names import DATA_DIR, METADATA_FILE, split_reference
 from .base import Storage
+from .opening import create_new, create_replacing, open_for_sync, open_regular
 
 #: Largest single os.write/os.preadv call (Linux moves at most ~2 GiB per call anyway).
 _MAX_IO = 1 << 30
+#: One step of a file-to-file copy in the kernel.
+_COPY_STEP = 8 << 20
 
 
 def write_all(fd: int, buffer, hasher=None) -> int:
@@ -84,40 +87,33 @@ def read_segments(fd: int, offset: int, buffer, name: str, segments) -> None:
         lo = end
 
 
-def open_regular(path: str) -> int:
-    """Open ``path`` read-only as a file descriptor, refusing anything that is not a regular file.
+def copy_data(src: int, dst: int, size: int, name: str, pace=None) -> int:
+    """Copy bytes ``[0, size)`` of descriptor ``src`` to the position of descriptor ``dst``; the count copied.
 
-    A FIFO, device, socket or directory planted where a checkpoint file should be
-    must not block or feed a reader: the open never blocks (``O_NONBLOCK``, which
-    regular files ignore) and the opened object is checked with ``fstat``.
-    FileNotFoundError passes through (callers say which file is missing); any
-    other failure is a CheckpointError, a non-regular file a CorruptCheckpointError.
+    In the kernel where it can (``copy_file_range``, else ``sendfile``), a
+    step at a time; ``pace(done)`` is called after each step (a bandwidth cap
+    sleeps there).  OSError naming ``name`` if the source ends first.
     """
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    except (FileNotFoundError, NotADirectoryError):
-        raise FileNotFoundError(path) from None
-    except IsADirectoryError:
-        raise CorruptCheckpointError(f"{path} is a directory, not a regular file") from None
-    except OSError as exc:
-        raise CheckpointError(f"cannot open {path}: {exc.strerror}") from None
-    try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            raise CorruptCheckpointError(f"{path} is not a regular file ({_file_kind(mode)})")
-        os.set_blocking(fd, True)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
+    done = 0
+    while done < size:
+        n = _copy_some(src, dst, done, min(_COPY_STEP, size - done))
+        if n <= 0:
+            raise OSError(f"{name} shrank while being copied ({done} of {size} bytes)")
+        done += n
+        if pace is not None:
+            pace(done)
+    return done
 
 
-def _file_kind(mode: int) -> str:
-    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
-                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")):
-        if test(mode):
-            return name
-    return "not a plain file"
+def _copy_some(src: int, dst: int, offset: int, count: int) -> int:
+    if hasattr(os, "copy_file_range"):
+        try:
+            return os.copy_file_range(src, dst, count, offset)
+        except OSError:
+            pass  # across file systems on old kernels: fall back
+    if hasattr(os, "sendfile"):
+        return os.sendfile(dst, src, offset, count)
+    return os.write(dst, os.pread(src, count, offset))
 
 
 def read_bounded(path: str, limit: int) -> bytes:
@@ -150,7 +146,7 @@ def read_bounded(path: str, limit: int) -> bytes:
 
 def fsync_path(path: str) -> None:
     """fsync a file or a directory by name (a directory fsync makes new entries in it durable)."""
-    fd = os.open(path, os.O_RDONLY)
+    fd = open_for_sync(path)
     try:
         os.fsync(fd)
     finally:
@@ -158,23 +154,26 @@ def fsync_path(path: str) -> None:
 
 
 def atomic_write(path: str, data: bytes, fsync: bool = True) -> None:
-    """Write ``data`` to ``path`` so that readers see the old file or the whole new one, never a part."""
+    """Write ``data`` to ``path`` so that readers see the old file or the whole new one, never a part; a
+    failure leaves the old file and no temporary one."""
     tmp = f"{path}.tmp-{os.getpid()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    fd = create_replacing(tmp)
     try:
-        write_all(fd, data)
-        if fsync:
-            os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+        try:
+            write_all(fd, data)
+            if fsync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
     if fsync:
         fsync_path(os.path.dirname(path) or ".")
-
-
-def create_exclusive(path: str) -> int:
-    """Open a new file for writing; fails if it exists, so two writers never share a file by mistake."""
-    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
 
 
 def confined_path(directory: str, name: str, roots: dict | None = None) -> str:
@@ -258,7 +257,7 @@ class PosixStorage(Storage):
         os.makedirs(os.path.join(directory, DATA_DIR), exist_ok=False)
 
     def create(self, path: str) -> int:
-        return create_exclusive(path)
+        return create_new(path)
 
     def append(self, handle: int, buffer, hasher=None) -> int:
         return write_all(handle, buffer, hasher)
