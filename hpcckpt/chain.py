@@ -38,7 +38,8 @@ def compact(root: str, keep: int | None = None, dry_run: bool = False, fsync: bo
     from .metadata_file import read_metadata
     from .reader import allocate
     from .commit import commit_version
-    from .storage.posix import confined_path, open_regular, read_exact, write_all
+    from .storage.opening import create_new, open_regular
+    from .storage.posix import confined_path, read_exact, write_all
 
     live = current(list_versions(root))
     kept = live[-keep:] if keep else live
@@ -86,8 +87,7 @@ def compact(root: str, keep: int | None = None, dry_run: bool = False, fsync: bo
                             raise CorruptCheckpointError(f"{src}: a chunk of {var.name!r} at offset "
                                                          f"{int(c.offset[k])} fails its checksum")
                         if target is None and not dry_run:
-                            target = os.open(os.path.join(e.path, target_name),
-                                             os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+                            target = create_new(os.path.join(e.path, target_name))
                         fname, off = target_name, (os.lseek(target, 0, os.SEEK_CUR) if target is not None else 0)
                         if target is not None:
                             write_all(target, data)

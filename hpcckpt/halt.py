@@ -17,6 +17,10 @@ from __future__ import annotations
 
 import os
 
+from .errors import CheckpointError
+from .storage.opening import open_regular
+from .storage.posix import atomic_write
+
 HALT_NAME = ".hpcckpt-halt"
 #: The longest reason carried to the ranks and printed.
 MAX_REASON = 200
@@ -29,13 +33,19 @@ def halt_path(root: str) -> str:
 def requested(root: str) -> str | None:
     """The reason of a halt request under ``root`` ('' when it gives none), or None when there is none."""
     path = halt_path(root)
-    if not os.path.exists(path):
+    if not os.path.lexists(path):
         return None
     try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            first = f.readline(MAX_REASON + 1)
-    except OSError:  # unreadable (or a directory): still a request; its presence is what counts
+        fd = open_regular(path)  # a FIFO or device there is still a request, and must not block the decision
+    except (OSError, CheckpointError):  # unreadable, a directory, a FIFO: its presence is what counts
         return ""
+    try:
+        head = os.read(fd, 4 * MAX_REASON)
+    except OSError:
+        return ""
+    finally:
+        os.close(fd)
+    first = head.decode("utf-8", errors="replace").split("\n", 1)[0]
     return first.strip()[:MAX_REASON]
 
 
@@ -45,10 +55,7 @@ def request(root: str, reason: str = "") -> str:
     if not os.path.isdir(root):
         raise FileNotFoundError(2, "no such checkpoint root", root)
     path = halt_path(root)
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(" ".join(reason.split()) + "\n")
-    os.replace(tmp, path)
+    atomic_write(path, (" ".join(reason.split()) + "\n").encode(), fsync=False)
     return path
 
 

@@ -16,9 +16,7 @@ import argparse
 import math
 import os
 import re
-import shutil
 import sys
-import tempfile
 import warnings
 from dataclasses import dataclass
 
@@ -213,8 +211,7 @@ def version_rows(root: str) -> list[VersionRow]:
 def failure_estimate(root: str, prior_mtbf: float | None):
     """(summary dict, footer line) of the failure history under ``root``, or None when there is none.
 
-    The history is read from a private copy: FailureHistory.load renames a
-    malformed file to ``.bad``, which a read-only listing must not do.
+    The history is read read-only: a malformed file stays where it is.
     """
     from ..policy import FailureHistory, estimate_mtbf
     from ..policy.history import HISTORY_FILENAME
@@ -222,11 +219,9 @@ def failure_estimate(root: str, prior_mtbf: float | None):
     path = os.path.join(root, HISTORY_FILENAME)
     if not os.path.isfile(path):
         return None
-    with tempfile.TemporaryDirectory(prefix="hpcckpt-ls-") as tmp:
-        shutil.copyfile(path, os.path.join(tmp, HISTORY_FILENAME))
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            history = FailureHistory.load(tmp)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        history = FailureHistory.load(root, read_only=True)
     if caught:
         reason = str(caught[0].message).split(" (", 1)[-1].rsplit(")", 1)[0]
         return {"error": f"unreadable: {reason}"}, f"failure history: {path} is unreadable ({reason})"

@@ -18,6 +18,7 @@ from ..encoding import encode_value
 from ..errors import CheckpointError
 from ..metadata import FORMAT_NAME
 from ..regions import volume
+from ..storage.posix import fsync_path
 from .common import INT64_MAX, INT64_MIN, JSON_SUFFIX, LIBVER, RESERVED_PREFIX, h5_errors, h5py_module
 
 
@@ -94,22 +95,14 @@ def export(checkpoint_path, out_h5, progress=None, *, overwrite: bool = False) -
             finally:
                 with h5_errors(f"cannot finish writing {tmp!r}", corrupt=False):
                     f.close()
-            fd = os.open(tmp, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            fsync_path(tmp)
             os.replace(tmp, out)
         except BaseException:
             with contextlib.suppress(OSError):
                 os.remove(tmp)
             raise
-    with contextlib.suppress(OSError):
-        fd = os.open(os.path.dirname(os.path.abspath(out)), os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+    with contextlib.suppress(OSError, CheckpointError):
+        fsync_path(os.path.dirname(os.path.abspath(out)))
     return result
 
 

@@ -15,7 +15,8 @@ import os
 import threading
 import time
 
-_BLOCK = 8 << 20
+from ..storage.opening import create_replacing, open_regular
+from ..storage.posix import copy_data
 
 
 class FlushThread:
@@ -60,35 +61,22 @@ def copy_file(src: str, dst: str, fsync: bool = True, bandwidth: float | None = 
     os.makedirs(os.path.dirname(dst), exist_ok=True)
     tmp = dst + ".part"
     t0 = time.perf_counter()
-    done = 0
-    with open(src, "rb") as fi:
-        size = os.fstat(fi.fileno()).st_size
-        fo = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+
+    def pace(done: int) -> None:
+        ahead = done / bandwidth - (time.perf_counter() - t0)
+        if ahead > 0:
+            time.sleep(ahead)
+
+    fi = open_regular(src)
+    try:
+        fo = create_replacing(tmp)
         try:
-            while done < size:
-                n = _copy_some(fi.fileno(), fo, done, min(_BLOCK, size - done))
-                if n <= 0:
-                    raise OSError(f"{src} shrank while being flushed ({done} of {size} bytes)")
-                done += n
-                if bandwidth:
-                    ahead = done / bandwidth - (time.perf_counter() - t0)
-                    if ahead > 0:
-                        time.sleep(ahead)
+            done = copy_data(fi, fo, os.fstat(fi).st_size, src, pace if bandwidth else None)
             if fsync:
                 os.fsync(fo)
         finally:
             os.close(fo)
+    finally:
+        os.close(fi)
     os.replace(tmp, dst)
     return done
-
-
-def _copy_some(fi: int, fo: int, offset: int, count: int) -> int:
-    if hasattr(os, "copy_file_range"):
-        try:
-            return os.copy_file_range(fi, fo, count, offset)
-        except OSError:
-            pass  # across file systems on old kernels: fall back
-    if hasattr(os, "sendfile"):
-        return os.sendfile(fo, fi, offset, count)
-    data = os.pread(fi, count, offset)
-    return os.write(fo, data)

@@ -23,7 +23,7 @@ import numpy as np
 from ..collective import agree
 from ..errors import CheckpointError
 from ..names import parity_file, rank_file
-from ..storage.posix import open_regular
+from ..storage.opening import create_replacing, open_regular
 from .base import Level
 
 ROUND_BYTES = 16 << 20
@@ -61,8 +61,8 @@ def encode(gcomm, data_path: str, size: int, sizes: list[int], out_path: str, fs
         error = exc
     try:
         os.makedirs(os.path.dirname(out_path), exist_ok=True)
-        out = os.open(out_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    except OSError as exc:
+        out = create_replacing(out_path)
+    except (OSError, CheckpointError) as exc:
         error = error or exc
     try:
         for a in range(0, seg, round_bytes):
@@ -108,7 +108,7 @@ def rebuild(gcomm, lost: int, data_path: str, size: int, parity_path: str, seg: 
     try:
         if pos == lost:
             os.makedirs(os.path.dirname(out_path), exist_ok=True)
-            out = os.open(out_path + ".part", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            out = create_replacing(out_path + ".part")
         else:
             fd = open_regular(data_path) if size > 0 else None
             pfd = open_regular(parity_path) if seg > 0 else None

@@ -16,7 +16,8 @@ import numpy as np
 from ..collective import agree
 from ..errors import CheckpointError
 from ..names import rank_file
-from ..storage.posix import open_regular, read_exact, write_all
+from ..storage.opening import create_replacing, open_regular
+from ..storage.posix import read_exact, write_all
 from .base import Level
 
 ROUND_BYTES = 32 << 20
@@ -49,8 +50,8 @@ def transfer(comm, moves: list[tuple[int, int, str, int]], src_dir: str, dst_dir
         try:
             path = os.path.join(dst_dir, name)
             os.makedirs(os.path.dirname(path), exist_ok=True)
-            fout[i] = os.open(path + ".part", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        except OSError as exc:
+            fout[i] = create_replacing(path + ".part")
+        except (OSError, CheckpointError) as exc:
             error = error or exc
             fout[i] = None
     received = 0

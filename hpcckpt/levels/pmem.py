@@ -28,10 +28,11 @@ import zlib
 import numpy as np
 
 from ..collective import agree
-from ..errors import CheckpointError
+from ..errors import CheckpointError, CorruptCheckpointError
 from ..names import rank_file
 from ..storage.base import hash_segments
-from ..storage.posix import PosixStorage, open_regular, read_exact
+from ..storage.opening import create_replacing, open_regular
+from ..storage.posix import PosixStorage, fsync_path, read_exact
 from .base import Level
 
 MAGIC = b"HCKPMEM1"
@@ -102,11 +103,14 @@ class PmemImage:
     def headers(self) -> list:
         """``[header of slot 0 or None, header of slot 1 or None]`` as the file holds them now."""
         try:
-            with open(self.path, "rb") as f:
-                size = os.fstat(f.fileno()).st_size
-                page = f.read(PAGE)
-        except FileNotFoundError:
+            fd = open_regular(self.path)
+        except (FileNotFoundError, CorruptCheckpointError):  # none, or not a regular file: it holds no version
             return [None, None]
+        try:
+            size = os.fstat(fd).st_size
+            page = os.pread(fd, PAGE, 0)
+        finally:
+            os.close(fd)
         if len(page) < PAGE:
             return [None, None]
         return [unpack_header(page[at:at + HEADER_BYTES], s, size) for s, at in enumerate(HEADER_AT)]
@@ -131,7 +135,7 @@ class PmemImage:
             return self._recreate(data, name, seq, fsync)
         target = 1 - newest["slot"]
         old_length = headers[target]["length"] if headers[target] is not None else 0
-        fd = os.open(self.path, os.O_RDWR)
+        fd = open_regular(self.path, write=True)
         try:
             mm = mmap.mmap(fd, slot_offset(2, capacity))
         finally:
@@ -178,7 +182,7 @@ class PmemImage:
         capacity = max(PAGE, -(-data.size // PAGE) * PAGE)
         os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
         tmp = self.path + ".part"
-        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        fd = create_replacing(tmp, readable=True)
         try:
             # the space reserved now: a full file system is an OSError here, not a SIGBUS at a store into the map
             os.posix_fallocate(fd, 0, slot_offset(2, capacity))
@@ -194,11 +198,7 @@ class PmemImage:
             mm.close()
         os.replace(tmp, self.path)
         if fsync:
-            dfd = os.open(os.path.dirname(self.path) or ".", os.O_RDONLY)
-            try:
-                os.fsync(dfd)
-            finally:
-                os.close(dfd)
+            fsync_path(os.path.dirname(self.path) or ".")
         self.bytes_written = data.size
         return data.size
 
@@ -207,8 +207,11 @@ class PmemImage:
         h = self.holding(name)
         if h is None:
             return None
-        with open(self.path, "rb") as f:
-            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        fd = open_regular(self.path)
+        try:
+            mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+        finally:
+            os.close(fd)
         h2 = unpack_header(mm[HEADER_AT[h["slot"]]:HEADER_AT[h["slot"]] + HEADER_BYTES], h["slot"], len(mm))
         if h2 != h:  # rewritten since it was read (another writer): refuse rather than read a moving slot
             mm.close()

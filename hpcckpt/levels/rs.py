@@ -23,7 +23,6 @@ CheckpointError and none waits forever.
 from __future__ import annotations
 
 import os
-import shutil
 
 import numpy as np
 import xxhash
@@ -31,7 +30,8 @@ import xxhash
 from ..collective import agree
 from ..errors import CheckpointError
 from ..names import rank_file, rs_parity_file
-from ..storage.posix import open_regular
+from ..storage.opening import create_replacing, open_regular
+from ..storage.posix import copy_data
 from .base import Level
 from .parity import read_clipped, settle_rebuilt
 from . import rs_coder
@@ -62,6 +62,20 @@ def _alltoallv(gcomm, sends: dict[int, list], recv_counts: dict[int, int]) -> tu
     return rbuf, {s: rbuf[rdis[s]:rdis[s] + n] for s, n in recv_counts.items() if n}
 
 
+def keep_from_damaged_copy(data_path: str, out: int, size: int) -> None:
+    """Start the rebuilt file ``out`` as a copy of the damaged ``data_path`` when it still has the right
+    ``size`` (only its damaged stripes are rewritten then); leave it empty otherwise."""
+    try:
+        fd = open_regular(data_path)
+    except (FileNotFoundError, CheckpointError):
+        return
+    try:
+        if os.fstat(fd).st_size == size:
+            copy_data(fd, out, size, data_path)
+    finally:
+        os.close(fd)
+
+
 def encode(gcomm, k: int, m: int, data_path: str, size: int, sizes: list[int], out_path: str, fsync: bool = True,
            round_bytes: int = ROUND_BYTES) -> tuple[int, list[str], list[str]]:
     """Collective over the group: write this member's m check blocks to ``out_path``.
@@ -81,9 +95,9 @@ def encode(gcomm, k: int, m: int, data_path: str, size: int, sizes: list[int], o
         error = exc
     try:
         os.makedirs(os.path.dirname(out_path), exist_ok=True)
-        out = os.open(out_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        out = create_replacing(out_path)
         os.ftruncate(out, m * seg)
-    except OSError as exc:
+    except (OSError, CheckpointError) as exc:
         error = error or exc
     try:
         for a in range(0, seg, round_bytes):
@@ -173,11 +187,8 @@ def rebuild(gcomm, k: int, m: int, seg: int, tasks: list, data_path: str, size: 
             pfd = open_regular(parity_path) if seg > 0 else None
         if mine:
             os.makedirs(os.path.dirname(data_path), exist_ok=True)
-            if os.path.isfile(data_path) and os.path.getsize(data_path) == out_size:  # damaged: keep the rest
-                shutil.copyfile(data_path, data_path + ".part")
-            else:
-                open(data_path + ".part", "wb").close()
-            out = os.open(data_path + ".part", os.O_WRONLY)
+            out = create_replacing(data_path + ".part")
+            keep_from_damaged_copy(data_path, out, out_size)
     except (OSError, CheckpointError) as exc:
         error = exc
     try:

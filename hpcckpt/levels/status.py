@@ -20,16 +20,21 @@ import json
 import os
 
 from ..catalog import list_versions
+from ..errors import CheckpointError
 from ..humanize import format_duration, table_lines
 from ..names import METADATA_FILE
+from ..storage.posix import read_bounded
 from . import FLUSH_MARKER, LEVELS_FILE
+
+
+#: The longest levels.json or flush marker read: far beyond any real one.
+_MAX_JSON = 1 << 20
 
 
 def _load_json(path: str):
     try:
-        with open(path, "rb") as f:
-            return json.loads(f.read())
-    except (OSError, ValueError):
+        return json.loads(read_bounded(path, _MAX_JSON))
+    except (OSError, ValueError, RecursionError, CheckpointError):
         return None
 
 

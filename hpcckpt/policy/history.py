@@ -44,13 +44,12 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 import warnings
 from dataclasses import asdict, dataclass, field
 from typing import List, Optional, Tuple
 
 from hpcckpt.errors import CheckpointError
-from hpcckpt.storage.posix import read_bounded
+from hpcckpt.storage.posix import atomic_write, read_bounded
 
 __all__ = ["FailureHistory", "RunRecord", "HISTORY_FILENAME"]
 
@@ -140,8 +139,10 @@ class FailureHistory:
         return None if self.directory is None else os.path.join(self.directory, self.filename)
 
     @classmethod
-    def load(cls, directory: Optional[str], filename: str = HISTORY_FILENAME) -> "FailureHistory":
-        """Read the history under ``directory``; missing -> empty, malformed -> warning + empty."""
+    def load(cls, directory: Optional[str], filename: str = HISTORY_FILENAME,
+             read_only: bool = False) -> "FailureHistory":
+        """Read the history under ``directory``; missing -> empty, malformed -> warning + empty (and set aside
+        as ``.bad``, unless ``read_only``: a listing tool changes nothing under a root)."""
         h = cls(directory=directory, filename=filename)
         path = h.path
         if path is None or not os.path.exists(path):
@@ -172,11 +173,13 @@ class FailureHistory:
                 RuntimeWarning,
                 stacklevel=2,
             )
+            h.runs = []
+            if read_only:
+                return h
             try:
                 os.replace(path, path + ".bad")  # keep the evidence next to the fresh history
             except OSError as move_error:
                 warnings.warn(f"hpcckpt: could not set {path} aside: {move_error}", RuntimeWarning, stacklevel=2)
-            h.runs = []
         return h
 
     def save(self) -> None:
@@ -186,19 +189,7 @@ class FailureHistory:
             return
         os.makedirs(self.directory, exist_ok=True)
         payload = {"format": _FORMAT, "version": _VERSION, "runs": [asdict(r) for r in self.runs]}
-        fd, tmp = tempfile.mkstemp(prefix=".failure_history.", suffix=".tmp", dir=self.directory)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump(payload, f, indent=1, allow_nan=False)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
+        atomic_write(path, json.dumps(payload, indent=1, allow_nan=False).encode())
 
     # -------------------------------------------------------------- events
     @property

@@ -39,6 +39,7 @@ from typing import Sequence
 import numpy as np
 
 from hpcckpt.errors import CheckpointError
+from hpcckpt.storage.posix import read_bounded
 from hpcckpt.policy.multilevel import LevelConfig, Pattern, expected_makespan, fit_to_work
 
 __all__ = ["features", "fit", "predict", "load_models", "sample_configs", "MODEL_FILE", "MODEL_FORMAT"]
@@ -100,14 +101,17 @@ def _pattern(config: LevelConfig, periods: np.ndarray) -> Pattern:
     return fit_to_work(config, Pattern(float(np.exp(np.mean(np.log(periods / m)))), ratios))
 
 
+#: The longest model file read: far beyond the one the package ships.
+_MAX_MODEL_BYTES = 64 << 20
+
+
 @functools.lru_cache(maxsize=4)
 def load_models(path: str = MODEL_FILE) -> dict:
     """The models of ``path`` by number of levels (their arrays as numpy arrays); CheckpointError if the file is
     missing or not a model file."""
     try:
-        with open(path, encoding="utf-8") as f:
-            doc = json.load(f)
-    except (OSError, ValueError) as exc:
+        doc = json.loads(read_bounded(path, _MAX_MODEL_BYTES))
+    except (OSError, ValueError, RecursionError, CheckpointError) as exc:
         raise CheckpointError(f"cannot read the learned-interval model {path!r}: {exc}") from None
     if doc.get("format") != MODEL_FORMAT or doc.get("version") != MODEL_VERSION:
         raise CheckpointError(f"{path!r} is not a {MODEL_FORMAT} version {MODEL_VERSION} file")

@@ -20,6 +20,7 @@ import numpy as np
 from ..checksum import checksum
 from ..collective import SerialComm
 from ..names import DATA_DIR
+from ..storage.opening import open_regular
 from ..transport.base import Piece, Transport, TransportContext
 from ..transport.topology import node_layout
 
@@ -51,9 +52,11 @@ class TransportTests:
         for variable, file, offset, nbytes, digest, start, count in written.rows:
             piece = by_start.pop(tuple(start))
             assert (variable, tuple(count), nbytes) == (piece.variable, tuple(piece.count), piece.nbytes)
-            with open(os.path.join(directory, file), "rb") as f:
-                f.seek(offset)
-                stored = f.read(nbytes)
+            fd = open_regular(os.path.join(directory, file))
+            try:
+                stored = os.pread(fd, nbytes, offset)
+            finally:
+                os.close(fd)
             assert stored == piece.payload.tobytes(), f"{file} at {offset} does not hold the piece"
             assert digest == checksum(piece.payload)
         assert not by_start
