@@ -138,3 +138,55 @@ def test_a_file_recorded_by_two_ranks_fails_the_save_on_every_rank(comm, mpi_tmp
         ck.save(state(comm, 1), 1)
     assert ck.latest() is None
     ck.close()
+
+
+def test_crafted_records_are_ignored_on_every_rank_and_an_escape_on_one_rank_touches_nothing(comm, mpi_tmp):
+    """A record of an unregistered path (rank 0 warns) and a per-rank glob match whose directory is a link out
+    of the registered one (the recording rank warns): neither file changes, the registered ones roll back."""
+    import warnings
+
+    from metadata_tools import rewrite_metadata
+
+    work, root = os.path.join(mpi_tmp, "work"), os.path.join(mpi_tmp, "ck")
+    outside = os.path.join(mpi_tmp, "outside")
+    last = comm.size - 1
+    if comm.rank == 0:
+        os.makedirs(os.path.join(work, "r0"))
+        os.makedirs(outside)
+        for name in ("victim.txt", "x.log"):
+            with open(os.path.join(outside, name), "wb") as f:
+                f.write(b"precious\n")
+    comm.Barrier()
+    registered = {os.path.join(work, "log.{rank}"): "append", os.path.join(work, "r*", "x.{rank}.log"): "append"}
+    ck = hpcckpt.Checkpointer(root, comm=comm, files=registered)
+    with open(os.path.join(work, f"log.{comm.rank}"), "ab") as f:
+        f.write(b"saved\n")
+    ck.save(state(comm, 1), 1)
+    ck.close()
+    with open(os.path.join(work, f"log.{comm.rank}"), "ab") as f:
+        f.write(b"after\n")
+    if comm.rank == 0:
+        os.rename(os.path.join(outside, "x.log"), os.path.join(outside, f"x.{last}.log"))
+        os.symlink(outside, os.path.join(work, "r9"))
+        vdir = os.path.join(root, sorted(d for d in os.listdir(root) if d.startswith("step-"))[-1])
+        empty_tail = "2d06800538d394c2"
+        rewrite_metadata(vdir, lambda doc: doc["extra"]["files"]["entries"].extend([
+            {"path": os.path.join(outside, "victim.txt"), "rank": last, "mode": "absent"},
+            {"path": os.path.join(work, "r9", f"x.{last}.log"), "rank": last, "mode": "append", "size": 0,
+             "tail_bytes": 1 << 20, "tail": empty_tail}]))
+    comm.Barrier()
+    ck = hpcckpt.Checkpointer(root, comm=comm, files=registered)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ck.restore(template(comm))
+    ck.close()
+    said = " ".join(str(w.message) for w in caught)
+    if comm.rank == 0:
+        assert "victim.txt" in said and "no registration of this run covers them" in said
+    if comm.rank == last:
+        assert f"x.{last}.log" in said and "resolves outside the registered one" in said
+    assert open(os.path.join(work, f"log.{comm.rank}"), "rb").read() == b"saved\n"
+    comm.Barrier()
+    assert open(os.path.join(outside, "victim.txt"), "rb").read() == b"precious\n"
+    assert open(os.path.join(outside, f"x.{last}.log"), "rb").read() == b"precious\n"
+    comm.Barrier()
