@@ -180,10 +180,12 @@ def describe(holder: dict) -> str:
 def acquire(root: str, force: bool = False) -> RootLock:
     """Take the writer lock of ``root`` (rank 0, at the first save); CheckpointError if another job holds it.
 
-    ``force``: take over any lock but a provably alive holder's (the user
-    knows its holder is gone).  A lock hpcckpt cannot read is refused without
-    ``force``, naming what it is.  An unwritable root (read-only mount, no
-    permission) is a CheckpointError that says so.
+    ``force``: take over any lock but a provably alive holder's
+    (:func:`alive_here`; the user knows its holder is gone).  Something at the
+    lock path that no job can hold (:func:`_inspect`) is refused without
+    ``force``, naming what it is, and removed with it, except a directory that
+    is not empty.  An unwritable root (read-only mount, no permission) is a
+    CheckpointError that says so.
     """
     path = os.path.join(root, LOCK_FILE)
     me = this_process()
@@ -205,8 +207,9 @@ def acquire(root: str, force: bool = False) -> RootLock:
                 flock_free = _flock_free(path)
                 why = stale_reason(lock.holder, me, _pid_alive, flock_free)
                 if why is None:
-                    if not force or alive_here(lock.holder, me, _pid_alive, flock_free):
-                        raise CheckpointError(_held_message(root, lock, force)) from None
+                    live = alive_here(lock.holder, me, _pid_alive, flock_free)
+                    if live or not force:
+                        raise CheckpointError(_held_message(root, lock, live)) from None
                     why = "break_lock=True was given"
             warnings.warn(f"hpcckpt: taking over the lock {path} of {lock.describe()}: {why}", RuntimeWarning,
                           stacklevel=3)
@@ -251,9 +254,9 @@ def remove_lock(root: str, force: bool = False) -> LockFile | None:
         if not force and lock.problem is None and alive_here(lock.holder, me, _pid_alive, _flock_free(path)):
             raise CheckpointError(
                 f"{describe(lock.holder)} holds {path} and is running on this host: that job may still be "
-                f"writing {os.fspath(root)!r}, and a second job writing it as well would damage both's versions. "
-                "Stop that job (it releases the lock when it closes); force the removal only if you are sure "
-                "it no longer writes (hpcckpt unlock --force, or force=True)")
+                f"writing {os.fspath(root)!r}, and a second job writing it as well would damage the versions of "
+                "both. Stop that job (it releases the lock when it closes); force the removal only if you are sure "
+                "it no longer writes (`hpcckpt unlock --force ROOT`)")
         if _remove_if_unchanged(lock):
             return lock
     raise CheckpointError(f"cannot remove the lock {path}: other processes keep taking it at the same time")
@@ -266,13 +269,15 @@ def break_lock(root: str, force: bool = False) -> dict | None:
     return None if lock is None else lock.holder
 
 
-def _held_message(root: str, lock: LockFile, force: bool) -> str:
-    """The error of a save that finds ``root`` locked by another job's valid lock."""
+def _held_message(root: str, lock: LockFile, live: bool) -> str:
+    """The error of a save that finds ``root`` locked by another job's valid lock (``live``: see
+    :func:`alive_here`)."""
     head = (f"{root!r} is being written by another job: {describe(lock.holder)} holds {lock.path}. Two jobs saving "
             "into one root would damage each other's versions; ")
-    if force:
-        return head + ("that process is running on this host, so break_lock=True does not take its lock: stop that "
-                       "job first (`hpcckpt unlock --force ROOT` removes the lock if you are sure it no longer writes)")
+    if live:
+        return head + ("that process is running on this host, so neither break_lock=True nor `hpcckpt unlock` "
+                       "takes its lock: stop that job first (`hpcckpt unlock --force ROOT` removes the lock if you "
+                       "are sure it no longer writes)")
     return head + "if that job is gone, run `hpcckpt unlock ROOT` or pass break_lock=True"
 
 

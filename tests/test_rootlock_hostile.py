@@ -149,8 +149,10 @@ def test_hpcckpt_unlock_refuses_a_running_holder_unless_forced(tmp_path, capsys,
     assert "--force" in err and json.loads(lock.read_text())["pid"] == live_holder.pid  # left alone
     with pytest.raises(CheckpointError, match=f"pid {live_holder.pid} on host .*is running on this host"):
         rootlock.break_lock(tmp_path)
-    with pytest.raises(CheckpointError, match=f"pid {live_holder.pid} .*so break_lock=True does not take its lock"):
-        _save(tmp_path, break_lock=True)
+    for kw in ({}, {"break_lock": True}):
+        with pytest.raises(CheckpointError, match=f"pid {live_holder.pid} .*running on this host, so neither "
+                                                  "break_lock=True nor `hpcckpt unlock` takes its lock"):
+            _save(tmp_path, **kw)
     assert json.loads(lock.read_text())["pid"] == live_holder.pid
 
     assert cli.main(["unlock", "--force", str(tmp_path)]) == 0
@@ -165,7 +167,8 @@ def test_hpcckpt_unlock_refuses_a_running_holder_unless_forced(tmp_path, capsys,
 
 # ------------------------------------------------------------ pure: the checked body
 _json = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
-                     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+                     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner,
+                                                                                max_size=3),
                      max_leaves=12)
 _fields = st.fixed_dictionaries({"format": st.just("hpcckpt-lock")}, optional={
     "hostname": st.one_of(st.sampled_from(["here", "there", "", "a\nb", "h" * 300]), _json),
