@@ -6,7 +6,7 @@ Subcommands (``hpcckpt SUBCOMMAND --help`` for each)::
     hpcckpt inspect PATH            variables, values, files of one version [--chunks] [--json]
     hpcckpt verify PATH             read every chunk and check its checksum (a version or a root)
     hpcckpt gc ROOT                 remove partial leftovers, superseded revisions [--keep N]
-    hpcckpt unlock ROOT             remove the writer lock of a job known to be gone
+    hpcckpt unlock ROOT             remove the writer lock of a job known to be gone [--force]
     hpcckpt halt ROOT               ask the job writing ROOT to checkpoint and exit [--reason TEXT] [--remove]
     hpcckpt stats PATH              per-rank phase timings of the save, bandwidth, straggler [--plot PNG]
     hpcckpt export PATH OUT.h5      one plain HDF5 file of a version (docs/hdf5.md)
@@ -99,11 +99,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_gc)
 
     p = sub.add_parser("unlock", help="remove the writer lock of a root whose holder is known to be gone",
-                       description="Remove ROOT/.hpcckpt-lock whoever holds it. A save takes over a stale lock "
-                                   "by itself when the holder's process is gone on this host or was an earlier "
-                                   "attempt of the same SLURM job; use this for a holder on another host that "
-                                   "you know has ended. Never while the holder still writes.")
+                       description="Remove ROOT/.hpcckpt-lock. A save takes over a stale lock by itself when the "
+                                   "holder's process is gone on this host or was an earlier attempt of the same "
+                                   "SLURM job; use this for a holder on another host that you know has ended. "
+                                   "A holder running on this host and still holding the lock is refused, named, "
+                                   "unless --force. Something hpcckpt cannot have written there (a FIFO, a "
+                                   "symbolic link, a file too long, an empty directory) is removed; a directory "
+                                   "that is not empty never is.")
     p.add_argument("root", metavar="ROOT", help="the Checkpointer root directory")
+    p.add_argument("--force", action="store_true",
+                   help="remove the lock even of a holder running on this host (only if you are sure it no "
+                        "longer writes the root)")
     p.set_defaults(func=cmd_unlock)
 
     p = sub.add_parser("halt", help="ask the job writing a root to checkpoint and exit (the halt file)",

@@ -17,13 +17,13 @@ from .common import EXIT_FAIL, EXIT_OK, dir_size, duration_text, human_bytes, ne
 # --------------------------------------------------------------------------- unlock
 
 def cmd_unlock(args) -> int:
-    from ..rootlock import break_lock, describe
+    from ..rootlock import remove_lock
 
     root = require_root(args.root)
-    holder = break_lock(root)
-    print(f"removed the writer lock of {root} (held by {describe(holder)})" if holder is not None
+    lock = remove_lock(root, force=args.force)
+    print(f"removed the writer lock of {root} (held by {lock.describe()})" if lock is not None
           else f"{root} has no writer lock")
-    return 0
+    return EXIT_OK
 
 
 # --------------------------------------------------------------------------- halt
