@@ -57,7 +57,8 @@ from typing import Callable
 
 from .errors import CheckpointError
 from .humanize import format_time
-from .storage.posix import _file_kind, read_bounded
+from .storage.opening import create_new, file_kind, open_regular
+from .storage.posix import read_bounded
 
 LOCK_FILE = ".hpcckpt-lock"
 _FORMAT = "hpcckpt-lock"
@@ -191,7 +192,7 @@ def acquire(root: str, force: bool = False) -> RootLock:
     me = this_process()
     for attempt in range(_ATTEMPTS):
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+            fd = create_new(path)
         except FileExistsError:
             lock = _inspect(path)
             if lock is None:
@@ -329,7 +330,7 @@ def _inspect(path: str) -> LockFile | None:
     elif kind == stat.S_IFDIR:
         problem = "an empty directory" if _is_empty_dir(path) else _FULL_DIR
     elif kind != stat.S_IFREG:
-        problem = _file_kind(st.st_mode)
+        problem = file_kind(st.st_mode)
     elif st.st_size > _MAX_BYTES:
         problem = f"a file of {st.st_size} bytes, longer than any lock ({_MAX_BYTES} bytes at most)"
     else:
@@ -399,8 +400,8 @@ def _pid_alive(pid: int) -> bool:
 def _flock_free(path: str) -> bool:
     """Whether nobody holds the flock of the lock file (False where flock is not supported or the file is gone)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
+        fd = open_regular(path, follow=False)
+    except (OSError, CheckpointError):
         return False
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

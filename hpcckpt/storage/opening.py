@@ -52,14 +52,10 @@ def open_regular(path: str, *, write: bool = False, follow: bool = True) -> int:
 
 def create_new(path: str, mode: int = 0o644, readable: bool = False) -> int:
     """Create ``path`` for writing (and reading, with ``readable``: a shared map needs both); FileExistsError
-    if anything (a link included) already has that name."""
+    if anything (a link included) already has that name, and any other OSError as ``os.open`` raises it (the
+    caller says what it was creating)."""
     access = os.O_RDWR if readable else os.O_WRONLY
-    try:
-        return os.open(path, access | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC, mode)
-    except (FileExistsError, FileNotFoundError):
-        raise
-    except OSError as exc:
-        raise CheckpointError(f"cannot create {path}: {exc.strerror}") from None
+    return os.open(path, access | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC, mode)
 
 
 def create_replacing(path: str, mode: int = 0o644, readable: bool = False) -> int:
