@@ -31,7 +31,7 @@ from .checksum import checksum
 from .codecs.core import check_config as check_codec_config, max_stored_bytes
 from .encoding import MAX_VALUE_DEPTH, decode_value, dtype_from_json, dtype_to_json
 from .errors import CorruptCheckpointError
-from .names import is_reference_version, split_reference
+from .names import MAX_NAME_CHARS, is_reference_version, split_reference
 
 FORMAT_NAME = "hpcckpt"
 #: The version this hpcckpt writes, and every version it reads (1: before metadata checksums; 2: before the
@@ -271,7 +271,7 @@ def _parse_doc(doc, sealed: bool) -> Metadata:
     variables = {}
     budget = [chunk_columns.MAX_TOTAL_BYTES]  # what the columnar blocks still left may decode to, together
     for name, vdoc in variables_doc.items():
-        _expect(name and len(name) <= 1024, f"invalid variable name {name[:40]!r}")
+        _expect(name and len(name) <= MAX_NAME_CHARS, f"invalid variable name {name[:40]!r}")
         _expect(name not in values, f"{name!r} is both a variable and a replicated value")
         variables[name] = _parse_variable(name, vdoc, len(files), version, budget)
     return Metadata(step=step, files=files, variables=variables, values=values, nranks=nranks,

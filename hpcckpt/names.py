@@ -1,4 +1,5 @@
-"""Every name hpcckpt gives inside a root and inside a version, and the one parser of version names.
+"""Every name hpcckpt gives inside a root and inside a version, the one parser of version names, and the
+rule for the names of variables and values (:func:`state_name_problem`).
 
 A version directory holds ``metadata.json`` (its presence commits the version),
 ``data/`` with the data files the metadata lists, and, on node-local levels,
@@ -12,6 +13,10 @@ from __future__ import annotations
 
 import re
 from typing import NamedTuple
+
+#: The longest variable or value name, in characters (docs/format.md, section 3.1): a nested state's
+#: path name ("group/key") counts whole.  Saves refuse a longer one; readers refuse a longer variable name.
+MAX_NAME_CHARS = 1024
 
 #: The index of a version; written last, its presence commits the version.
 METADATA_FILE = "metadata.json"
@@ -35,6 +40,17 @@ class VersionName(NamedTuple):
 
     step: int
     revision: int
+
+
+def state_name_problem(name) -> str | None:
+    """Why ``name`` cannot name a variable or value (None when it can): not a non-empty string, or too long."""
+    if not isinstance(name, str) or not name:
+        return f"state keys must be non-empty strings, got {name!r}"
+    if len(name) > MAX_NAME_CHARS:
+        return (f"the name {name[:40]!r}... is {len(name)} characters long: a variable or value name (the whole "
+                f"path \"group/key\" of nested state) is at most {MAX_NAME_CHARS} characters (docs/format.md, "
+                "section 3.1)")
+    return None
 
 
 def version_name(step: int, revision: int = 0) -> str:

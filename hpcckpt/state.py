@@ -19,6 +19,7 @@ import numpy as np
 from .devices import as_local_array, is_device_array
 from .encoding import dtype_to_json
 from .errors import TemplateMismatchError
+from .names import state_name_problem
 
 
 class Block:
@@ -181,7 +182,8 @@ def split_state(state) -> tuple[dict[str, Any], dict[str, Any]]:
         raise TemplateMismatchError(f"the state must be a dict, got {type(state).__name__}")
     distributed, replicated = {}, {}
     for name, value in state.items():
-        if not isinstance(name, str) or not name or len(name) > 1024:
-            raise TemplateMismatchError(f"state keys must be non-empty strings, got {name!r}")
+        problem = state_name_problem(name)
+        if problem:
+            raise TemplateMismatchError(problem)
         (distributed if is_distributed(value) else replicated)[name] = value
     return distributed, replicated

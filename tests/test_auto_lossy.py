@@ -113,7 +113,7 @@ def test_the_bound_holds_whatever_is_chosen(x, mode, bound, bw):
     limit = bound if mode == "abs" else rel_bound(x, bound)
     for config in [chosen] + [auto_lossy.config_of(n, mode, bound) for n in auto_lossy.runnable(mode)]:
         y = round_trip(x, config)[0]  # the chosen codec, and whichever candidate it could have chosen
-        # (the quantizer promises the bound and NaN/Inf bit for bit; SZ3 and ZFP also keep -0.0's sign)
+        # (each promises the bound, NaN/Inf bit for bit and -0.0's sign)
         (check_quantized if config["id"] == "hpcckpt.quantize" else check)(x, y, limit)
 
 

@@ -469,6 +469,31 @@ def test_incremental_chain(capsys, tmp_path, table_form):
     assert rc == 1 and os.path.realpath(base_file) in out
 
 
+def test_inspect_files_line_counts_own_files_apart_from_referenced_ones(capsys, tmp_path):
+    """"files N, SIZE (+ R files of other versions, referenced)": N and SIZE are the version's own files only
+    (N was the total, so the R references were counted twice)."""
+    path = str(tmp_path / "inc")
+    with hpcckpt.Checkpointer(path, comm=None, incremental=True, block_bytes=4096, track_failures=False) as ck:
+        u = np.zeros((64, 64))
+        for s in range(3):
+            u[s] = s + 1
+            ck.save({"u": hpcckpt.Block(u, offset=(0, 0), global_shape=u.shape)}, step=s)
+    rc, out, _ = run_cli(capsys, "inspect", step_dir(path, 2))
+    assert rc == 0
+    listed = re.findall(r"^  (\S+)  +(\d[\d.]* \S+)$", out.split("variables")[0], re.M)
+    own = [n for n, _ in listed if not n.startswith("@")]
+    refs = [n for n, _ in listed if n.startswith("@")]
+    assert own and refs, out
+    m = re.search(r"^files +(\d+), ([\d.]+ \S+) \(\+ (\d+) files? of other versions, referenced\)$", out, re.M)
+    assert m, out
+    assert (int(m.group(1)), int(m.group(3))) == (len(own), len(refs)), out
+    own_bytes = sum(os.path.getsize(os.path.join(step_dir(path, 2), n)) for n in own)
+    from hpcckpt.cli.common import human_bytes
+    assert m.group(2) == human_bytes(own_bytes), out
+    rc, out, _ = run_cli(capsys, "inspect", step_dir(path, 0))  # a full version: no references, no "(+ ...)"
+    assert re.search(r"^files +1, [\d.]+ \S+$", out, re.M), out
+
+
 def test_compressed_variable(capsys, tmp_path):
     pytest.importorskip("numcodecs")
     path = str(tmp_path / "c")

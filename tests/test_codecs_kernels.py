@@ -34,8 +34,11 @@ def fields():
     special[9] = np.float64(np.finfo(np.float64).max)
     weird_nan = np.array([0x7FF0000000000001, 0xFFF8000000000123], np.uint64).view(np.float64)
     special[11:13] = weird_nan
+    negzero = smooth.copy()  # finite, range across 0: the fast path's -0.0 check sends it to the general path
+    negzero[[0, 4, 19999]] = -0.0
     return {"smooth": smooth, "const": const, "special": special, "random": rng.normal(size=n),
-            "f4": smooth.astype(np.float32), "f2": (smooth / 10).astype(np.float16)}
+            "f4": smooth.astype(np.float32), "f2": (smooth / 10).astype(np.float16), "negzero": negzero,
+            "negzero-f4": negzero.astype(np.float32)}
 
 
 @pytest.mark.parametrize("spec", CODECS, ids=str)

@@ -46,6 +46,24 @@ def test_the_fake_behaves_like_a_device_array(cupy):
     assert to_host(a).tolist() == [0.0, 1.0, 2.0, 3.0]
 
 
+@pytest.mark.parametrize("dtype", ["<f2", "<f4", "<f8"])
+def test_the_device_quantizer_keeps_negative_zero_as_the_cpu_one_does(cupy, dtype):
+    """The quantizer's device twin (codecs/gpu.py, kernels with xp = cupy) sets -0.0 aside like the CPU codec."""
+    from hpcckpt.codecs import resolve
+    from hpcckpt.codecs.gpu import device_decode, device_encode
+
+    x = field().reshape(-1).astype(dtype)
+    x[3 * 50 + 4] = 0.5  # no NaN: the fast path, whose -0.0 check runs on the device
+    x[[0, 7, x.size - 1]] = -0.0
+    for spec in (Lossy(abs=1e-3), Lossy(rel=1e-4)):
+        codec = resolve(spec, x.dtype)
+        stored = device_encode(codec, cupy.asarray(x))
+        assert stored.tobytes() == codec.encode(x).tobytes()
+        back = cupy.zeros(x.size, dtype)
+        device_decode(codec, stored, back)
+        assert np.signbit(back.get()[[0, 7, x.size - 1]]).all()
+
+
 @pytest.mark.parametrize("codec", CODECS, ids=str)
 def test_device_block_saves_and_loads_through_the_device_paths(tmp_path, cupy, codec):
     x = field()

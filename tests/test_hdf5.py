@@ -107,6 +107,46 @@ def test_export_then_load_hdf5_round_trip(tmp_path, table_form):
     assert got["text"].tolist() == ["x", "yz"]
 
 
+def test_a_nested_state_exported_loads_back_with_the_template_that_saved_it(tmp_path):
+    """A nested template names the datasets of its path names ("grid/u" is /grid/u), as on a checkpoint."""
+    ck, out = str(tmp_path / "ck"), str(tmp_path / "out.h5")
+    u, p = np.arange(12.0).reshape(3, 4), np.arange(5, dtype=np.int32)
+    saved = {"grid": {"u": hpcckpt.Block(u), "dx": 0.5, "parts": {"p": hpcckpt.Ragged(p)}}, "t": 1.5, "cfg": {"a": 1}}
+    hpcckpt.save(saved, ck, SERIAL)
+    hdf5.export(ck, out)
+
+    def template():
+        return {"grid": {"u": hpcckpt.Block(np.zeros_like(u)), "dx": None, "parts": {"p": hpcckpt.Ragged()}},
+                "t": None, "cfg": None}
+
+    from_ck, from_h5 = template(), template()
+    got_ck = hpcckpt.load(from_ck, ck, SERIAL)
+    got_h5 = hpcckpt.load(from_h5, out, SERIAL)  # raised "variable 'grid' is not in the checkpoint"
+    for got, tpl in ((got_ck, from_ck), (got_h5, from_h5)):
+        assert set(got) == {"grid", "t", "cfg"} and set(got["grid"]) == {"u", "dx", "parts"}
+        assert np.array_equal(tpl["grid"]["u"].local, u) and got["grid"]["u"] is tpl["grid"]["u"]
+        assert np.array_equal(got["grid"]["parts"]["p"].local, p)
+        assert got["grid"]["dx"] == 0.5 and got["t"] == 1.5 and got["cfg"] == {"a": 1}
+
+    # the checks name the path, and a Stateful template gets load_state_dict, as on a checkpoint
+    with pytest.raises(TemplateMismatchError, match="'grid/w' is not in the checkpoint"):
+        hpcckpt.load({"grid": {"w": hpcckpt.Block(np.zeros(3))}}, out, SERIAL, strict=False)
+
+    class Model:
+        def __init__(self):
+            self.u, self.restored = np.zeros_like(u), None
+
+        def state_dict(self):
+            return {"grid": {"u": hpcckpt.Block(self.u)}}
+
+        def load_state_dict(self, d):
+            self.restored = d
+
+    m = Model()
+    hdf5.load_hdf5(m, out, SERIAL, strict=False)
+    assert np.array_equal(m.u, u) and set(m.restored["grid"]) == {"u"}
+
+
 def test_export_reads_bounded_slabs(tmp_path, monkeypatch):
     ck, out = str(tmp_path / "ck"), str(tmp_path / "out.h5")
     big = np.random.default_rng(0).random((512, 256))  # 1 MiB

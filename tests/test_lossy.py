@@ -32,6 +32,9 @@ def check(x, y, bound):
     assert np.all(np.isfinite(y[fin]))
     err = np.abs(x[fin].astype(np.float64) - y[fin].astype(np.float64))
     assert err.size == 0 or err.max() <= bound, (err.max(), bound)
+    # -0.0 keeps its sign, as SZ3 and ZFP keep it (+0.0 and tiny values may come back as either zero)
+    negative_zero = (x == 0) & np.signbit(x)
+    assert np.all(np.signbit(y[negative_zero])), np.nonzero(negative_zero & ~np.signbit(y))
 
 
 def rel_bound(x, rel):
@@ -100,3 +103,43 @@ def test_constant_chunk_with_relative_bound_is_lossless():
     x = np.full(1000, 3.25)
     y, _ = round_trip(x, Lossy(rel=1e-3))
     assert np.array_equal(x, y)
+
+
+@pytest.mark.parametrize("dtype", [d.str for d in DTYPES] + [">f4"])
+@pytest.mark.parametrize("spec", [Lossy(abs=1e-3), Lossy(rel=1e-4), Lossy(abs=1e-300)], ids=str)
+def test_negative_zero_keeps_its_sign(dtype, spec):
+    """-0.0 came back as +0.0 (q = 0); now it is an outlier, restored bit for bit, in both quantizer paths."""
+    smooth = np.sin(np.linspace(0, 3, 4000)).astype(dtype)  # range includes 0: the fast path checks for -0.0
+    positive = (np.linspace(1, 2, 4000)).astype(dtype)  # no zero at all: the fast path needs no check
+    special = smooth.copy()
+    special[5] = np.nan  # NaN: the general path
+    for x in (smooth, special, positive):
+        x = x.copy()
+        if x is not positive:
+            x[[0, 17, 3999]] = -0.0
+            x[18] = 0.0
+        y, stored = round_trip(x, spec)
+        check(x, y, spec.bound if spec.mode == "abs" else rel_bound(x, spec.bound))
+        nz = (x == 0) & np.signbit(x)
+        assert np.array_equal(np.signbit(y[nz]), np.ones(nz.sum(), bool))
+        assert not np.signbit(y[18]) or x is positive
+        if stored[4] == 1:  # quantized: the -0.0 are among the outliers
+            n_out = int(np.frombuffer(stored[28:36].tobytes(), "<u8")[0])
+            assert n_out >= nz.sum()
+
+
+def test_auto_lossy_keeps_negative_zero_when_it_picks_the_quantizer(tmp_path, monkeypatch):
+    import hpcckpt
+    from hpcckpt.codecs import AutoLossy, auto_lossy
+    from hpcckpt.collective import SerialComm
+
+    monkeypatch.setattr(auto_lossy, "_installed", lambda module: False)  # no pysz/zfpy (or a GPU rank): the quantizer
+    x = np.sin(np.linspace(0, 3, 40000)).reshape(200, 200)
+    x[0, 0] = x[57, 3] = x[199, 199] = -0.0
+    path = str(tmp_path / "ck")
+    hpcckpt.save({"x": hpcckpt.Block(x)}, path, SerialComm(), codec=AutoLossy(abs=1e-3))
+    assert hpcckpt.open(path).variables["x"].codec["id"] == "hpcckpt.quantize"
+    y = np.zeros_like(x)
+    hpcckpt.load({"x": hpcckpt.Block(y)}, path, SerialComm())
+    check(x, y, 1e-3)
+    assert np.signbit(y[[0, 57, 199], [0, 3, 199]]).all()

@@ -35,7 +35,7 @@ def _reconstruct(q, e, dtype):
     return y.astype(dtype)
 
 
-def _quantize(x, bound):
+def _quantize(x, bound, keep_negative_zero=True):
     e = kernels.step_exponent(bound)
     if e is None:
         return None
@@ -48,6 +48,8 @@ def _quantize(x, bound):
         q = np.rint(scaled)
         if x.dtype.itemsize != 8 or e + 54 >= 1023:
             ok &= np.abs(_reconstruct(q, e, x.dtype).astype(np.float64) - x64) < bound
+    if keep_negative_zero:  # -0.0 is an outlier (its q is 0, which restores +0.0); before that rule it was not
+        ok &= ~((x64 == 0) & np.signbit(x64))
     idx = np.nonzero(~ok)[0].astype(np.uint64)
     if 4 * idx.size > n:
         return None
@@ -63,13 +65,14 @@ def _shuffle(b, w):
     return b.reshape(-1, w).T.copy().reshape(-1)
 
 
-def reference_encode(codec, x):
+def reference_encode(codec, x, keep_negative_zero=True):
+    """The stored bytes of ``x``; ``keep_negative_zero=False``: those the encoder wrote before -0.0 was an outlier."""
     x = x.reshape(-1)
     bound = codec.bound
     if codec.mode == "rel":
         fin = x[np.isfinite(x)].astype(np.float64)
         bound = kernels.range_bound(float(fin.min()), float(fin.max()), bound) if fin.size else 0.0
-    res = _quantize(x, bound)
+    res = _quantize(x, bound, keep_negative_zero)
     comp = codec.compressor
     if res is None:
         parts, fields = [comp.compress(_shuffle(x.view(np.uint8), x.dtype.itemsize))], (0, 0, 0, 0, 0)
@@ -145,3 +148,31 @@ def test_magic_rounding_is_rint():
     v = np.array([0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 2.0 ** 51 - 0.5, -(2.0 ** 51) + 0.5, -0.0, 3.4999999])
     bits = (v + kernels._MAGIC).view(np.int64) - kernels._MAGIC_BITS
     assert np.array_equal(bits, np.rint(v).astype(np.int64))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(x=arrays(), bound=st.sampled_from([1e-12, 1e-5, 1e-3, 0.1, 1.0]),
+       rel=st.sampled_from([None, 1e-6, 1e-2]))
+def test_streams_written_before_negative_zero_was_kept_still_decode(x, bound, rel):
+    """Keeping -0.0 changed which elements are outliers, not the layout: an older stream (-0.0 quantized to
+    q = 0) decodes as the layout says, a -0.0 in it as +0.0 (its sign was not stored)."""
+    codec = resolve(Lossy(rel=rel) if rel else Lossy(abs=bound), x.dtype)
+    old = reference_encode(codec, x, keep_negative_zero=False)
+    out = np.empty(x.nbytes, np.uint8)
+    codec.decode(old, out)
+    assert out.tobytes() == reference_decode(codec, old, x.dtype, x.size).tobytes()
+
+
+def test_an_old_stream_with_negative_zeros_decodes_them_as_positive_zeros():
+    x = np.sin(np.linspace(0, 3, 1000))
+    x[[0, 10]] = -0.0
+    codec = resolve(Lossy(abs=1e-3), x.dtype)
+    old, new = reference_encode(codec, x, keep_negative_zero=False), codec.encode(x)
+    assert HEADER.unpack_from(old, 0)[7] == 0 and HEADER.unpack_from(new, 0)[7] == 2  # n_out: the two -0.0
+    y_old, y_new = np.empty(x.nbytes, np.uint8), np.empty(x.nbytes, np.uint8)
+    codec.decode(old, y_old)
+    codec.decode(new, y_new)
+    y_old, y_new = y_old.view(x.dtype), y_new.view(x.dtype)
+    assert y_old[0] == 0 and not np.signbit(y_old[[0, 10]]).any()
+    assert np.signbit(y_new[[0, 10]]).all()
+    assert np.array_equal(y_old[np.r_[1:10, 11:1000]], y_new[np.r_[1:10, 11:1000]])

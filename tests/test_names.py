@@ -36,3 +36,49 @@ def test_references_round_trip(version, path):
     assert names.is_reference_version(version)
     assert names.split_reference(names.reference(version, path)) == (version, path)
     assert names.split_reference(path.lstrip("@")) is None
+
+
+def test_variable_and_value_names_up_to_the_format_limit_save_and_load(tmp_path):
+    """docs/format.md 3.1: a name is at most 1024 characters; a save of one that long works."""
+    import numpy as np
+
+    import hpcckpt
+    from hpcckpt.collective import SerialComm
+
+    assert names.MAX_NAME_CHARS == 1024
+    var, val = "v" * 1024, "w" * 1024
+    nested = {"g" * 1000: {"u" * 23: hpcckpt.Block(np.arange(3.0))}}  # path "ggg.../uuu...": 1024 characters
+    hpcckpt.save({var: hpcckpt.Block(np.arange(4.0)), val: 7, **nested}, str(tmp_path / "ck"), SerialComm())
+    out = np.zeros(4)
+    got = hpcckpt.load({var: hpcckpt.Block(out), val: None, "g" * 1000: {"u" * 23: hpcckpt.Block(np.zeros(3))}},
+                       str(tmp_path / "ck"), SerialComm())
+    assert np.array_equal(out, np.arange(4.0)) and got[val] == 7
+
+
+@pytest.mark.parametrize("state", [
+    lambda np, hk: {"v" * 1025: hk.Block(np.zeros(2))},                   # a variable
+    lambda np, hk: {"w" * 1025: 3},                                        # a value
+    lambda np, hk: {"g" * 1000: {"u" * 24: hk.Block(np.zeros(2))}},       # a nested path of 1025 characters
+], ids=["variable", "value", "nested-path"])
+def test_a_longer_name_is_refused_saying_the_limit_and_its_length(tmp_path, state):
+    """Was "state keys must be non-empty strings" (the name is one), with the whole name in the message."""
+    import numpy as np
+
+    import hpcckpt
+    from hpcckpt.collective import SerialComm
+
+    with pytest.raises(hpcckpt.CheckpointError) as info:
+        hpcckpt.save(state(np, hpcckpt), str(tmp_path / "ck"), SerialComm())
+    msg = str(info.value)
+    assert "1025 characters long" in msg and "at most 1024 characters" in msg, msg
+    assert "non-empty" not in msg and len(msg) < 600, msg  # the name is cut, not printed whole
+    assert not (tmp_path / "ck" / "metadata.json").exists()
+    hpcckpt.save({"v": hpcckpt.Block(np.zeros(2))}, str(tmp_path / "ck"), SerialComm())
+    with pytest.raises(hpcckpt.TemplateMismatchError, match="1025 characters long"):  # a load template too
+        hpcckpt.load(state(np, hpcckpt), str(tmp_path / "ck"), SerialComm(), strict=False)
+
+
+@pytest.mark.parametrize("name", ["", 3, None])
+def test_an_empty_or_non_string_name_keeps_its_message(name):
+    assert names.state_name_problem(name) == f"state keys must be non-empty strings, got {name!r}"
+    assert names.state_name_problem("x") is None and names.state_name_problem("a/b" * 400) is not None

@@ -48,7 +48,7 @@ def cmd_inspect(args) -> int:
         print(f"written by   {meta.nranks} rank{'s' if meta.nranks != 1 else ''}")
         own = sum(s or 0 for n, s in zip(meta.files, sizes) if not n.startswith("@"))
         refs = sum(1 for n in meta.files if n.startswith("@"))
-        print(f"files        {len(meta.files)}, {human_bytes(own)}"
+        print(f"files        {len(meta.files) - refs}, {human_bytes(own)}"  # its own: the count and bytes alike
               + (f" (+ {refs} file{'s' if refs != 1 else ''} of other versions, referenced)" if refs else ""))
         width = max((len(n) for n in meta.files), default=0)
         for name, size in zip(meta.files, sizes):

@@ -12,7 +12,8 @@ filter (zstd, lz4) is applied by the caller.
   ``hpcckpt.quantize`` (see docs/compression.md): q = rint(x / 2^e), zig-zag
   deltas of q in the narrowest integer width, and the elements that the
   quantizer cannot reproduce within the bound (NaN, Inf, overflow, float
-  rounding) kept verbatim as outliers.
+  rounding) or whose sign it would lose (``-0.0``, whose q is 0) kept
+  verbatim as outliers.
 * :func:`bitround`: numcodecs' ``BitRound`` (mantissa rounding, half to even).
 """
 
@@ -154,6 +155,25 @@ def _fast_ok(dtype, e: int, lo: float, hi: float) -> bool:
     return qa < (1 << p) and e >= emin and math.ldexp(float(qa), e) <= float(np.finfo(dtype).max)
 
 
+def negative_zero_mask(xp, x64):
+    """Where the float64 array ``x64`` holds -0.0: those elements are outliers (q = 0 would restore +0.0)."""
+    return (x64 == 0) & xp.signbit(x64)
+
+
+def _has_negative_zero(xp, x, lo: float, hi: float, work) -> bool:
+    """Whether the flat array ``x`` (finite values in [lo, hi]) holds a -0.0: one compare of its bit patterns.
+
+    Only a chunk whose range includes 0 can hold one (the quantizer's fast path then falls back to the
+    general one, which sets it aside as an outlier).
+    """
+    if not lo <= 0.0 <= hi:
+        return False
+    bits = x.view(np.dtype(x.dtype.str.replace("f", "u")))  # same byte order: compares values, not bytes
+    hit = work.get(xp, "q-negzero", int(x.size)).view(np.bool_)
+    xp.equal(bits, bits.dtype.type(1 << (8 * x.dtype.itemsize - 1)), out=hit)
+    return bool(hit.any())
+
+
 def _narrow_zigzag(xp, d, width: int, work):
     """Zig-zag encode the int64 deltas ``d`` into unsigned ints of ``width`` bytes (all of them fit), then shuffle.
 
@@ -192,8 +212,8 @@ def quantize(xp, x, bound: float, lohi=None, work=None, shuffled: bool = False):
     (all finite, no outliers possible: :func:`_fast_ok`) takes about six passes
     over the chunk, in reused buffers (``work``, a :class:`Workspace`; the
     result's arrays live in it until the thread's next call); chunks holding
-    NaN/Inf or values the quantizer cannot reproduce take the general path.
-    Both give the same bytes.
+    NaN/Inf, -0.0 or values the quantizer cannot reproduce take the general
+    path.  Both give the same bytes.
     """
     e = step_exponent(bound)
     if e is None:
@@ -201,7 +221,7 @@ def quantize(xp, x, bound: float, lohi=None, work=None, shuffled: bool = False):
     work = WORK if work is None else work
     n = int(x.size)
     lo, hi = value_range(xp, x) if lohi is None else lohi
-    if n == 0 or not _fast_ok(x.dtype, e, lo, hi):
+    if n == 0 or not _fast_ok(x.dtype, e, lo, hi) or _has_negative_zero(xp, x, lo, hi, work):
         res = _quantize_general(xp, x, bound, e)
         if res is not None and shuffled:
             res["zz"] = shuffle(xp, res["zz"].view(np.uint8), res["width"])
@@ -231,7 +251,7 @@ def quantize(xp, x, bound: float, lohi=None, work=None, shuffled: bool = False):
 
 
 def _quantize_general(xp, x, bound: float, e: int):
-    """The quantizer for any chunk (NaN, Inf, overflow, float16/32 rounding): outliers kept verbatim."""
+    """The quantizer for any chunk (NaN, Inf, -0.0, overflow, float16/32 rounding): outliers kept verbatim."""
     n = x.size
     x64 = x.astype(np.float64, copy=False)
     with np.errstate(all="ignore"):  # overflow and NaN are expected here: they become outliers
@@ -245,6 +265,7 @@ def _quantize_general(xp, x, bound: float, e: int):
         if x.dtype.itemsize != 8 or e + 54 >= 1023:
             err = xp.abs(reconstruct(xp, q, e, x.dtype).astype(np.float64) - x64)
             ok &= err < bound  # strict: fl(err) < bound implies the exact error is <= bound
+    ok &= ~negative_zero_mask(xp, x64)  # -0.0 keeps its sign, as SZ3 and ZFP keep it (docs/compression.md)
     idx = xp.nonzero(~ok)[0].astype(np.uint64)
     if 4 * int(idx.size) > n:
         return None

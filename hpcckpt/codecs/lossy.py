@@ -4,9 +4,10 @@
 ``Lossy(rel=r)``: within ``r`` times the value range of the chunk the element
 is stored in: ``|x - x'| <= r * (max - min)``, max and min over the chunk's
 finite values (so also within ``r`` times the range of the whole array).
-NaN and +-Inf are restored bit for bit, and so is any element the quantizer
-could not bring within the bound.  Lossy is used only where a caller asks for
-it, per variable or as the save's default.
+NaN, +-Inf and -0.0 (whose sign q = 0 would lose; SZ3 and ZFP keep it too) are
+restored bit for bit, and so is any element the quantizer could not bring within
+the bound: all are outliers, stored verbatim in the chunk's layout.  Lossy is
+used only where a caller asks for it, per variable or as the save's default.
 
 The config stored in the metadata, e.g.
 ``{"id": "hpcckpt.quantize", "rel": 0.0001, "compressor": {"id": "zstd", "level": 1, "checksum": false}}``,

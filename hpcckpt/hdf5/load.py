@@ -17,6 +17,7 @@ from ..loading import check_template, plan_reads
 from ..regions import volume
 from ..reader import allocate
 from ..state import Block, Ragged, split_state
+from ..stateful import deliver, flatten, materialize, unflatten
 from .common import JSON_SUFFIX, RESERVED_PREFIX, SLAB_BYTES, h5_errors, h5py_module, open_read
 
 
@@ -49,9 +50,11 @@ def load_hdf5(state, path, comm=None, *, strict: bool = True, allow_external: bo
     """Collectively fill the Blocks of ``state`` in place from the plain HDF5 file ``path``.
 
     Blocks and Ragged tables come from the datasets of the same name (a name may
-    be a path such as ``"fields/u"``), replicated values from root attributes
+    be a path such as ``"fields/u"``, and a nested template ``{"fields": {"u":
+    Block}}`` names the same dataset), replicated values from root attributes
     (``NAME`` or ``NAME.json``).  Returns the state with Ragged rows and
-    replicated values filled in, as :func:`hpcckpt.load` does.  ``strict=False``
+    replicated values filled in, nested as the template, as :func:`hpcckpt.load`
+    does (a Stateful template gets ``load_state_dict`` with it).  ``strict=False``
     allows the file to hold datasets and attributes the template does not name
     (usual for files written elsewhere).  ``cast=True``: a template dtype that
     differs from the dataset's is filled by casting, under the rule of
@@ -66,17 +69,30 @@ def load_hdf5(state, path, comm=None, *, strict: bool = True, allow_external: bo
     comm = resolve_comm(comm)
     path = os.fspath(path)
     what = f"load of {path!r}"
-    index = agree(comm, what, lambda: on_root(comm, lambda: _read_index(path, state, allow_external)))
+    tree, flat = agree(comm, what, lambda: _template(state))
+    index = agree(comm, what, lambda: on_root(comm, lambda: _read_index(path, flat, allow_external)))
     index = comm.bcast(index, root=0)
-    local = agree(comm, what, lambda: _check(state, index, strict, cast))
+    local = agree(comm, what, lambda: _check(flat, index, strict, cast))
     requests = comm.gather(local["requests"], root=0)
     ranges = agree(comm, what, lambda: on_root(comm, lambda: plan_reads(requests, index)))
     rows = comm.scatter(ranges, root=0)
     loaded, values = agree(comm, what, lambda: _read(path, local["index"], local, rows))
     out = {}
-    for name, value in state.items():
+    for name, value in flat.items():
         out[name] = value if isinstance(value, Block) else loaded.get(name, values.get(name))
-    return out
+    restored = unflatten(out, tree)
+    deliver(state, restored)  # load_state_dict of Stateful objects, after every collective of the load
+    return restored
+
+
+def _template(state) -> tuple[dict, dict]:
+    """The template read now, as a checkpoint load reads it (hpcckpt.stateful): its tree and its flat names.
+
+    Nested dicts name datasets by path (``{"grid": {"u": Block}}`` is ``/grid/u``, what an export of the
+    checkpoint the same template saved holds); Stateful objects, callables and getters are resolved.
+    """
+    tree = materialize(state)
+    return tree, flatten(tree)
 
 
 def _read_index(path: str, state, allow_external: bool) -> _Index:

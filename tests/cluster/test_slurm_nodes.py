@@ -1,7 +1,8 @@
 """The SLURM workflow of slurm/ on four real nodes, with a node lost for real (conftest.py, slurmcluster.py).
 
 apps/heat2d.py is submitted through slurm/hpcckpt.sbatch on 4 nodes (one
-rank each, ``--no-kill`` so that the allocation outlives a node), and then:
+rank each; nothing but ``-N 4 -n 4``: the template's own ``#SBATCH --no-kill``
+is what lets the allocation outlive a node), and then:
 
 1. pre-empted (``scancel -b -s USR1``: it checkpoints and exits 0) and
    requeued (``scontrol requeue``): it resumes from its checkpoint on 4 nodes;
@@ -99,7 +100,7 @@ def test_preempt_requeue_lose_a_node_resubmit_on_two_bitwise(cluster, slurm):
     # -- 1. 4 nodes, pre-empted after its first checkpoint, requeued -----------------------------
     root, out, log = os.path.join(work, "ckpt"), os.path.join(work, "final"), os.path.join(work, "job.log")
     job = NodeJob(slurm, env, log)
-    sub = job.client("sbatch", "--parsable", "-N", "4", "-n", "4", "--no-kill", "-o", log, "--chdir", work,
+    sub = job.client("sbatch", "--parsable", "-N", "4", "-n", "4", "-o", log, "--chdir", work,
                      TEMPLATE, APP, "--root", root, *APP_ARGS, *SLEEP, "--out", out)
     job.id = int(sub.stdout.strip().split(";")[0])
     job.wait_log(rf"^\[heat2d\] step {EVERY}/{STEPS}: checkpoint saved", timeout=90)

@@ -69,6 +69,23 @@ def test_device_bytes_equal_cpu_bytes_both_ways(spec, dtype, without_nvcomp):
     assert cupy.asnumpy(dev_out).tobytes() == host_out.tobytes()
 
 
+@pytest.mark.parametrize("spec", [Lossy(abs=1e-3), Lossy(rel=1e-4)], ids=str)
+@pytest.mark.parametrize("dtype", ["<f2", "<f4", "<f8"])
+@pytest.mark.parametrize("nan", [False, True], ids=["fast-path", "general-path"])
+def test_device_quantizer_keeps_negative_zero_like_the_cpu(spec, dtype, nan, without_nvcomp):
+    """-0.0 is an outlier on the device too (the fast path's check runs there): the CPU codec's bytes."""
+    x = field(dtype)
+    if not nan:
+        x = np.nan_to_num(x, nan=0.5, posinf=0.5)
+    x[[0, 13, x.size - 1]] = -0.0
+    codec = resolve(spec, x.dtype)
+    gpu = device_encode(codec, cupy.asarray(x))
+    assert gpu.tobytes() == codec.encode(x).tobytes()
+    back = cupy.zeros(x.size, x.dtype)
+    device_decode(codec, gpu, back)
+    assert np.signbit(cupy.asnumpy(back)[[0, 13, x.size - 1]]).all()
+
+
 @pytest.mark.parametrize("keepbits", [0, 5, 10])
 def test_bitround_and_shuffle_kernels_on_device(keepbits):
     x = field("<f4")

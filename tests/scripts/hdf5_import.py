@@ -42,13 +42,15 @@ u = np.zeros((r1 - r0, c1 - c0), dtype=dtype, order=order)
 p = np.zeros((r1 - r0, c1 - c0), dtype=np.int32)
 state = {
     "u": hpcckpt.Block(u, (r0, c0), (G0, G1)),
-    "grp/p": hpcckpt.Block(p, (r0, c0), (G0, G1)),
+    "grp/p": hpcckpt.Block(p, (r0, c0), (G0, G1)),  # on odd ranks nested, {"grp": {"p": ...}}: the same dataset
     "even": hpcckpt.Ragged(),
     "counted": hpcckpt.Ragged(rows=NREC if comm.rank == comm.size - 1 else 0),
     "dt": None,
     "title": None,
     "config": None,
 }
+if comm.rank % 2:
+    state["grp"] = {"p": state.pop("grp/p")}
 try:
     out = load_hdf5(state, path, comm, strict=False)
 except hpcckpt.TemplateMismatchError as exc:
@@ -78,4 +80,5 @@ assert np.array_equal(counted, want) and counted.dtype == np.dtype(">i8"), (comm
 assert out["dt"] == 0.25 and isinstance(out["dt"], float), out["dt"]
 assert out["title"] == "initial conditions", out["title"]
 assert out["config"] == {"n": [1, 2, 3], "name": "x"}, out["config"]
+assert (out["grp"]["p"] if comm.rank % 2 else out["grp/p"]).local is p  # the result nested as the template
 print(f"rank {comm.rank} ok", flush=True)
