@@ -777,6 +777,32 @@ def test_rule_nesting_levels_count_arrays_and_objects_only(tmp_path):
     refused(path, "nest more than 64 deep")
 
 
+def test_rule_a_directory_named_for_a_step_holds_it_when_opened_directly(tmp_path):
+    """1: the step in a version name binds however the directory is reached: through its root, by its own path,
+    or through a link to it; a directory with another name claims nothing, and save refuses to break the rule."""
+    import shutil
+
+    root = tmp_path / "root"
+    with hpcckpt.Checkpointer(str(root), comm=None, track_failures=False) as ck:
+        ck.save({"t": 1}, step=1)
+    elsewhere = tmp_path / "copies"
+    elsewhere.mkdir()
+    renamed = str(elsewhere / "step-000000000005")
+    shutil.copytree(root / "step-000000000001", renamed)
+    refused(renamed, "named for step 5 but its metadata holds step 1")
+    os.symlink(renamed, elsewhere / "latest")
+    refused(str(elsewhere / "latest"), "named for step 5 but its metadata holds step 1")  # its real name
+    os.symlink(root / "step-000000000001", elsewhere / "step-000000000007")
+    refused(str(elsewhere / "step-000000000007"), "named for step 7 but its metadata holds step 1")  # its own name
+    shutil.copytree(root / "step-000000000001", elsewhere / "final")
+    assert hpcckpt.open(str(elsewhere / "final")).step == 1
+    assert hpcckpt.open(str(root)).step == 1
+    with pytest.raises(hpcckpt.CheckpointError, match="is named for step 3: pass step=3"):
+        save(tmp_path / "step-000000000003", {"t": 2})
+    assert not os.path.exists(tmp_path / "step-000000000003")
+    assert hpcckpt.open(save(tmp_path / "step-000000000003", {"t": 2}, step=3)).values["t"] == 2
+
+
 @pytest.mark.parametrize("stored, written", [("|u1", "<u1"), ("|i1", ">i1"), ("|b1", "<b1"), ("|S3", ">S3"),
                                              ("|V4", "<V4")])
 def test_rule_a_byte_order_where_none_applies_is_refused(tmp_path, stored, written):
