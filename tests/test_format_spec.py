@@ -803,6 +803,61 @@ def test_rule_a_directory_named_for_a_step_holds_it_when_opened_directly(tmp_pat
     assert hpcckpt.open(save(tmp_path / "step-000000000003", {"t": 2}, step=3)).values["t"] == 2
 
 
+def patch_chunk(path, name: str, patch) -> bytes:
+    """Apply ``patch`` (bytearray -> None) to the first stored chunk of variable ``name`` and fix its checksum in
+    the metadata (JSON-array tables), so that the codec's own checks are what refuses it; the bytes before."""
+    reader = SpecReader(path)
+    table = reader.table(reader.meta["variables"][name]["chunks"], len(reader.meta["variables"][name]["shape"]))
+    file = reader.path(reader.meta["files"][table["file"][0]])
+    with open(file, "r+b") as f:
+        f.seek(table["offset"][0])
+        before = f.read(table["nbytes"][0])
+        data = bytearray(before)
+        patch(data)
+        f.seek(table["offset"][0])
+        f.write(data)
+    sealed_edit(path, lambda d: d["variables"][name]["chunks"]["checksum"].__setitem__(
+        0, format(xxhash.xxh3_64_intdigest(bytes(data)), "016x")))
+    return before
+
+
+def test_rule_blosc_and_blosc2_header_versions(tmp_path):
+    """compression.md: a blosc chunk is format version 2 with compressor format 1, nothing else; a blosc2 chunk
+    is format 3 to 5, its byte 1 ignored."""
+    u = np.linspace(0, 1, 4000)
+    path = save(tmp_path / "blosc", blocks({"u": u}), codec="lz4")
+    for pos, value in ((0, 3), (0, 1), (1, 2)):
+        before = patch_chunk(path, "u", lambda b, pos=pos, value=value: b.__setitem__(pos, value))
+        assert before[:2] == b"\x02\x01"
+        refused(path, "a blosc chunk header says format version", "u")
+        patch_chunk(path, "u", lambda b, before=before: b.__setitem__(slice(0, 2), before[:2]))
+    assert hpcckpt.open(path).read("u").tobytes() == u.tobytes()
+    pytest.importorskip("blosc2")
+    path = save(tmp_path / "blosc2", blocks({"u": u}), codec="blosc2")
+    patch_chunk(path, "u", lambda b: b.__setitem__(1, 7))
+    assert hpcckpt.open(path).read("u").tobytes() == u.tobytes()
+    for version in (2, 6):
+        patch_chunk(path, "u", lambda b, version=version: b.__setitem__(0, version))
+        refused(path, "names a format, compressor or flag", "u")
+
+
+def test_rule_blosc2_bytedelta_meta_is_the_header_typesize(tmp_path):
+    """compression.md, `blosc2`: a bytedelta slot's filter meta is the chunk header's typesize (byte 3), the
+    element size the filter ran with; any other value is refused."""
+    pytest.importorskip("blosc2")
+    from hpcckpt.codecs import Blosc2
+
+    u = np.cumsum(np.random.default_rng(5).standard_normal(3000))
+    path = save(tmp_path / "v", blocks({"u": u}), codec=Blosc2(filters=["shuffle", "bytedelta"], typesize=4))
+    header = patch_chunk(path, "u", lambda b: None)[:32]
+    typesize, filters, meta = header[3], header[16:22], header[24:30]
+    assert typesize == 4 and filters[1] == 35 and meta[1] == 4 and meta[0] == 0  # the slot of bytedelta
+    assert hpcckpt.open(path).read("u").tobytes() == u.tobytes()
+    for wrong in (0, 8):
+        patch_chunk(path, "u", lambda b, wrong=wrong: b.__setitem__(25, wrong))
+        refused(path, f"filter 35 \\(meta {wrong}\\)", "u")
+
+
 @pytest.mark.parametrize("stored, written", [("|u1", "<u1"), ("|i1", ">i1"), ("|b1", "<b1"), ("|S3", ">S3"),
                                              ("|V4", "<V4")])
 def test_rule_a_byte_order_where_none_applies_is_refused(tmp_path, stored, written):
