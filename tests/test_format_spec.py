@@ -873,3 +873,70 @@ def test_rule_a_byte_order_where_none_applies_is_refused(tmp_path, stored, writt
     refused(path, "needs the byte order mark '|'")
     sealed_edit(path, lambda d: d["variables"]["a"].update(dtype=stored) or d["values"]["s"].update(dtype=written))
     refused(path, "needs the byte order mark '|'")
+
+
+# --------------------------------------------------------------------------- the SZ3 stream (compression.md)
+
+def sz3_stream(chunk: bytes) -> tuple[dict, bytes]:
+    """The hpcckpt header (40 bytes) and the SZ3 stream of an `hpcckpt.sz3` chunk, from compression.md only."""
+    magic, kind, n, k, stream_len, param = struct.unpack_from("<4sIQQQd", chunk)
+    assert magic == b"HSZ3" and kind in (0, 1)
+    head = {"kind": kind, "n": n, "k": k, "stream_len": stream_len, "param": param}
+    return head, chunk[len(chunk) - stream_len:]
+
+
+def sz3_config(stream: bytes) -> dict:
+    """The 16-byte header and the Config of an SZ3 stream, field by field as compression.md lays them out."""
+    magic, version, payload = struct.unpack_from("<IIQ", stream)
+    pos = 16 + payload
+    size, ndim, width = stream[pos], stream[pos + 1], stream[pos + 2]
+    packed = -(-ndim * width // 8)
+    bits = int.from_bytes(stream[pos + 3:pos + 3 + packed], "little")
+    dims = [(bits >> (i * width)) % (1 << width) for i in range(ndim)]
+    num, algo, mode, bound, _flags, dtype_code, quantbins, block, pred_dim = struct.unpack_from(
+        "<QBBdBBiiB", stream, pos + 3 + packed)
+    end = pos + 3 + packed + struct.calcsize("<QBBdBBiiB")
+    return {"magic": magic, "version": version, "payload": payload, "size": size, "dims": dims, "num": num,
+            "algo": algo, "mode": mode, "bound": bound, "dtype_code": dtype_code, "parsed_to": end,
+            "config_at": pos}
+
+
+def test_rule_sz3_stream_is_sz3s_own_as_documented(tmp_path):
+    """compression.md "The SZ3 stream": the header and Config parsed by the struct code above from the doc's
+    text match what hpcckpt stored (dims = the chunk's axes of extent > 1, the bound, the length), and a stream
+    whose Config disagrees with the chunk is refused before SZ3 sees it."""
+    pysz = pytest.importorskip("pysz")
+    from importlib.metadata import version as installed
+
+    from hpcckpt.codecs import SZ3
+
+    rng = np.random.default_rng(9)
+    f = np.cumsum(rng.standard_normal((1, 12, 9)), axis=2).astype(np.float32)
+    d = np.cumsum(rng.standard_normal(300))
+    path = save(tmp_path / "v", {"f": hpcckpt.Block(f, (0, 0, 0), f.shape), "d": hpcckpt.Block(d, (0,), d.shape),
+                                 "five": hpcckpt.Block(np.ones((2, 2, 2, 2, 2), np.float32), (0,) * 5, (2,) * 5)},
+                codec=SZ3(abs=1e-3))
+    for name, n, dims in (("f", 108, [12, 9]), ("d", 300, [300])):
+        head, stream = sz3_stream(patch_chunk(path, name, lambda b: None))
+        assert head["kind"] == 0 and head["n"] == n and len(stream) == head["stream_len"]
+        cfg = sz3_config(stream)
+        assert cfg["magic"] == 0xF342F310 and stream[:4] == bytes.fromhex("10f342f3")
+        assert cfg["version"] >> 24 == 3 and cfg["version"] & 0xFF == 0
+        if installed("pysz") == "1.1.0":
+            assert cfg["version"] == 0x03040000
+        assert 16 + cfg["payload"] + cfg["size"] == len(stream) == cfg["parsed_to"]
+        assert cfg["dims"] == dims and cfg["num"] == n and cfg["mode"] == 0 and cfg["bound"] == 1e-3
+        assert cfg["dtype_code"] == 0  # SZ3 leaves it 0, for the float64 variable too
+        work = np.float32 if name == "f" else np.float64
+        y = pysz.sz.decompress(np.frombuffer(stream, np.uint8), work, (n,))[0]
+        assert np.max(np.abs(y - (f if name == "f" else d).reshape(-1))) <= 1e-3
+    assert sz3_stream(patch_chunk(path, "five", lambda b: None))[0]["kind"] == 1  # 5 axes > 1: stored raw
+
+    def bad_num(b):  # the Config's num, after C, N, w and the 2 bytes of 9-bit dims: 300 -> 299
+        head, stream = sz3_stream(bytes(b))
+        at = len(b) - head["stream_len"] + sz3_config(stream)["config_at"] + 3 + 2
+        assert struct.unpack_from("<Q", b, at)[0] == 300
+        b[at:at + 8] = struct.pack("<Q", 299)
+
+    patch_chunk(path, "d", bad_num)
+    refused(path, r"an SZ3 stream declares dims \[300\] \(299 values\)", "d")
