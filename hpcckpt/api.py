@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from .collective import agree, on_root, resolve_comm
 from .errors import CheckpointError
 from .loading import load_version
-from .names import DATA_DIR, METADATA_FILE
+from .names import DATA_DIR, METADATA_FILE, parse_version_name
 from .storage import POSIX, PosixStorage, Storage
 
 if TYPE_CHECKING:
@@ -34,17 +34,32 @@ def save(state, path, comm=None, *, step: int | None = None, overwrite: bool = F
     the new one is committed).  ``storage``: where the checkpoint lives
     (hpcckpt.storage: POSIX directories by default; a MemoryStorage holds it
     in this process).  Other options: see SaveOptions.
+
+    A ``path`` named like a Checkpointer's version (``step-<12 digits>[.rN]``)
+    is a version of that step (docs/format.md section 1): ``step`` must be that
+    step, else the save is refused before anything is written.
     """
-    from .options import SaveOptions
     from .save_pipeline import save_version
 
     comm = resolve_comm(comm)
     path = os.fspath(path)
     # agreed before anything is removed: an invalid option on one rank fails every rank alike (one allgather);
     # options valid but different between ranks are caught by the plan stage's digest (hpcckpt/agreement.py)
-    opts = agree(comm, f"save of {path!r}", lambda: SaveOptions.from_kwargs(**options))
+    opts = agree(comm, f"save of {path!r}", lambda: _save_options(path, step, options))
     agree(comm, f"save of {path!r}", lambda: on_root(comm, lambda: _clear_target(path, overwrite, storage)))
     return save_version(state, path, comm, opts, step=step, storage=storage)
+
+
+def _save_options(path: str, step: int | None, options: dict):
+    """The SaveOptions of ``options``; CheckpointError for invalid ones, or when ``path``'s name is a version name
+    of another step than ``step`` (a reader would refuse that version: docs/format.md section 1)."""
+    from .options import SaveOptions
+
+    named = parse_version_name(os.path.basename(os.path.normpath(path)))
+    if named is not None and step != named.step:
+        raise CheckpointError(f"{path!r} is named for step {named.step}: pass step={named.step} (a directory with "
+                              f"that name holds that step; got step={step})")
+    return SaveOptions.from_kwargs(**options)
 
 
 def _clear_target(path: str, overwrite: bool, storage: Storage) -> None:

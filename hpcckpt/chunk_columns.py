@@ -18,7 +18,6 @@ wrong is one CorruptCheckpointError.
 from __future__ import annotations
 
 import base64
-import binascii
 import struct
 import zlib
 from collections.abc import Sequence
@@ -27,6 +26,7 @@ import numpy as np
 import xxhash
 
 from .blockhash import NAME as DEVICE_HASH_TAG  # hash_kind 1: a block hashed on a GPU, "mix128:<32 hex digits>"
+from .encoding import b64decode_canonical
 from .errors import CorruptCheckpointError
 
 #: A writer stores every chunk table of a version in this form when the version has at least this many chunks in
@@ -38,7 +38,8 @@ BLOCK_VERSION = 1
 HEADER = struct.Struct("<8sIIQQ")
 #: A decoded block is at most 1 GiB (about 13 million chunks of a 3-d variable), and the blocks of one
 #: metadata.json 2 GiB together (the 256 MiB file limit holds about 18 million chunks at 14.6 bytes each, 1.8 GiB
-#: decoded); larger is refused before it is inflated, so a small stream cannot claim a huge allocation.
+#: decoded); larger is refused before anything is inflated (metadata.parse adds up the claims of all the file's
+#: tables first), so a small stream cannot claim a huge allocation.
 MAX_BLOCK_BYTES = 1 << 30
 MAX_TOTAL_BYTES = 1 << 31
 #: The columns after the start and count ones when the table has content hashes (incremental saves).
@@ -131,36 +132,34 @@ def encode(table) -> dict:
 
 
 def decoded_size(doc: dict, ndim: int) -> int:
-    """The bytes the block of a columnar entry decodes to, from its ``columns`` and ``rows``, both checked
-    (CorruptCheckpointError), before anything is decoded."""
+    """The bytes the block of a columnar entry decodes to, from its ``columns`` and ``rows``, both checked, and
+    at most MAX_BLOCK_BYTES (CorruptCheckpointError), before anything is decoded."""
     _expect(isinstance(doc, dict) and KEYS == set(doc), f"a columnar chunk table has exactly the keys {sorted(KEYS)}")
     plain = column_names(ndim, False)
     _expect(doc["columns"] in (plain, column_names(ndim, True)),
             f"the columns must be {plain}, optionally followed by {list(HASH_COLUMNS)}")
     rows = doc["rows"]
     _expect(type(rows) is int and rows >= 0, "rows must be a non-negative integer")
-    return HEADER.size + 8 * len(doc["columns"]) * rows
+    size = HEADER.size + 8 * len(doc["columns"]) * rows
+    _expect(size <= MAX_BLOCK_BYTES, f"the decoded block would be {size} bytes (at most {MAX_BLOCK_BYTES})")
+    return size
 
 
-def decode(doc: dict, ndim: int, max_bytes: int = MAX_BLOCK_BYTES) -> dict:
+def decode(doc: dict, ndim: int) -> dict:
     """The columns of a columnar entry, checked: ``file``, ``offset``, ``nbytes`` (int64, n), ``start``,
     ``count`` (int64, (n, ndim)), ``checksum`` and ``hash`` (HexDigests; hash None without one).
-    ``max_bytes``: the most its block may decode to (what is left of MAX_TOTAL_BYTES for the file).
 
-    CorruptCheckpointError for anything malformed: keys, names, sizes, base64,
+    CorruptCheckpointError for anything malformed: keys, names, sizes, base64 (canonical only),
     the zlib stream, magic, header counts, the body's hash, integers outside
     [0, 2^62), a ``hash_kind`` other than 0 or 1.  The caller checks what
     needs the rest of the version (file indexes, bounds, coverage).
     """
     size = decoded_size(doc, ndim)
     columns, rows, data = doc["columns"], doc["rows"], doc["data"]
-    limit = min(max_bytes, MAX_BLOCK_BYTES)
-    _expect(size <= limit, f"the decoded block would be {size} bytes (at most {limit}"
-            + (")" if limit == MAX_BLOCK_BYTES else f": what is left of {MAX_TOTAL_BYTES} for all blocks)"))
     _expect(isinstance(data, str) and data.isascii(), "data must be an ASCII base64 string")
     try:
-        packed = binascii.a2b_base64(data, strict_mode=True)
-    except binascii.Error as exc:
+        packed = b64decode_canonical(data)
+    except ValueError as exc:
         raise CorruptCheckpointError(f"data is not valid base64 ({exc})") from None
     inflate = zlib.decompressobj()
     try:

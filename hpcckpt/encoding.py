@@ -10,12 +10,14 @@ tag key is ``"$hpcckpt"``): integers outside int64 (decimal text, which many
 JSON libraries cannot parse as numbers), non-finite floats, numpy scalars and
 small numpy arrays (base64 of the C-ordered bytes, in the byte order their
 dtype says).  Lists and dicts nest at most ``MAX_VALUE_DEPTH`` deep, so that
-neither side recurses without bound on crafted or cyclic input.
+neither side recurses without bound on crafted or cyclic input.  Every base64
+text is read in its one canonical form only (:func:`b64decode_canonical`).
 """
 
 from __future__ import annotations
 
 import base64
+import binascii
 import math
 import re
 from typing import Any
@@ -62,9 +64,11 @@ def dtype_from_json(descr) -> np.dtype:
 
 
 def _check_byte_orders(descr) -> None:
-    """Refuse a descriptor whose byte order is implicit: every type string starts with ``<``, ``>`` or ``|``,
-    and ``|`` ("does not apply") only for one-byte, bytes and void types (``=f8`` or ``f8`` would mean
-    "whatever the reading machine uses", so the same file would read differently on different machines)."""
+    """Refuse a descriptor whose byte order mark is not the one rule of docs/format.md 3.2: ``|`` exactly for the
+    types byte order does not apply to (one-byte ``b1``, ``i1``, ``u1``; ``S<n>`` and ``V<n>``), ``<`` or ``>``
+    for every other (``=f8`` or ``f8`` would mean "whatever the reading machine uses", so the same file would read
+    differently on different machines; ``<u1`` or ``>S3`` says an order that means nothing, which hpcckpt never
+    writes)."""
     if isinstance(descr, list):
         for field in descr:
             if isinstance(field, list) and len(field) >= 2:
@@ -73,10 +77,14 @@ def _check_byte_orders(descr) -> None:
     if isinstance(descr, str):
         if descr[:1] not in ("<", ">", "|"):
             raise ValueError("the byte order must be explicit ('<', '>' or '|')")
-        if descr[0] == "|":
-            dtype = np.dtype(descr)
-            if dtype.itemsize > 1 and dtype.kind not in "SV":
-                raise ValueError(f"{descr!r} needs a byte order ('<' or '>'), not '|'")
+        if (descr[0] == "|") != _order_free(np.dtype(descr)):
+            raise ValueError(f"{descr!r} needs the byte order mark '|'" if descr[0] != "|"
+                             else f"{descr!r} needs a byte order ('<' or '>'), not '|'")
+
+
+def _order_free(dtype: np.dtype) -> bool:
+    """Whether byte order does not apply to ``dtype``: bytes, raw bytes and one-byte bools and integers."""
+    return dtype.kind in "SV" or (dtype.kind in "biu" and dtype.itemsize == 1)
 
 
 def _listify(descr):
@@ -163,6 +171,22 @@ def _b64(arr: np.ndarray) -> str:
     return base64.b64encode(np.ascontiguousarray(arr).tobytes()).decode("ascii")
 
 
+def b64decode_canonical(text) -> bytes:
+    """The bytes of standard base64 text (RFC 4648 section 4) in its one canonical form; ValueError for any other.
+
+    Canonical: the alphabet ``A-Z a-z 0-9 + /``, padded with ``=`` to a multiple of 4 characters (no more
+    padding than that), no line break or other character, and the bits the last character holds beyond the
+    data are zero (RFC 4648 section 3.5).  That is exactly ``base64.b64encode(bytes)``, what hpcckpt writes,
+    so each byte string has one spelling and a reader in any language decodes the same bytes.
+    """
+    if not isinstance(text, str) or not text.isascii():
+        raise ValueError("base64 data must be an ASCII string")
+    raw = binascii.a2b_base64(text, strict_mode=True)
+    if binascii.b2a_base64(raw, newline=False) != text.encode("ascii"):
+        raise ValueError("not canonical base64: superfluous padding, or non-zero bits before the padding")
+    return raw
+
+
 #: The tag of a value saved once per rank (hpcckpt.PerRank; docs/format.md 3.4).
 PER_RANK = "per-rank"
 _PER_RANK_KEYS = {TAG, "values"}
@@ -182,9 +206,19 @@ def is_per_rank(obj: Any) -> bool:
     return isinstance(obj, dict) and obj.get(TAG) == PER_RANK and set(obj) == _PER_RANK_KEYS
 
 
-def decode_value(obj: Any, where: str = "value") -> Any:
-    """Inverse of :func:`encode_value` for untrusted JSON; CorruptCheckpointError on malformed input."""
-    return _decode(obj, where, 0)
+def decode_value(obj: Any, where: str = "value", wide_ints: bool = True) -> Any:
+    """Inverse of :func:`encode_value` for untrusted JSON; CorruptCheckpointError on malformed input.
+
+    A per-rank value is recognised here, at the top only: it is not a level of nesting, each of its entries
+    nests at most MAX_VALUE_DEPTH deep on its own (as :func:`encode_value` of each rank's value made it).
+    ``wide_ints``: whether a plain JSON integer may lie outside int64 (format version 1 wrote them so; from
+    version 2 on, such an integer is always the tagged ``int`` form, and metadata.parse passes False).
+    """
+    if is_per_rank(obj):
+        if not isinstance(obj["values"], list):
+            raise CorruptCheckpointError(f"malformed replicated value {where}: a per-rank value holds a list")
+        return PerRankEntries(_decode(v, f"{where} of rank {r}", 0, wide_ints) for r, v in enumerate(obj["values"]))
+    return _decode(obj, where, 0, wide_ints)
 
 
 #: The keys of each tagged form (docs/format.md 3.4): a tagged object has exactly these.
@@ -192,22 +226,21 @@ _TAG_KEYS = {"int": {TAG, "value"}, "float": {TAG, "value"}, "scalar": {TAG, "dt
              "ndarray": {TAG, "dtype", "shape", "data"}}
 
 
-def _decode(obj: Any, where: str, depth: int) -> Any:
-    """:func:`decode_value` of a JSON value inside ``depth`` arrays/objects."""
+def _decode(obj: Any, where: str, depth: int, wide_ints: bool) -> Any:
+    """:func:`decode_value` of a JSON value inside ``depth`` arrays/objects (a tagged object is a leaf)."""
     if isinstance(obj, (list, dict)) and depth >= MAX_VALUE_DEPTH and not (isinstance(obj, dict) and TAG in obj):
         raise CorruptCheckpointError(f"malformed replicated value {where}: arrays and objects nest more than "
                                      f"{MAX_VALUE_DEPTH} deep")
     if isinstance(obj, list):
-        return [_decode(v, where, depth + 1) for v in obj]
+        return [_decode(v, where, depth + 1, wide_ints) for v in obj]
     if not isinstance(obj, dict):
+        if not wide_ints and type(obj) is int and not _INT64_MIN <= obj <= _INT64_MAX:
+            raise CorruptCheckpointError(f"malformed replicated value {where}: the plain integer {str(obj)[:40]} is "
+                                         'outside int64 (format versions 2 and 3 store it as {"$hpcckpt": "int"})')
         return obj
     if TAG not in obj:
-        return {k: _decode(v, where, depth + 1) for k, v in obj.items()}
+        return {k: _decode(v, where, depth + 1, wide_ints) for k, v in obj.items()}
     kind = obj[TAG]
-    if kind == PER_RANK and set(obj) == _PER_RANK_KEYS and depth == 0:
-        if not isinstance(obj["values"], list):
-            raise CorruptCheckpointError(f"malformed replicated value {where}: a per-rank value holds a list")
-        return PerRankEntries(_decode(v, f"{where} of rank {r}", depth + 1) for r, v in enumerate(obj["values"]))
     if kind == PER_RANK:
         raise CorruptCheckpointError(f"malformed replicated value {where}: a per-rank tag is allowed only directly "
                                      f"in values, with exactly the keys {sorted(_PER_RANK_KEYS)}")
@@ -225,7 +258,7 @@ def _decode(obj: Any, where: str, depth: int) -> Any:
                 raise ValueError(f"not a non-finite float: {text!r}")
             return float(text)
         dtype = dtype_from_json(obj["dtype"])
-        raw = base64.b64decode(obj["data"], validate=True)
+        raw = b64decode_canonical(obj["data"])
         if kind == "scalar":
             return np.frombuffer(raw, dtype=dtype, count=1)[0] if len(raw) == dtype.itemsize else _bad(len(raw))
         if kind == "ndarray":

@@ -25,14 +25,14 @@ from .arrays import byte_view
 from .devices import copy_into, is_device_array
 from .encoding import PerRankEntries, decode_value, is_per_rank
 from .log import logger
-from .errors import CorruptCheckpointError, TemplateMismatchError
+from .errors import TemplateMismatchError
 from .metadata import Metadata, Variable
 from .monitor import PhaseTimer
 from .planning import common_names, plan_rows
 from .load_plan import directory_way, load_boxes, plan_directory, plan_gathered, ragged_names, scan_rows
 from .read_directory import HOLDS, NEEDS, chunk_roles
 from .read_plan import encode_requests, target_boxes
-from .metadata_file import read_metadata_reused
+from .metadata_file import check_step, read_metadata_reused
 from .reader import ChunkReader, allocate
 from .regions import even_rows
 from .box_index import covering_problem_indexed
@@ -231,9 +231,8 @@ def version_metadata(directory: str, storage: Storage = POSIX, expect_step: int 
     another step is a damaged version (CorruptCheckpointError).
     """
     meta = read_metadata_reused(directory, storage)
-    if expect_step is not None and meta.step != expect_step:
-        raise CorruptCheckpointError(f"{directory!r} is named for step {expect_step} but its metadata holds step "
-                                     f"{meta.step}")
+    if expect_step is not None:
+        check_step(directory, meta, expect_step)
     return meta.indexed()
 
 

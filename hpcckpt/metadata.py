@@ -39,8 +39,10 @@ FORMAT_NAME = "hpcckpt"
 FORMAT_VERSION = 3
 READABLE_VERSIONS = (1, 2, 3)
 CHECKSUM_ALGORITHM = "xxh3_64"
+#: The key of the metadata checksum: the first key of a sealed file (format versions 2 and 3), in no version 1 file.
+SEAL_KEY = "metadata_checksum"
 #: The literal start of a sealed metadata file; 16 hex digits of its checksum and '",' follow (docs/format.md, 3).
-SEAL_PREFIX = b'{"metadata_checksum":"'
+SEAL_PREFIX = b'{"' + SEAL_KEY.encode() + b'":"'
 SEAL_LENGTH = len(SEAL_PREFIX) + 16 + 2
 #: Metadata longer than this is refused, counting the bytes actually read: 256 MiB holds the chunk
 #: index of 65,536 ranks x 20 variables (1.3 million chunks: 66 MB as JSON arrays, 19 MB columnar) with room.
@@ -248,6 +250,8 @@ def _parse_doc(doc, sealed: bool) -> Metadata:
             f"format version {version} is not supported (this hpcckpt reads {', '.join(map(str, READABLE_VERSIONS))})")
     _expect(sealed == (version >= 2), f"format version {version} metadata must "
             + ("start with its checksum (the seal is missing or damaged)" if version >= 2 else "not be sealed"))
+    _expect(version >= 2 or SEAL_KEY not in doc, f"format version 1 metadata has no {SEAL_KEY!r} key (a version 1 "
+            "file is not sealed; one that names a checksum is a damaged or edited later version)")
     _expect(doc.get("checksum") == CHECKSUM_ALGORITHM, f"unknown checksum algorithm {doc.get('checksum')!r}")
     step = doc["step"]
     _expect(step is None or (type(step) is int and 0 <= step <= MAX_STEP),
@@ -262,20 +266,34 @@ def _parse_doc(doc, sealed: bool) -> Metadata:
     values = doc["values"]
     _expect(isinstance(values, dict), "values must be an object")
     for name, value in values.items():  # malformed or too deeply nested values fail here, before any broadcast
-        decode_value(value, repr(name))
+        decode_value(value, repr(name), wide_ints=version == 1)
     extra = doc.get("extra", {})
     _expect(isinstance(extra, dict) and _nests_at_most(extra, MAX_VALUE_DEPTH),
             f"extra must be an object nesting at most {MAX_VALUE_DEPTH} deep")
     variables_doc = doc["variables"]
     _expect(isinstance(variables_doc, dict), "variables must be an object")
+    claimed = sum(_columnar_size(name, vdoc) for name, vdoc in variables_doc.items()) if version >= 3 else 0
+    _expect(claimed <= chunk_columns.MAX_TOTAL_BYTES, f"the columnar chunk tables of this metadata.json would "
+            f"decode to {claimed} bytes together, more than {chunk_columns.MAX_TOTAL_BYTES}")
     variables = {}
-    budget = [chunk_columns.MAX_TOTAL_BYTES]  # what the columnar blocks still left may decode to, together
     for name, vdoc in variables_doc.items():
         _expect(name and len(name) <= MAX_NAME_CHARS, f"invalid variable name {name[:40]!r}")
         _expect(name not in values, f"{name!r} is both a variable and a replicated value")
-        variables[name] = _parse_variable(name, vdoc, len(files), version, budget)
+        variables[name] = _parse_variable(name, vdoc, len(files), version)
     return Metadata(step=step, files=files, variables=variables, values=values, nranks=nranks,
                     created=doc["created"], extra=extra, format_version=version)
+
+
+def _columnar_size(name: str, vdoc) -> int:
+    """The bytes the columnar chunk table of a variable entry claims to decode to (chunk_columns.decoded_size,
+    from its ``columns`` and ``rows`` only), 0 when it has none; checked for all tables before any is decoded."""
+    if not (isinstance(vdoc, dict) and isinstance(vdoc.get("chunks"), dict) and "data" in vdoc["chunks"]
+            and isinstance(vdoc.get("shape"), list)):
+        return 0  # no columnar table, or an entry _parse_variable refuses
+    try:
+        return chunk_columns.decoded_size(vdoc["chunks"], len(vdoc["shape"]))
+    except CorruptCheckpointError as exc:
+        raise CorruptCheckpointError(f"chunks of {name!r}: {exc}") from None
 
 
 def _nests_at_most(obj, limit: int) -> bool:
@@ -295,7 +313,7 @@ def _nests_at_most(obj, limit: int) -> bool:
     return True
 
 
-def _parse_variable(name: str, doc, nfiles: int, version: int, budget: list[int]) -> Variable:
+def _parse_variable(name: str, doc, nfiles: int, version: int) -> Variable:
     _expect(isinstance(doc, dict), f"variable {name!r} must be an object")
     _expect(_VARIABLE_KEYS.issuperset(doc), f"variable {name!r} has unknown keys {sorted(set(doc) - _VARIABLE_KEYS)}")
     kind = doc["kind"]
@@ -314,7 +332,7 @@ def _parse_variable(name: str, doc, nfiles: int, version: int, budget: list[int]
         codec = check_codec_config(codec, dtype)
     except CorruptCheckpointError as exc:
         raise CorruptCheckpointError(f"variable {name!r}: {exc}") from None
-    chunks = _parse_chunks(name, doc["chunks"], len(shape), nfiles, version, budget)
+    chunks = _parse_chunks(name, doc["chunks"], len(shape), nfiles, version)
     if len(chunks):
         bounds = np.asarray(shape, np.int64)  # start <= shape, then count <= shape - start: no int64 overflow
         _expect(bool(np.all(chunks.start <= bounds) and np.all(chunks.count <= bounds - chunks.start)),
@@ -333,13 +351,12 @@ def _parse_variable(name: str, doc, nfiles: int, version: int, budget: list[int]
     return Variable(name=name, kind=kind, dtype=dtype, shape=tuple(shape), chunks=chunks, codec=codec)
 
 
-def _parse_chunks(name: str, doc, ndim: int, nfiles: int, version: int, budget: list[int]) -> ChunkTable:
+def _parse_chunks(name: str, doc, ndim: int, nfiles: int, version: int) -> ChunkTable:
     _expect(isinstance(doc, dict), f"chunks of {name!r} must be an object")
     if "data" in doc:  # the columnar form (format version 3 on)
         _expect(version >= 3, f"chunks of {name!r}: a columnar chunk table needs format version 3, not {version}")
         try:
-            cols = chunk_columns.decode(doc, ndim, budget[0])
-            budget[0] -= chunk_columns.decoded_size(doc, ndim)
+            cols = chunk_columns.decode(doc, ndim)
         except CorruptCheckpointError as exc:
             raise CorruptCheckpointError(f"chunks of {name!r}: {exc}") from None
         _check_files(name, cols["file"], nfiles)

@@ -2,23 +2,25 @@
 
 The one place every reader (load, ``hpcckpt.open``, the CLI, incremental
 bases, compaction, level restores) gets a version's metadata from, so that the
-rules of docs/format.md section 6, check 0, are applied once.
+rules of docs/format.md section 6, check 0, are applied once, and so is the
+rule of section 1 that a directory named for a step holds that step, however
+it is reached (through its root or opened by its own path).
 """
 
 from __future__ import annotations
 
 import os
 
-from .errors import CheckpointError
+from .errors import CheckpointError, CorruptCheckpointError
 from .metadata import MAX_METADATA_BYTES, Metadata, parse
-from .names import METADATA_FILE
-from .storage import POSIX, Storage
+from .names import METADATA_FILE, parse_version_name
+from .storage import POSIX, PosixStorage, Storage
 
 
 def read_metadata(directory: str, storage: Storage = POSIX) -> Metadata:
     """Read, check and validate ``directory/metadata.json``; CheckpointError if there is no committed version."""
     path = os.path.join(directory, METADATA_FILE)
-    return parse(read_metadata_bytes(directory, storage), source=path)
+    return check_named_step(directory, parse(read_metadata_bytes(directory, storage), source=path), storage)
 
 
 def read_metadata_reused(directory: str, storage: Storage = POSIX) -> Metadata:
@@ -39,7 +41,7 @@ def read_metadata_reused(directory: str, storage: Storage = POSIX) -> Metadata:
             if len(_PARSED) >= REUSE_ENTRIES:
                 del _PARSED[next(iter(_PARSED))]  # the oldest
             _PARSED[data] = meta
-    return meta
+    return check_named_step(directory, meta, storage)
 
 
 REUSE_MAX_BYTES = 1 << 20
@@ -63,3 +65,29 @@ def read_metadata_bytes(directory: str, storage: Storage = POSIX) -> bytes:
         except OSError:
             pass
         raise CheckpointError(f"no committed checkpoint at {directory!r} ({METADATA_FILE} is missing)") from None
+
+
+def check_named_step(directory: str, meta: Metadata, storage: Storage = POSIX) -> Metadata:
+    """``meta``, read from ``directory``, when the step its name claims is the metadata's (docs/format.md 1).
+
+    The names: the last component of ``directory`` as given and, on POSIX,
+    of its real path (symbolic links resolved); each that is a version name
+    (``step-<12 digits>[.rN]``) must name ``meta.step``.  Any other name
+    claims nothing.  CorruptCheckpointError otherwise: a version copied or
+    renamed under another step's name is damaged whether its root lists it
+    or a caller opens it directly.
+    """
+    names = {os.path.basename(os.path.normpath(directory))}
+    if isinstance(storage, PosixStorage):
+        names.add(os.path.basename(os.path.realpath(directory)))
+    for name in sorted(names):
+        parsed = parse_version_name(name)
+        if parsed is not None:
+            check_step(directory, meta, parsed.step)
+    return meta
+
+
+def check_step(directory: str, meta: Metadata, step: int) -> None:
+    """CorruptCheckpointError unless the metadata read from ``directory`` holds ``step``."""
+    if meta.step != step:
+        raise CorruptCheckpointError(f"{directory!r} is named for step {step} but its metadata holds step {meta.step}")

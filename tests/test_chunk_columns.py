@@ -297,12 +297,15 @@ def test_fuzz_the_decoded_block(data):
 
 def test_the_blocks_of_one_file_are_bounded_together(monkeypatch):
     """Each block within its own bound, but together over MAX_TOTAL_BYTES (lowered here to 1.5 blocks): the
-    second is refused before it is inflated."""
+    metadata.json is refused from the tables' claims, before any block is inflated (the first one's data is
+    not even base64 here)."""
     doc = doc_of(metadata(table()))
     doc["variables"]["u"]["chunks"] = chunk_columns.encode(table())
     doc["variables"]["w"] = {**doc["variables"]["u"], "chunks": chunk_columns.encode(table())}
     one = chunk_columns.decoded_size(doc["variables"]["u"]["chunks"], 2)
     assert len(parse(sealed(doc)).variables) == 2
     monkeypatch.setattr(chunk_columns, "MAX_TOTAL_BYTES", one * 3 // 2)
-    with pytest.raises(CorruptCheckpointError, match=r"chunks of 'w'.*what is left of"):
+    doc["variables"]["u"]["chunks"]["data"] = "not base64!"
+    with pytest.raises(CorruptCheckpointError, match=rf"would decode to {2 * one} bytes together, more than "
+                                                     rf"{one * 3 // 2}"):
         parse(sealed(doc))

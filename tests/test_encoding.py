@@ -337,3 +337,24 @@ def test_a_replicated_array_over_the_limit_is_refused_on_read():
            "data": base64.b64encode(raw.tobytes()).decode()}
     with pytest.raises(CorruptCheckpointError, match="more than a replicated value holds"):
         decode_value(obj)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=40), st.lists(st.tuples(st.integers(0, 63), st.sampled_from("AB+/=\n")), max_size=3),
+       st.sampled_from(["", "=", "==", "===="]))
+def test_canonical_base64_is_the_one_spelling_of_its_bytes(raw, edits, tail):
+    """b64decode_canonical takes the encoder's text back to its bytes, and any text it accepts is exactly the
+    encoder's text of what it returns: a bit set before the padding, extra padding, a stray character, refused."""
+    from hpcckpt.encoding import b64decode_canonical
+
+    text = base64.b64encode(raw).decode()
+    assert b64decode_canonical(text) == raw
+    other = list(text) or ["A"]
+    for pos, char in edits:
+        other[pos % len(other)] = char
+    other = "".join(other) + tail
+    try:
+        got = b64decode_canonical(other)
+    except ValueError:
+        return
+    assert base64.b64encode(got).decode() == other

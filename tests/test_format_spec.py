@@ -281,8 +281,8 @@ class SpecReader:
         raise AssertionError(f"{name} is not strict JSON")
 
     def dtype(self, d) -> np.dtype:
-        if isinstance(d, str):
-            assert d[0] in "<>|" and (d[0] != "|" or d[1] in "biuSV"), d
+        if isinstance(d, str):  # "|" exactly for b1, i1, u1, S<n>, V<n> (3.2)
+            assert d[0] in "<>|" and (d[0] == "|") == (d[1:] in ("b1", "i1", "u1") or d[1] in "SV"), d
             return np.dtype(d)
         names, formats, offsets, titles, pos = [], [], [], [], 0
         for f in d:
@@ -357,7 +357,9 @@ class SpecReader:
         rows, ncols = c["rows"], len(c["columns"])
         assert type(rows) is int and 0 <= rows and 32 + 8 * ncols * rows <= 1 << 30
         d = zlib.decompressobj()
-        raw = d.decompress(base64.b64decode(c["data"].encode("ascii"), validate=True), 32 + 8 * ncols * rows + 1)
+        packed = base64.b64decode(c["data"].encode("ascii"), validate=True)
+        assert base64.b64encode(packed).decode() == c["data"], "not canonical base64"
+        raw = d.decompress(packed, 32 + 8 * ncols * rows + 1)
         assert d.eof and not d.unused_data and len(raw) == 32 + 8 * ncols * rows
         assert raw[:8] == b"HCKCOLS\0" and struct.unpack_from("<IIQQ", raw, 8)[:3] == (1, ncols, rows)
         assert struct.unpack_from("<Q", raw, 24)[0] == xxhash.xxh3_64_intdigest(raw[32:]), "damaged block"
@@ -622,3 +624,319 @@ def test_mix128_matches_its_description(size):
 
     data = np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8)
     assert mix128(np, data) == mix128_from_doc(data.tobytes())
+
+
+# --------------------------------------------------------------------------- rules a reader had to guess (one each)
+
+def sealed_edit(path, edit):
+    """Edit the metadata document of the version at ``path`` and seal it again (tests/metadata_tools.py)."""
+    from metadata_tools import rewrite_metadata
+
+    rewrite_metadata(path, edit)
+
+
+def old_v1_copy(tmp_path, edit) -> str:
+    """A copy of the version 1 fixture tests/data/v1/plain whose (unsealed) document ``edit`` changed."""
+    import shutil
+
+    path = str(tmp_path / "v1")
+    shutil.copytree(os.path.join(ROOT_DIR, "tests", "data", "v1", "plain"), path)
+    meta = os.path.join(path, "metadata.json")
+    with open(meta, "rb") as f:
+        d = json.loads(f.read())
+    assert d["format_version"] == 1
+    out = edit(d)
+    with open(meta, "wb") as f:
+        f.write(out if isinstance(out, bytes) else json.dumps(d, separators=(",", ":")).encode())
+    return path
+
+
+def refused(path, match, variable=None):
+    """The version at ``path`` is damaged, with ``match`` in the message, for hpcckpt.open (reading ``variable``:
+    a damaged chunk shows when it is read) as for hpcckpt.load."""
+    with pytest.raises(hpcckpt.CorruptCheckpointError, match=match):
+        with hpcckpt.open(path) as view:
+            if variable is not None:
+                view.read(variable)
+    with pytest.raises(hpcckpt.CorruptCheckpointError, match=match):
+        hpcckpt.load(None, path, comm=None)
+
+
+def test_rule_plain_integers_beyond_int64_only_in_format_version_1(tmp_path):
+    """3.4: from format version 2 on, a plain integer in `values` is in int64 (beyond it, only the tagged form)."""
+    path = save(tmp_path / "v", {"n": 5, "big": 2 ** 70, "p": hpcckpt.PerRank(1)})
+    with hpcckpt.open(path) as view:
+        assert view.meta.values["big"] == {"$hpcckpt": "int", "value": str(2 ** 70)}  # how hpcckpt writes it
+    for where in ("n", "nested", "per-rank entry"):
+        def edit(d, where=where):
+            d["values"]["n"] = 5
+            if where == "n":
+                d["values"]["n"] = 2 ** 70
+            elif where == "nested":
+                d["values"]["n"] = [1, {"a": -2 ** 63 - 1}]
+            else:
+                d["values"]["p"]["values"] = [2 ** 64]
+        sealed_edit(path, edit)
+        refused(path, "outside int64")
+    sealed_edit(path, lambda d: d["values"].update(n=[2 ** 63 - 1, -2 ** 63], p={"$hpcckpt": "per-rank",
+                                                                                    "values": [2 ** 63 - 1]}))
+    with hpcckpt.open(path) as view:
+        assert view.values["n"] == [2 ** 63 - 1, -2 ** 63]
+    v1 = old_v1_copy(tmp_path, lambda d: d["values"].update(wide=[2 ** 70, -(10 ** 30)]))
+    with hpcckpt.open(v1) as view:
+        assert view.values["wide"] == [2 ** 70, -(10 ** 30)]
+
+
+@pytest.mark.parametrize("spelling", ["last key", "first key, spaced"])
+def test_rule_no_metadata_checksum_key_in_format_version_1(tmp_path, spelling):
+    """3 and 3.6: a version 1 document never holds `metadata_checksum`, wherever it stands."""
+    def edit(d):
+        if spelling == "last key":
+            d["metadata_checksum"] = "0123456789abcdef"
+            return None
+        return b'{ "metadata_checksum": "0123456789abcdef", ' + json.dumps(d)[1:].encode()
+
+    path = old_v1_copy(tmp_path, edit)
+    refused(path, "format version 1 metadata has no 'metadata_checksum' key")
+    assert hpcckpt.open(old_v1_copy(tmp_path / "plain", lambda d: None)).meta.format_version == 1
+
+
+def noncanonical(text: str) -> str:
+    """The same bytes as canonical base64 ``text``, spelled otherwise: non-zero bits before the padding, or (with
+    no padding to hide bits in) superfluous padding."""
+    alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+    pads = len(text) - len(text.rstrip("="))
+    if not pads:
+        return text + "===="
+    i = len(text) - pads - 1
+    bumped = text[:i] + alphabet[alphabet.index(text[i]) + 1] + text[i + 1:]
+    assert base64.b64decode(bumped) == base64.b64decode(text)  # what a lenient decoder makes of it
+    return bumped
+
+
+def test_rule_base64_is_canonical(tmp_path, monkeypatch):
+    """3.3.1 and 3.4: base64 with non-zero bits before the padding, or with superfluous padding, is refused, in a
+    tagged value's data and in a columnar chunk table's block (decoded leniently, each means the same bytes)."""
+    from hpcckpt import chunk_columns
+
+    monkeypatch.setattr(chunk_columns, "COLUMNAR_MIN_CHUNKS", 0)  # every table a block
+    path = save(tmp_path / "v", {"s": np.int16(7), "b": np.bytes_(b"abc"),
+                                 "u": hpcckpt.Block(np.arange(7.0), (0,), (7,))})
+    stored = SpecReader(path).meta
+    assert (stored["values"]["s"]["data"], stored["values"]["b"]["data"]) == ("BwA=", "YWJj")
+    block = stored["variables"]["u"]["chunks"]["data"]
+    for name, text, spelled in (("s", "BwA=", "BwB="), ("b", "YWJj", "YWJj===="), ("u", block, noncanonical(block))):
+        assert noncanonical(text) == spelled
+        sealed_edit(path, lambda d, name=name, spelled=spelled: (
+            d["variables"][name]["chunks"] if name == "u" else d["values"][name]).update(data=spelled))
+        refused(path, "not canonical base64")
+        sealed_edit(path, lambda d, name=name, text=text: (
+            d["variables"][name]["chunks"] if name == "u" else d["values"][name]).update(data=text))
+    with hpcckpt.open(path) as view:
+        assert view.values["s"] == np.int16(7) and view.values["b"] == b"abc"
+        assert view.read("u").tolist() == list(range(7))
+
+
+def test_rule_columnar_blocks_are_bounded_per_metadata_file(tmp_path):
+    """3.3.1 check 2: the blocks of one metadata.json, all variables' tables together, at most 2^31 bytes,
+    summed from `columns` and `rows` before any block is decoded (the blocks here are not even base64)."""
+    path = save(tmp_path / "v", {"t": 1})
+    names = ["file", "offset", "nbytes", "checksum", "start_0", "count_0"]
+    rows = ((1 << 30) - 32) // (8 * len(names))  # each block just under 1 GiB: within its own bound
+
+    def claims(count):
+        def edit(d):
+            for i in range(count):
+                d["variables"][f"v{i}"] = {"kind": "block", "dtype": "|u1", "shape": [rows], "codec": {"id": "none"},
+                                           "chunks": {"columns": names, "rows": rows, "data": "?"}}
+        return edit
+
+    sealed_edit(path, claims(3))
+    refused(path, r"columnar chunk tables of this metadata.json would decode to 3221225376 bytes together")
+    sealed_edit(path, lambda d: d["variables"].clear() or claims(2)(d))  # 2^31 - 64 bytes: the blocks are read
+    refused(path, "data must be an ASCII base64 string|not valid base64")
+
+
+def nested(depth: int, leaf):
+    for _ in range(depth):
+        leaf = [leaf]
+    return leaf
+
+
+def test_rule_nesting_levels_count_arrays_and_objects_only(tmp_path):
+    """3.4: a tagged object and a per-rank object are not levels; 64 levels of arrays (or objects) are the most."""
+    state = {"deep": nested(64, 1), "tagged": nested(64, np.float32(2.5)), "p": hpcckpt.PerRank(nested(64, 3))}
+    path = save(tmp_path / "v", state)
+    with hpcckpt.open(path) as view:
+        assert view.values["deep"] == nested(64, 1) and view.values["tagged"] == nested(64, np.float32(2.5))
+    out = hpcckpt.load({"p": hpcckpt.PerRank(None)}, path, comm=None, strict=False)
+    assert out["p"].value == nested(64, 3)
+    sealed_edit(path, lambda d: d["values"].update(deep=nested(65, 1)))
+    refused(path, "nest more than 64 deep")
+    sealed_edit(path, lambda d: d["values"].update(deep=1, p={"$hpcckpt": "per-rank", "values": [nested(65, 3)]}))
+    refused(path, "nest more than 64 deep")
+
+
+def test_rule_a_directory_named_for_a_step_holds_it_when_opened_directly(tmp_path):
+    """1: the step in a version name binds however the directory is reached: through its root, by its own path,
+    or through a link to it; a directory with another name claims nothing, and save refuses to break the rule."""
+    import shutil
+
+    root = tmp_path / "root"
+    with hpcckpt.Checkpointer(str(root), comm=None, track_failures=False) as ck:
+        ck.save({"t": 1}, step=1)
+    elsewhere = tmp_path / "copies"
+    elsewhere.mkdir()
+    renamed = str(elsewhere / "step-000000000005")
+    shutil.copytree(root / "step-000000000001", renamed)
+    refused(renamed, "named for step 5 but its metadata holds step 1")
+    os.symlink(renamed, elsewhere / "latest")
+    refused(str(elsewhere / "latest"), "named for step 5 but its metadata holds step 1")  # its real name
+    os.symlink(root / "step-000000000001", elsewhere / "step-000000000007")
+    refused(str(elsewhere / "step-000000000007"), "named for step 7 but its metadata holds step 1")  # its own name
+    shutil.copytree(root / "step-000000000001", elsewhere / "final")
+    assert hpcckpt.open(str(elsewhere / "final")).step == 1
+    assert hpcckpt.open(str(root)).step == 1
+    with pytest.raises(hpcckpt.CheckpointError, match="is named for step 3: pass step=3"):
+        save(tmp_path / "step-000000000003", {"t": 2})
+    assert not os.path.exists(tmp_path / "step-000000000003")
+    assert hpcckpt.open(save(tmp_path / "step-000000000003", {"t": 2}, step=3)).values["t"] == 2
+
+
+def patch_chunk(path, name: str, patch) -> bytes:
+    """Apply ``patch`` (bytearray -> None) to the first stored chunk of variable ``name`` and fix its checksum in
+    the metadata (JSON-array tables), so that the codec's own checks are what refuses it; the bytes before."""
+    reader = SpecReader(path)
+    table = reader.table(reader.meta["variables"][name]["chunks"], len(reader.meta["variables"][name]["shape"]))
+    file = reader.path(reader.meta["files"][table["file"][0]])
+    with open(file, "r+b") as f:
+        f.seek(table["offset"][0])
+        before = f.read(table["nbytes"][0])
+        data = bytearray(before)
+        patch(data)
+        f.seek(table["offset"][0])
+        f.write(data)
+    sealed_edit(path, lambda d: d["variables"][name]["chunks"]["checksum"].__setitem__(
+        0, format(xxhash.xxh3_64_intdigest(bytes(data)), "016x")))
+    return before
+
+
+def test_rule_blosc_and_blosc2_header_versions(tmp_path):
+    """compression.md: a blosc chunk is format version 2 with compressor format 1, nothing else; a blosc2 chunk
+    is format 3 to 5, its byte 1 ignored."""
+    u = np.linspace(0, 1, 4000)
+    path = save(tmp_path / "blosc", blocks({"u": u}), codec="lz4")
+    for pos, value in ((0, 3), (0, 1), (1, 2)):
+        before = patch_chunk(path, "u", lambda b, pos=pos, value=value: b.__setitem__(pos, value))
+        assert before[:2] == b"\x02\x01"
+        refused(path, "a blosc chunk header says format version", "u")
+        patch_chunk(path, "u", lambda b, before=before: b.__setitem__(slice(0, 2), before[:2]))
+    assert hpcckpt.open(path).read("u").tobytes() == u.tobytes()
+    pytest.importorskip("blosc2")
+    path = save(tmp_path / "blosc2", blocks({"u": u}), codec="blosc2")
+    patch_chunk(path, "u", lambda b: b.__setitem__(1, 7))
+    assert hpcckpt.open(path).read("u").tobytes() == u.tobytes()
+    for version in (2, 6):
+        patch_chunk(path, "u", lambda b, version=version: b.__setitem__(0, version))
+        refused(path, "names a format, compressor or flag", "u")
+
+
+def test_rule_blosc2_bytedelta_meta_is_the_header_typesize(tmp_path):
+    """compression.md, `blosc2`: a bytedelta slot's filter meta is the chunk header's typesize (byte 3), the
+    element size the filter ran with; any other value is refused."""
+    pytest.importorskip("blosc2")
+    from hpcckpt.codecs import Blosc2
+
+    u = np.cumsum(np.random.default_rng(5).standard_normal(3000))
+    path = save(tmp_path / "v", blocks({"u": u}), codec=Blosc2(filters=["shuffle", "bytedelta"], typesize=4))
+    header = patch_chunk(path, "u", lambda b: None)[:32]
+    typesize, filters, meta = header[3], header[16:22], header[24:30]
+    assert typesize == 4 and filters[1] == 35 and meta[1] == 4 and meta[0] == 0  # the slot of bytedelta
+    assert hpcckpt.open(path).read("u").tobytes() == u.tobytes()
+    for wrong in (0, 8):
+        patch_chunk(path, "u", lambda b, wrong=wrong: b.__setitem__(25, wrong))
+        refused(path, f"filter 35 \\(meta {wrong}\\)", "u")
+
+
+@pytest.mark.parametrize("stored, written", [("|u1", "<u1"), ("|i1", ">i1"), ("|b1", "<b1"), ("|S3", ">S3"),
+                                             ("|V4", "<V4")])
+def test_rule_a_byte_order_where_none_applies_is_refused(tmp_path, stored, written):
+    """3.2: `b1`, `i1`, `u1`, `S<n>` and `V<n>` take the mark `|`, never `<` or `>` (in a variable and in a
+    tagged value); hpcckpt writes `|`."""
+    arr = np.zeros(4, np.dtype(stored))
+    path = save(tmp_path / "v", {"a": hpcckpt.Block(arr, (0,), (4,)), "s": arr[:1].copy()})
+    with hpcckpt.open(path) as view:
+        assert view.meta.variables["a"].dtype == np.dtype(stored)
+    doc_ = SpecReader(path).meta
+    assert doc_["variables"]["a"]["dtype"] == stored and doc_["values"]["s"]["dtype"] == stored
+    sealed_edit(path, lambda d: d["variables"]["a"].update(dtype=written))
+    refused(path, "needs the byte order mark '|'")
+    sealed_edit(path, lambda d: d["variables"]["a"].update(dtype=stored) or d["values"]["s"].update(dtype=written))
+    refused(path, "needs the byte order mark '|'")
+
+
+# --------------------------------------------------------------------------- the SZ3 stream (compression.md)
+
+def sz3_stream(chunk: bytes) -> tuple[dict, bytes]:
+    """The hpcckpt header (40 bytes) and the SZ3 stream of an `hpcckpt.sz3` chunk, from compression.md only."""
+    magic, kind, n, k, stream_len, param = struct.unpack_from("<4sIQQQd", chunk)
+    assert magic == b"HSZ3" and kind in (0, 1)
+    head = {"kind": kind, "n": n, "k": k, "stream_len": stream_len, "param": param}
+    return head, chunk[len(chunk) - stream_len:]
+
+
+def sz3_config(stream: bytes) -> dict:
+    """The 16-byte header and the Config of an SZ3 stream, field by field as compression.md lays them out."""
+    magic, version, payload = struct.unpack_from("<IIQ", stream)
+    pos = 16 + payload
+    size, ndim, width = stream[pos], stream[pos + 1], stream[pos + 2]
+    packed = -(-ndim * width // 8)
+    bits = int.from_bytes(stream[pos + 3:pos + 3 + packed], "little")
+    dims = [(bits >> (i * width)) % (1 << width) for i in range(ndim)]
+    num, algo, mode, bound, _flags, dtype_code, quantbins, block, pred_dim = struct.unpack_from(
+        "<QBBdBBiiB", stream, pos + 3 + packed)
+    end = pos + 3 + packed + struct.calcsize("<QBBdBBiiB")
+    return {"magic": magic, "version": version, "payload": payload, "size": size, "dims": dims, "num": num,
+            "algo": algo, "mode": mode, "bound": bound, "dtype_code": dtype_code, "parsed_to": end,
+            "config_at": pos}
+
+
+def test_rule_sz3_stream_is_sz3s_own_as_documented(tmp_path):
+    """compression.md "The SZ3 stream": the header and Config parsed by the struct code above from the doc's
+    text match what hpcckpt stored (dims = the chunk's axes of extent > 1, the bound, the length), and a stream
+    whose Config disagrees with the chunk is refused before SZ3 sees it."""
+    pysz = pytest.importorskip("pysz")
+    from importlib.metadata import version as installed
+
+    from hpcckpt.codecs import SZ3
+
+    rng = np.random.default_rng(9)
+    f = np.cumsum(rng.standard_normal((1, 12, 9)), axis=2).astype(np.float32)
+    d = np.cumsum(rng.standard_normal(300))
+    path = save(tmp_path / "v", {"f": hpcckpt.Block(f, (0, 0, 0), f.shape), "d": hpcckpt.Block(d, (0,), d.shape),
+                                 "five": hpcckpt.Block(np.ones((2, 2, 2, 2, 2), np.float32), (0,) * 5, (2,) * 5)},
+                codec=SZ3(abs=1e-3))
+    for name, n, dims in (("f", 108, [12, 9]), ("d", 300, [300])):
+        head, stream = sz3_stream(patch_chunk(path, name, lambda b: None))
+        assert head["kind"] == 0 and head["n"] == n and len(stream) == head["stream_len"]
+        cfg = sz3_config(stream)
+        assert cfg["magic"] == 0xF342F310 and stream[:4] == bytes.fromhex("10f342f3")
+        assert cfg["version"] >> 24 == 3 and cfg["version"] & 0xFF == 0
+        if installed("pysz") == "1.1.0":
+            assert cfg["version"] == 0x03040000
+        assert 16 + cfg["payload"] + cfg["size"] == len(stream) == cfg["parsed_to"]
+        assert cfg["dims"] == dims and cfg["num"] == n and cfg["mode"] == 0 and cfg["bound"] == 1e-3
+        assert cfg["dtype_code"] == 0  # SZ3 leaves it 0, for the float64 variable too
+        work = np.float32 if name == "f" else np.float64
+        y = pysz.sz.decompress(np.frombuffer(stream, np.uint8), work, (n,))[0]
+        assert np.max(np.abs(y - (f if name == "f" else d).reshape(-1))) <= 1e-3
+    assert sz3_stream(patch_chunk(path, "five", lambda b: None))[0]["kind"] == 1  # 5 axes > 1: stored raw
+
+    def bad_num(b):  # the Config's num, after C, N, w and the 2 bytes of 9-bit dims: 300 -> 299
+        head, stream = sz3_stream(bytes(b))
+        at = len(b) - head["stream_len"] + sz3_config(stream)["config_at"] + 3 + 2
+        assert struct.unpack_from("<Q", b, at)[0] == 300
+        b[at:at + 8] = struct.pack("<Q", 299)
+
+    patch_chunk(path, "d", bad_num)
+    refused(path, r"an SZ3 stream declares dims \[300\] \(299 values\)", "d")

@@ -279,7 +279,7 @@ def _make_partial(root, step, real=True):
     """A leftover of an interrupted save: data written, metadata never committed."""
     path = os.path.join(root, f"step-{step:012d}")
     if real:
-        hpcckpt.save(state_for(step), path)
+        hpcckpt.save(state_for(step), path, step=step)
         os.remove(os.path.join(path, "metadata.json"))
         open(os.path.join(path, "metadata.json.tmp-123"), "wb").write(b'{"format": "hpcckpt"')
     else:

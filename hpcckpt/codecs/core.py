@@ -106,13 +106,24 @@ class NoneCodec(Codec):
 
 # ---------------------------------------------------------------- lossless stages (numcodecs)
 
+#: Bytes 0 and 1 of every c-blosc 1.x chunk: the blosc format version and its compressors' format version.
+BLOSC_VERSIONS = (2, 1)
+
+
 def decoded_size(config: dict, stored) -> int | None:
-    """The decoded size a compressed buffer declares in its own header (None when it cannot tell)."""
+    """The decoded size a compressed buffer declares in its own header (None when it cannot tell).
+
+    A blosc chunk of another format than c-blosc 1.x's (BLOSC_VERSIONS: a C-Blosc2 chunk, or an unknown
+    version) is CorruptCheckpointError: it belongs to no blosc chunk hpcckpt writes (docs/compression.md).
+    """
     b = memoryview(stored).cast("B")
     cid = config["id"]
     if cid == "blosc":
         if len(b) < 16:
             return None
+        if (b[0], b[1]) != BLOSC_VERSIONS:
+            raise CorruptCheckpointError(f"a blosc chunk header says format version {b[0]} (compressor format "
+                                         f"{b[1]}); hpcckpt reads c-blosc 1.x chunks, versions {BLOSC_VERSIONS}")
         nbytes, _, cbytes = struct.unpack_from("<III", b, 4)
         return nbytes if cbytes == len(b) else None
     if cid == "lz4":

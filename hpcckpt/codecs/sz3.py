@@ -16,11 +16,17 @@ Config: ``{"id": "hpcckpt.sz3", "abs" | "rel" | "pw_rel": bound}``.
 chunk's finite non-zero values (stored as the header's param) and the absolute
 bound ``log2(1 + r)``; it decodes ``x = 0`` where ``|t| < 0.5`` and
 ``sign(t) * 2 ** (|t| - c)`` elsewhere (see docs/format.md).
+
+The stream is SZ3's own (``SZ_compress`` of SZ3's ``sz.hpp``: a 16-byte
+header, SZ3's payload, then SZ3's serialised Config), laid out in
+docs/compression.md for readers in other languages; :func:`check_stream`
+checks its header and Config against the chunk before pysz decodes it.
 """
 
 from __future__ import annotations
 
 import math
+import struct
 
 import numpy as np
 
@@ -36,6 +42,40 @@ UPPER = {"abs": None, "rel": 0.5, "pw_rel": 0.4}
 
 def _pysz():
     return library("pysz", "sz3")
+
+
+#: An SZ3 stream's first 16 bytes (little-endian): magic, data version, length of the payload that follows.
+STREAM_HEADER = struct.Struct("<IIQ")
+STREAM_MAGIC = 0xF342F310
+#: SZ3's Config after the payload: its size (u8, itself included), N (u8), the bit width of the dims (u8); then
+#: the N dims packed; then num (u64), the algorithm (u8), the error bound mode (u8) and, in mode ABS, the bound (f64).
+CONFIG_HEAD = struct.Struct("<BBB")
+CONFIG_TAIL = struct.Struct("<QBBd")
+#: SZ3's error bound mode ABS, the only one hpcckpt writes.
+EB_ABS = 0
+
+
+def check_stream(stream, n: int) -> None:
+    """CorruptCheckpointError unless ``stream`` is one SZ3 stream, laid out as docs/compression.md says, of ``n``
+    values at an absolute bound: SZ3 itself trusts its Config (its dims size what it writes)."""
+    b = memoryview(np.ascontiguousarray(stream)).cast("B")
+    if len(b) < STREAM_HEADER.size + CONFIG_HEAD.size:
+        raise CorruptCheckpointError(f"an SZ3 stream of {len(b)} bytes is shorter than its header")
+    magic, _version, payload = STREAM_HEADER.unpack_from(b)
+    if magic != STREAM_MAGIC or payload > len(b) - STREAM_HEADER.size - CONFIG_HEAD.size:
+        raise CorruptCheckpointError("an SZ3 stream has a bad magic number or a payload longer than the stream")
+    pos = STREAM_HEADER.size + payload
+    size, ndim, width = CONFIG_HEAD.unpack_from(b, pos)
+    tail = pos + CONFIG_HEAD.size + (ndim * width + 7) // 8
+    if pos + size != len(b) or not (1 <= ndim <= 4 and 1 <= width <= 64) or tail + CONFIG_TAIL.size > len(b):
+        raise CorruptCheckpointError(f"an SZ3 stream's Config is malformed ({size} bytes, {ndim} dims of {width} "
+                                     f"bits, in {len(b) - pos} bytes)")
+    bits = int.from_bytes(b[pos + CONFIG_HEAD.size:tail], "little")
+    dims = [(bits >> (i * width)) & ((1 << width) - 1) for i in range(ndim)]
+    num, _algo, mode, _bound = CONFIG_TAIL.unpack_from(b, tail)
+    if math.prod(dims) != num or num != n or mode != EB_ABS:
+        raise CorruptCheckpointError(f"an SZ3 stream declares dims {dims} ({num} values) and error bound mode "
+                                     f"{mode}, not {n} values at an absolute bound")
 
 
 class SZ3:
@@ -103,6 +143,7 @@ class SZ3Codec(BoundedCodec):
     def expand(self, stream, n, param):
         pysz = _pysz()
         work = np.float64 if self.mode == "pw_rel" else self.work
+        check_stream(stream, n)
         try:
             y, _ = pysz.sz.decompress(np.ascontiguousarray(stream), work, (n,))
         except Exception as exc:  # pysz turns SZ3's C++ exceptions into various Python ones
