@@ -30,60 +30,18 @@ import os
 import warnings
 
 from ..catalog import list_versions
-from ..collective import agree, allgather_checked, bcast_checked
+from ..collective import agree, allgather_checked, bcast_checked, best_effort
 from ..commit import commit_version
 from ..errors import CheckpointError, TemplateMismatchError
 from ..loading import load_version
 from ..metadata import Metadata, parse
-from ..names import DATA_DIR, METADATA_FILE, PARITY_DIR, parity_file, parse_version_name, rank_file, \
-    split_reference
+from ..names import METADATA_FILE, parity_file, parse_version_name, rank_file, split_reference
 from ..metadata_file import read_metadata_bytes
 from ..storage import POSIX
 from ..storage.posix import atomic_write
+from .fetch import expected_sizes, fetcher, inventory
 from .partner import transfer
 from .pmem import PmemStorage
-
-
-def inventory(vdir: str, references=()) -> dict[str, int]:
-    """Sizes of the data and parity files a node directory holds for one version.
-
-    ``references``: files of older versions the version points into
-    (``@VERSION/data/...``, incremental saves), looked up beside it and listed
-    under that name.
-    """
-    out = {}
-    for sub in (DATA_DIR, PARITY_DIR):
-        d = os.path.join(vdir, sub)
-        try:
-            names = os.listdir(d)
-        except (FileNotFoundError, NotADirectoryError):
-            continue
-        for n in names:
-            if not n.endswith(".part"):
-                try:
-                    out[f"{sub}/{n}"] = os.stat(os.path.join(d, n)).st_size
-                except OSError:
-                    pass
-    for name in references:
-        version, path = split_reference(name)
-        committed = os.path.isfile(os.path.join(os.path.dirname(vdir), version, METADATA_FILE))
-        try:
-            if committed:
-                out[name] = os.stat(os.path.join(os.path.dirname(vdir), version, path)).st_size
-        except OSError:
-            pass
-    return out
-
-
-def expected_sizes(meta: Metadata) -> dict[str, int]:
-    """The least size of each data file: the end of its last chunk."""
-    ends = {name: 0 for name in meta.files}
-    for var in meta.variables.values():
-        c = var.chunks
-        for k in range(len(c)):
-            name = meta.files[int(c.file[k])]
-            ends[name] = max(ends[name], int(c.offset[k]) + int(c.nbytes[k]))
-    return ends
 
 
 def plan_rebuild(meta: Metadata, inv: list[dict[str, int]], size: int):
@@ -219,10 +177,13 @@ def _report(rank: int, name: str, level: str, reasons: list[str]) -> None:
 
 def _try_pmem(engine, state, name: str, local_sets, root_names, strict, cast=False):
     """(restored state, None) or (None, why); collective.  Rank 0 reads the metadata from its node directory
-    (else from the root); after the load, ranks whose node directory lost their file write it from the map."""
+    (else from the root, where every file is).  Before the load, ranks whose node directory lost their file
+    write it from the map (removed again if the load fails), so that the files other ranks read can be fetched
+    from their node (levels/fetch.py)."""
     comm, rank, node = engine.comm, engine.rank, engine.node
     what = f"restore of {name} from the persistent-memory tier"
-    directory = node.path(name) if name in local_sets[0] else os.path.join(engine.ckpt.root, name)
+    vdir = node.path(name)
+    directory = vdir if name in local_sets[0] else os.path.join(engine.ckpt.root, name)
 
     def held():
         try:
@@ -237,23 +198,28 @@ def _try_pmem(engine, state, name: str, local_sets, root_names, strict, cast=Fal
     own = os.path.join(directory, rank_file(rank))
     opened = node.pmem.open_version(name)  # None if rewritten since: this rank then reads its L1 file
     storage = PmemStorage(own, *opened) if opened is not None else POSIX
+    refilled = os.path.join(vdir, rank_file(rank))
+
+    def refill():
+        if opened is not None and opened[1]["length"] and not os.path.isfile(refilled):
+            os.makedirs(os.path.dirname(refilled), exist_ok=True)
+            atomic_write(refilled, storage.mapped_bytes())
+            return True
+        return False
+
+    wrote = False
     try:
+        wrote = agree(comm, what + " (node-local files from the map)", refill)
         out = load_version(state, directory, comm, strict=strict, expect_step=_order(name)[0], storage=storage,
-                           cast=cast)
+                           cast=cast, before_reads=fetcher(comm, vdir, node.layout.node_of, what)
+                           if directory == vdir else None)
         raw = comm.bcast(agree(comm, what, lambda: read_metadata_bytes(directory) if rank == 0 else None), root=0)
-        vdir = node.path(name)
-
-        def refill():
-            path = os.path.join(vdir, rank_file(rank))
-            if opened is not None and opened[1]["length"] and not os.path.isfile(path):
-                os.makedirs(os.path.dirname(path), exist_ok=True)
-                atomic_write(path, storage.mapped_bytes())
-
-        agree(comm, what + " (node-local files from the map)", refill)
         agree(comm, what, lambda: node.leader and name not in local_sets[rank] and commit_version(vdir, raw))
-    except TemplateMismatchError:
-        raise
     except CheckpointError as exc:
+        if wrote:  # unverified bytes: not left for the node-local levels to trust
+            best_effort(f"removing {refilled!r}", lambda: os.unlink(refilled))
+        if isinstance(exc, TemplateMismatchError):
+            raise
         return None, str(exc)
     finally:
         if opened is not None:
@@ -306,7 +272,8 @@ def _try_local(engine, state, name: str, local_sets, strict, cast=False):
                     gcomm.Free()
         agree(comm, what, lambda: engine.node.leader and name not in local_sets[rank] and (
             os.makedirs(vdir, exist_ok=True), commit_version(vdir, raw)))
-        out = load_version(state, vdir, comm, strict=strict, expect_step=_order(name)[0], cast=cast)
+        out = load_version(state, vdir, comm, strict=strict, expect_step=_order(name)[0], cast=cast,
+                           before_reads=fetcher(comm, vdir, engine.node.layout.node_of, what))
     except TemplateMismatchError:
         raise
     except CheckpointError as exc:
