@@ -4,8 +4,9 @@ For each committed version, newest first:
 
 0. the persistent-memory tier (PM), when configured: if every rank's image
    holds the version (written by as many ranks), each rank's own data file is
-   read from the mapped image, the rest as from L1; a node directory that lost
-   the version gets its files back from the map.
+   read from the mapped image, the rest as from L1 (fetched from other nodes
+   where this node lacks them); a node directory that lost the version gets
+   its files back from the map.
 1. node-local (L1): every rank lists what its node directory holds; if every
    data file is at its owner's node, load straight from there (L1).  A file
    missing at its owner but present on another node (a partner copy) is sent
@@ -13,15 +14,18 @@ For each committed version, newest first:
    only loss of its parity group (L3), or else from Reed-Solomon parity when
    no stripe of its group lost more than m shards, counting the shards found
    damaged by their checksums (RS).  Then the ordinary collective load reads
-   each rank's node directory.
+   each rank's node directory, once the data files its ranks read and it
+   lacks were fetched from the nodes that hold them (levels/fetch.py: a
+   Ragged table split otherwise than saved, a Block on another
+   decomposition, another rank count).
 2. the shared root (L4), the same version, when it was flushed there.
 
 A version that cannot be rebuilt (say, two lost nodes in one XOR parity group) is
 skipped with a warning that names the lost ranks and the group; the search goes
 on to the root and to older versions.  When the rank count changed, the
-rebuild is skipped and the load is tried from the node directories as they
-are (it succeeds when every chunk a rank reads is on its node) and otherwise
-from the root.
+rebuild is skipped and the files each rank reads are fetched from whichever
+node of the run holds them; a version with a file on no node of the run is
+skipped (to the root, or older versions) with a warning that names it.
 """
 
 from __future__ import annotations
@@ -52,7 +56,7 @@ def plan_rebuild(meta: Metadata, inv: list[dict[str, int]], size: int):
     """
     levels = meta.extra.get("levels") if isinstance(meta.extra, dict) else None
     if meta.nranks != size or not isinstance(levels, dict):
-        return {"level": "L1", "moves": [], "rebuild": []}, None  # try the node directories as they are
+        return {"level": "L1", "moves": [], "rebuild": []}, None  # the load fetches what each rank reads
     ends = expected_sizes(meta)
     sizes = levels.get("sizes") or [0] * size
     owners = {rank_file(o): o for o in range(size)}
