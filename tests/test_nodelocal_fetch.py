@@ -20,7 +20,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hpcckpt import Block, Checkpointer, CheckpointError, Ragged
-from hpcckpt.levels.fetch import plan_fetches
+from hpcckpt.levels import fetch
+from hpcckpt.levels.fetch import plan_fetches, round_bytes
 from hpcckpt.regions import even_rows
 
 
@@ -60,6 +61,13 @@ def test_the_bytes_are_spread_over_the_holders():
     held = [{"a": 10, "b": 10}, {"a": 10, "b": 10}, {}, {}]
     moves, lost = plan_fetches(needs, held, [0, 1, 2, 3])
     assert lost == [] and sorted(m[0] for m in moves) == [0, 0, 1, 1]
+
+
+def test_a_busy_rank_gets_smaller_pieces_down_to_a_floor():
+    assert round_bytes([]) == fetch.ROUND_BYTES
+    assert round_bytes([(1, 0, "a", 9), (2, 0, "b", 9), (3, 4, "c", 9)]) == fetch.ROUND_BYTES // 2
+    many = [(s, 0, str(s), 9) for s in range(1, 10_000)]
+    assert round_bytes(many) == fetch.MIN_ROUND
 
 
 # ------------------------------------------------------------------ MPI: simulated nodes
@@ -167,6 +175,16 @@ def test_the_newest_version_restores_on_another_split_of_the_same_ranks(mpi_tmp,
         _between_runs(comm, _lose_node_1(mpi_tmp))
     step, got_level, warned = _restore(comm, mpi_tmp, level, comm.Get_size(), which)
     assert (step, got_level, warned) == (2, level, "")
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.timeout(120)
+def test_files_streamed_in_many_small_pieces_arrive_whole(mpi_tmp, monkeypatch):
+    comm = _comm()
+    monkeypatch.setattr(fetch, "ROUND_BYTES", 1000)
+    monkeypatch.setattr(fetch, "MIN_ROUND", 100)  # a few KB per file: dozens of rounds
+    _save_two(comm, mpi_tmp, "L1")
+    assert _restore(comm, mpi_tmp, "L1", comm.Get_size(), "ragged") == (2, "L1", "")
 
 
 @pytest.mark.mpi(min_size=2)

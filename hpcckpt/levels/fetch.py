@@ -16,8 +16,10 @@ template):
    (:func:`needed_files`), and who sends which file to whom
    (:func:`plan_fetches`, pure): one receiver per node and file, the sender a
    rank whose node holds a whole copy, the bytes spread over the holders;
-3. partner.transfer moves the files over MPI, streamed in bounded rounds,
-   into the receivers' node directories (they stay there, like the copies
+3. partner.transfer moves the files over MPI, streamed in pieces
+   (:func:`round_bytes`: one round holds about ROUND_BYTES on any rank,
+   however many files it sends or receives, up to 32), into the receivers'
+   node directories (they stay there, like the copies
    the rebuild moves).
 
 A file that no node of the run holds whole is a CheckpointError on every
@@ -36,7 +38,7 @@ from ..errors import CheckpointError, TemplateMismatchError
 from ..metadata import Metadata
 from ..names import DATA_DIR, METADATA_FILE, PARITY_DIR, rank_file, split_reference
 from ..read_plan import encode_requests, target_boxes
-from .partner import transfer
+from .partner import ROUND_BYTES, transfer
 
 
 def inventory(vdir: str, references=()) -> dict[str, int]:
@@ -91,7 +93,8 @@ def whole_sizes(meta: Metadata) -> dict[str, tuple[int, int | None]]:
     ends = {name: end for name, end in expected_sizes(meta).items() if split_reference(name) is None}
     levels = meta.extra.get("levels") if isinstance(meta.extra, dict) else None
     sizes = levels.get("sizes") if isinstance(levels, dict) else None
-    exact = {rank_file(o): int(s) for o, s in enumerate(sizes)} if isinstance(sizes, list) else {}
+    exact = {rank_file(o): s for o, s in enumerate(sizes if isinstance(sizes, list) else [])
+             if isinstance(s, int) and not isinstance(s, bool)}  # the metadata is untrusted: others not used
     return {name: (end, max(end, exact[name]) if name in exact else None) for name, end in ends.items()}
 
 
@@ -147,6 +150,19 @@ def plan_fetches(needs: list[set[str]], held: list[dict[str, int]], node_of: lis
     return moves, lost
 
 
+def round_bytes(moves: list) -> int:
+    """The piece size of a fetch's transfer: ROUND_BYTES shared among the files of the rank that sends or
+    receives the most (partner.transfer holds one piece of each of its files per round), at least MIN_ROUND."""
+    busiest = {}
+    for src, dst, _, _ in moves:
+        busiest[src] = busiest.get(src, 0) + 1
+        busiest[dst] = busiest.get(dst, 0) + 1
+    return max(ROUND_BYTES // max(busiest.values(), default=1), MIN_ROUND)
+
+
+MIN_ROUND = 1 << 20
+
+
 def fetcher(comm, vdir: str, node_of: list[int], what: str):
     """The ``before_reads`` of a node-local load of ``vdir`` (loading.load_version): collective, on every rank.
 
@@ -172,6 +188,7 @@ def fetcher(comm, vdir: str, node_of: list[int], what: str):
             shown = ", ".join(f"{name} (read by rank {r})" for r, name in lost[:4])
             raise CheckpointError(f"{what} failed: no node of this run holds a whole copy of {shown}"
                                   + (f" and {len(lost) - 4} more" if len(lost) > 4 else ""))
-        return agree(comm, what + " (data files from other nodes)", lambda: transfer(comm, moves, vdir, vdir))
+        return agree(comm, what + " (data files from other nodes)", lambda: transfer(
+            comm, moves, vdir, vdir, round_bytes=round_bytes(moves)))
 
     return fetch
