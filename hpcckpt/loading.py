@@ -43,7 +43,7 @@ from .storage import POSIX, Storage
 
 def load_version(state, directory: str, comm, strict: bool = True, timer: PhaseTimer | None = None,
                  expect_step: int | None = None, storage: Storage = POSIX, cast: bool = False,
-                 metadata: tuple | None = None, shared_directory: bool = False) -> dict:
+                 metadata: tuple | None = None, shared_directory: bool = False, before_reads=None) -> dict:
     """Fill the Blocks of ``state`` in place from ``directory``; return the restored state dict.
 
     ``state``: a dict, a Stateful object or a callable (hpcckpt.stateful),
@@ -68,7 +68,12 @@ def load_version(state, directory: str, comm, strict: bool = True, timer: PhaseT
     version (hpcckpt.load's path), so on a few ranks each reads the metadata
     itself (:func:`reads_metadata_itself`); False (a node-local level's
     restore, where each rank passes its node's directory and only rank 0's
-    holds the metadata): rank 0 reads it and broadcasts.
+    holds the metadata): rank 0 reads it and broadcasts.  ``before_reads``: a
+    collective ``before_reads(meta, requests)`` every rank calls once its
+    template is checked and before any read (``requests``: this rank's, None
+    when its template failed, which the load then reports); it may raise, the
+    same CheckpointError on every rank (a node-local restore brings the files
+    the reads need onto each node: hpcckpt.levels.fetch).
     """
     timer = timer or PhaseTimer()
     what = f"load of {directory!r}"
@@ -84,6 +89,8 @@ def load_version(state, directory: str, comm, strict: bool = True, timer: PhaseT
     rank, size = comm.Get_rank(), comm.Get_size()
     with timer.phase("plan"):
         local, failure = attempt(lambda: read_template(state, meta, strict, cast, rank, size))
+    if before_reads is not None:
+        before_reads(meta, None if failure is not None else local["requests"])
     plan = None
     by_directory = directory_way(meta, own)
     if by_directory:  # read first: a failed read rides on the directory's first exchange

@@ -4,8 +4,9 @@ For each committed version, newest first:
 
 0. the persistent-memory tier (PM), when configured: if every rank's image
    holds the version (written by as many ranks), each rank's own data file is
-   read from the mapped image, the rest as from L1; a node directory that lost
-   the version gets its files back from the map.
+   read from the mapped image, the rest as from L1 (fetched from other nodes
+   where this node lacks them); a node directory that lost the version gets
+   its files back from the map.
 1. node-local (L1): every rank lists what its node directory holds; if every
    data file is at its owner's node, load straight from there (L1).  A file
    missing at its owner but present on another node (a partner copy) is sent
@@ -13,15 +14,18 @@ For each committed version, newest first:
    only loss of its parity group (L3), or else from Reed-Solomon parity when
    no stripe of its group lost more than m shards, counting the shards found
    damaged by their checksums (RS).  Then the ordinary collective load reads
-   each rank's node directory.
+   each rank's node directory, once the data files its ranks read and it
+   lacks were fetched from the nodes that hold them (levels/fetch.py: a
+   Ragged table split otherwise than saved, a Block on another
+   decomposition, another rank count).
 2. the shared root (L4), the same version, when it was flushed there.
 
 A version that cannot be rebuilt (say, two lost nodes in one XOR parity group) is
 skipped with a warning that names the lost ranks and the group; the search goes
 on to the root and to older versions.  When the rank count changed, the
-rebuild is skipped and the load is tried from the node directories as they
-are (it succeeds when every chunk a rank reads is on its node) and otherwise
-from the root.
+rebuild is skipped and the files each rank reads are fetched from whichever
+node of the run holds them; a version with a file on no node of the run is
+skipped (to the root, or older versions) with a warning that names it.
 """
 
 from __future__ import annotations
@@ -30,60 +34,18 @@ import os
 import warnings
 
 from ..catalog import list_versions
-from ..collective import agree, allgather_checked, bcast_checked
+from ..collective import agree, allgather_checked, bcast_checked, best_effort
 from ..commit import commit_version
 from ..errors import CheckpointError, TemplateMismatchError
 from ..loading import load_version
 from ..metadata import Metadata, parse
-from ..names import DATA_DIR, METADATA_FILE, PARITY_DIR, parity_file, parse_version_name, rank_file, \
-    split_reference
+from ..names import METADATA_FILE, parity_file, parse_version_name, rank_file, split_reference
 from ..metadata_file import read_metadata_bytes
 from ..storage import POSIX
 from ..storage.posix import atomic_write
+from .fetch import expected_sizes, fetcher, inventory
 from .partner import transfer
 from .pmem import PmemStorage
-
-
-def inventory(vdir: str, references=()) -> dict[str, int]:
-    """Sizes of the data and parity files a node directory holds for one version.
-
-    ``references``: files of older versions the version points into
-    (``@VERSION/data/...``, incremental saves), looked up beside it and listed
-    under that name.
-    """
-    out = {}
-    for sub in (DATA_DIR, PARITY_DIR):
-        d = os.path.join(vdir, sub)
-        try:
-            names = os.listdir(d)
-        except (FileNotFoundError, NotADirectoryError):
-            continue
-        for n in names:
-            if not n.endswith(".part"):
-                try:
-                    out[f"{sub}/{n}"] = os.stat(os.path.join(d, n)).st_size
-                except OSError:
-                    pass
-    for name in references:
-        version, path = split_reference(name)
-        committed = os.path.isfile(os.path.join(os.path.dirname(vdir), version, METADATA_FILE))
-        try:
-            if committed:
-                out[name] = os.stat(os.path.join(os.path.dirname(vdir), version, path)).st_size
-        except OSError:
-            pass
-    return out
-
-
-def expected_sizes(meta: Metadata) -> dict[str, int]:
-    """The least size of each data file: the end of its last chunk."""
-    ends = {name: 0 for name in meta.files}
-    for var in meta.variables.values():
-        c = var.chunks
-        for k in range(len(c)):
-            name = meta.files[int(c.file[k])]
-            ends[name] = max(ends[name], int(c.offset[k]) + int(c.nbytes[k]))
-    return ends
 
 
 def plan_rebuild(meta: Metadata, inv: list[dict[str, int]], size: int):
@@ -94,7 +56,7 @@ def plan_rebuild(meta: Metadata, inv: list[dict[str, int]], size: int):
     """
     levels = meta.extra.get("levels") if isinstance(meta.extra, dict) else None
     if meta.nranks != size or not isinstance(levels, dict):
-        return {"level": "L1", "moves": [], "rebuild": []}, None  # try the node directories as they are
+        return {"level": "L1", "moves": [], "rebuild": []}, None  # the load fetches what each rank reads
     ends = expected_sizes(meta)
     sizes = levels.get("sizes") or [0] * size
     owners = {rank_file(o): o for o in range(size)}
@@ -219,10 +181,13 @@ def _report(rank: int, name: str, level: str, reasons: list[str]) -> None:
 
 def _try_pmem(engine, state, name: str, local_sets, root_names, strict, cast=False):
     """(restored state, None) or (None, why); collective.  Rank 0 reads the metadata from its node directory
-    (else from the root); after the load, ranks whose node directory lost their file write it from the map."""
+    (else from the root, where every file is).  Before the load, ranks whose node directory lost their file
+    write it from the map (removed again if the load fails), so that the files other ranks read can be fetched
+    from their node (levels/fetch.py)."""
     comm, rank, node = engine.comm, engine.rank, engine.node
     what = f"restore of {name} from the persistent-memory tier"
-    directory = node.path(name) if name in local_sets[0] else os.path.join(engine.ckpt.root, name)
+    vdir = node.path(name)
+    directory = vdir if name in local_sets[0] else os.path.join(engine.ckpt.root, name)
 
     def held():
         try:
@@ -237,23 +202,28 @@ def _try_pmem(engine, state, name: str, local_sets, root_names, strict, cast=Fal
     own = os.path.join(directory, rank_file(rank))
     opened = node.pmem.open_version(name)  # None if rewritten since: this rank then reads its L1 file
     storage = PmemStorage(own, *opened) if opened is not None else POSIX
+    refilled = os.path.join(vdir, rank_file(rank))
+
+    def refill():
+        if opened is not None and opened[1]["length"] and not os.path.isfile(refilled):
+            os.makedirs(os.path.dirname(refilled), exist_ok=True)
+            atomic_write(refilled, storage.mapped_bytes())
+            return True
+        return False
+
+    wrote = False
     try:
+        wrote = agree(comm, what + " (node-local files from the map)", refill)
         out = load_version(state, directory, comm, strict=strict, expect_step=_order(name)[0], storage=storage,
-                           cast=cast)
+                           cast=cast, before_reads=fetcher(comm, vdir, node.layout.node_of, what)
+                           if directory == vdir else None)
         raw = comm.bcast(agree(comm, what, lambda: read_metadata_bytes(directory) if rank == 0 else None), root=0)
-        vdir = node.path(name)
-
-        def refill():
-            path = os.path.join(vdir, rank_file(rank))
-            if opened is not None and opened[1]["length"] and not os.path.isfile(path):
-                os.makedirs(os.path.dirname(path), exist_ok=True)
-                atomic_write(path, storage.mapped_bytes())
-
-        agree(comm, what + " (node-local files from the map)", refill)
         agree(comm, what, lambda: node.leader and name not in local_sets[rank] and commit_version(vdir, raw))
-    except TemplateMismatchError:
-        raise
     except CheckpointError as exc:
+        if wrote:  # unverified bytes: not left for the node-local levels to trust
+            best_effort(f"removing {refilled!r}", lambda: os.unlink(refilled))
+        if isinstance(exc, TemplateMismatchError):
+            raise
         return None, str(exc)
     finally:
         if opened is not None:
@@ -306,7 +276,8 @@ def _try_local(engine, state, name: str, local_sets, strict, cast=False):
                     gcomm.Free()
         agree(comm, what, lambda: engine.node.leader and name not in local_sets[rank] and (
             os.makedirs(vdir, exist_ok=True), commit_version(vdir, raw)))
-        out = load_version(state, vdir, comm, strict=strict, expect_step=_order(name)[0], cast=cast)
+        out = load_version(state, vdir, comm, strict=strict, expect_step=_order(name)[0], cast=cast,
+                           before_reads=fetcher(comm, vdir, engine.node.layout.node_of, what))
     except TemplateMismatchError:
         raise
     except CheckpointError as exc:

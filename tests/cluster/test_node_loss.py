@@ -10,6 +10,11 @@ three survivors (two ranks on one node, so ranks change nodes) or on a spare
 node restores step 2 exactly from L2 or L3, or, when two nodes of the parity
 group are lost, step 1 from L4 with a message that says why; with
 Reed-Solomon parity (k=2, m=2) the same two lost nodes are rebuilt, step 2.
+
+The last tests restore with an even split of uneven Ragged rows and Block
+parts, so that each rank reads files other nodes hold (levels/fetch.py): on
+the same nodes, fewer nodes, fewer ranks, from the persistent-memory tier and
+after a node loss; and a file on no node of the run falls back to the root.
 """
 
 from __future__ import annotations
@@ -148,3 +153,62 @@ def test_node_lost_during_the_flush_restores_a_complete_version_never_the_partia
     if not partner:
         assert (f"{STEP2} cannot be restored from the node-local levels: the files of rank(s) [2] are on no "
                 "surviving node") in out, out
+
+
+# ---------------------------------------------- loads that read other nodes' files (levels/fetch.py)
+FETCH = os.path.join(os.path.dirname(HERE), "scripts", "fetch_run.py")
+
+
+def fetch_restore(cluster, job, hosts, root, step, level, opts):
+    """Restore with an even split of uneven Ragged rows and Block parts saved by 4 ranks; exact data."""
+    out = job(hosts, FETCH, "restore", root, cluster.local, 4, step, level, json.dumps(opts)).finish()
+    assert out.count(f"OK restored step {step} from {level}") == sum(k for _, k in hosts), out
+    return out
+
+
+@pytest.mark.parametrize("restart", ["same", "three", "two", "pmem"])
+def test_an_even_split_reads_the_files_other_nodes_hold(cluster, job, restart):
+    """Step 2 on the node-local levels only; restored with an even split, which reads other nodes' files: on
+    the same four nodes (with partner copies; or from the persistent-memory tier), on three of them (the
+    fourth's file has its partner copy on the first), or, saved two ranks per node on two nodes, on one rank
+    per node.  The newest step, exact, with no warning."""
+    n = cluster.names
+    opts = {"pmem_dir": os.path.join(cluster.local, "pmem")} if restart == "pmem" else {
+        "partner_every": 1} if restart != "two" else {}
+    root = os.path.join(cluster.test_dir, "root")
+    saved = [(n[0], 2), (n[1], 2)] if restart == "two" else [(x, 1) for x in n]
+    job(saved, FETCH, "save", root, cluster.local, json.dumps(opts)).finish()
+    hosts = {"three": [(x, 1) for x in n[:3]], "two": [(n[0], 1), (n[1], 1)]}.get(restart, [(x, 1) for x in n])
+    level = "PM" if restart == "pmem" else "L1"
+    out = fetch_restore(cluster, job, hosts, root, 2, level, opts)
+    assert "WARNING" not in out, out
+    if restart == "three":
+        assert "part-000003.bin" in files_on(cluster, n[1]) or "part-000003.bin" in files_on(cluster, n[2])
+
+
+@pytest.mark.parametrize("level", ["L2", "L3", "RS"])
+def test_an_even_split_after_a_node_loss_rebuilds_then_reads_other_nodes_files(cluster, job, level):
+    """A node lost (two for RS, k=2 m=2): the four ranks on the survivors rebuild its file, then the even split
+    reads the files the other survivors hold: step 2, exact."""
+    n = cluster.names
+    opts = {"L2": {"partner_every": 1}, "L3": {"parity_every": 1, "parity_group": 4},
+            "RS": {"rs_every": 1, "rs_group": [2, 2]}}[level]
+    lost = [n[1], n[2]] if level == "RS" else [n[1]]
+    root = os.path.join(cluster.test_dir, "root")
+    j = job([(x, 1) for x in n], FETCH, "running", root, cluster.local, json.dumps(opts))
+    j.wait_for("OK running", cluster.k)
+    for node in lost:
+        cluster.lose(node)
+    assert j.wait(timeout=60) != 0
+    out = fetch_restore(cluster, job, survivors(cluster, lost), root, 2, level, opts)
+    assert "cannot be restored" not in out, out
+
+
+def test_a_file_on_no_node_of_the_run_falls_back_to_the_root_with_the_reason(cluster, job):
+    """Saved on four nodes without copies or parity, restored on three: the fourth's file is on no node of the
+    run, so step 1 comes from the root, with a warning that names the file."""
+    n = cluster.names
+    root = os.path.join(cluster.test_dir, "root")
+    job([(x, 1) for x in n], FETCH, "save", root, cluster.local, json.dumps({})).finish()
+    out = fetch_restore(cluster, job, [(x, 1) for x in n[:3]], root, 1, "L4", {})
+    assert "no node of this run holds a whole copy of data/part-000003.bin" in out, out
