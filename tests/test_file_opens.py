@@ -17,7 +17,6 @@ import pathlib
 import threading
 
 import numpy as np
-import pytest
 
 import hpcckpt
 from hpcckpt import Block

@@ -19,7 +19,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hpcckpt import Block, Checkpointer, CheckpointError, Ragged
+from hpcckpt import Block, Checkpointer, Ragged
 from hpcckpt.levels import fetch
 from hpcckpt.levels.fetch import plan_fetches, round_bytes
 from hpcckpt.regions import even_rows
