@@ -39,7 +39,7 @@ sys.path.insert(0, ROOT)
 import numpy as np  # noqa: E402
 
 import hpcckpt  # noqa: E402
-from hpcckpt.catalog import current, list_versions  # noqa: E402
+from hpcckpt.root.catalog import current, list_versions  # noqa: E402
 
 WIDTH = 78
 

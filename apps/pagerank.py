@@ -76,9 +76,9 @@ except ModuleNotFoundError as exc:  # running from a source tree where hpcckpt i
         raise
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     import hpcckpt
-from hpcckpt.collective import agree
+from hpcckpt.mpi.collective import agree
 from hpcckpt.policy import FixedSteps
-from hpcckpt.regions import even_rows
+from hpcckpt.core.regions import even_rows
 
 EDGE = np.dtype([("src", "<i8"), ("dst", "<i8")])
 #: R-MAT quadrant probabilities (Graph500): a (top left), b (top right), c (bottom left); d = 1 - a - b - c.

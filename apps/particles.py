@@ -64,7 +64,7 @@ except ModuleNotFoundError as exc:  # running from a source tree where hpcckpt i
         raise
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     import hpcckpt
-from hpcckpt.regions import even_rows
+from hpcckpt.core.regions import even_rows
 
 PARTICLE = np.dtype([("id", "<i8"), ("y", "<f8"), ("x", "<f8"), ("vy", "<f8"), ("vx", "<f8")])
 #: Largest speed in cells per step (below 1, so one reflection per step is enough).

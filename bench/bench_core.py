@@ -63,7 +63,7 @@ try:
 except ImportError:  # running from a checkout without installing: use the checkout's package
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     import hpcckpt
-from hpcckpt.regions import even_rows  # rank r of n gets rows [r*T//n, (r+1)*T//n)
+from hpcckpt.core.regions import even_rows  # rank r of n gets rows [r*T//n, (r+1)*T//n)
 
 NCOLS = 1024  # float64 columns: 8 KiB rows
 GIB = float(1 << 30)

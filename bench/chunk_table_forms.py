@@ -3,7 +3,7 @@
     python bench/chunk_table_forms.py [--ranks 16384 65536] [--vars 20] [--repeat 3] [--json out.json]
 
 The design measurement behind format version 3: the ``zlib1+b64`` form below
-is what hpcckpt.chunk_columns now writes for tables of 4096 chunks or more
+is what hpcckpt.format.chunk_columns now writes for tables of 4096 chunks or more
 (docs/format.md section 3.3.1, with a 32-byte header and a ``hash`` as three
 columns); ``bench/scale.py --metadata-only`` measures the real writer and
 parser.  The metadata of bench/scale.py's save case (a
@@ -47,9 +47,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from benchutil import print_table  # noqa: E402
 from scale import save_case  # noqa: E402
 
-from hpcckpt import chunk_columns  # noqa: E402
-from hpcckpt.checksum import checksum  # noqa: E402
-from hpcckpt.metadata import check_relative_path, parse, seal  # noqa: E402
+from hpcckpt.format import chunk_columns  # noqa: E402
+from hpcckpt.core.checksum import checksum  # noqa: E402
+from hpcckpt.format.metadata import check_relative_path, parse, seal  # noqa: E402
 
 LIMIT = 1 << 62
 

@@ -38,7 +38,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import hpcckpt  # noqa: E402
-from hpcckpt.collective import SerialComm  # noqa: E402
+from hpcckpt.mpi.collective import SerialComm  # noqa: E402
 from benchutil import print_table  # noqa: E402
 
 MIB = 1 << 20

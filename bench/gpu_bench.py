@@ -30,10 +30,10 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import hpcckpt  # noqa: E402
-from hpcckpt import blockhash  # noqa: E402
+from hpcckpt.core import blockhash  # noqa: E402
 from hpcckpt.codecs import Lossy, nvcomp, resolve  # noqa: E402
 from hpcckpt.codecs.gpu import device_decode, device_encode  # noqa: E402
-from hpcckpt.incremental import raw_hash  # noqa: E402
+from hpcckpt.core.checksum import raw_hash  # noqa: E402
 
 CHUNK = 8 << 20
 

@@ -31,7 +31,7 @@ from mpi4py import MPI
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import hpcckpt  # noqa: E402
-from hpcckpt.regions import even_rows  # noqa: E402
+from hpcckpt.core.regions import even_rows  # noqa: E402
 
 COMM = MPI.COMM_WORLD
 RANK, SIZE = COMM.Get_rank(), COMM.Get_size()

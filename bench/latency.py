@@ -124,8 +124,8 @@ def saves_worker(args) -> None:
     from mpi4py import MPI
 
     import hpcckpt
-    from hpcckpt.loading import load_version
-    from hpcckpt.monitor import PhaseTimer
+    from hpcckpt.loading.load import load_version
+    from hpcckpt.core.monitor import PhaseTimer
 
     sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
     from mpitools import CountingComm

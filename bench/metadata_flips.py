@@ -14,7 +14,7 @@ import numpy as np
 
 import hpcckpt
 from hpcckpt.errors import CorruptCheckpointError
-from hpcckpt.metadata import parse
+from hpcckpt.format.metadata import parse
 
 
 def restore_view(meta) -> str:

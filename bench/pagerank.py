@@ -33,7 +33,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "apps"))
 import hpcckpt  # noqa: E402
 import pagerank  # noqa: E402  (the app: its generator, partition and solver)
 from benchutil import print_table  # noqa: E402
-from hpcckpt.regions import even_rows  # noqa: E402
+from hpcckpt.core.regions import even_rows  # noqa: E402
 
 COMM = MPI.COMM_WORLD
 RANK = COMM.Get_rank()

@@ -32,7 +32,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
 from benchutil import print_table  # noqa: E402
 
 import hpcckpt  # noqa: E402
-from hpcckpt import Block, Ragged, loading  # noqa: E402
+from hpcckpt import Block, Ragged  # noqa: E402
+from hpcckpt.loading import load as loading
 from mpitools import CountingComm  # noqa: E402
 
 COLLECTIVES = {"allgather", "gather", "bcast", "scatter", "allreduce", "exscan", "Scan", "Barrier", "barrier",

@@ -64,21 +64,21 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchutil import print_table  # noqa: E402
 
-from hpcckpt import dedup_owners  # noqa: E402
-from hpcckpt.commit import metadata_from_rows  # noqa: E402
-from hpcckpt.incremental import ChainIndex, choose_kind, duplicates, incremental_metadata  # noqa: E402
-from hpcckpt.loading import check_template  # noqa: E402
-from hpcckpt.metadata import Variable, parse  # noqa: E402
-from hpcckpt.names import rank_file, reference  # noqa: E402
+from hpcckpt.incremental import dedup_owners  # noqa: E402
+from hpcckpt.storage.commit import metadata_from_rows  # noqa: E402
+from hpcckpt.incremental.rules import ChainIndex, choose_kind, duplicates, incremental_metadata  # noqa: E402
+from hpcckpt.loading.load import check_template  # noqa: E402
+from hpcckpt.format.metadata import Variable, parse  # noqa: E402
+from hpcckpt.core.names import rank_file, reference  # noqa: E402
 from hpcckpt.options import SaveOptions  # noqa: E402
-from hpcckpt.planning import plan_shared_reads  # noqa: E402
-from hpcckpt.box_index import BoxIndex  # noqa: E402
-from hpcckpt.read_directory import (HOLDS, NEEDS, WHOLE, centre, chunk_roles, decide, directed,  # noqa: E402
+from hpcckpt.core.planning import plan_shared_reads  # noqa: E402
+from hpcckpt.core.box_index import BoxIndex  # noqa: E402
+from hpcckpt.loading.directory import (HOLDS, NEEDS, WHOLE, centre, chunk_roles, decide, directed,  # noqa: E402
                                     parts_for_directories, shared_from_assignments)
-from hpcckpt.read_plan import encode_requests, rank_reads, target_boxes  # noqa: E402
-from hpcckpt.regions import tiling_problem  # noqa: E402
-from hpcckpt.save_plan import Ballot  # noqa: E402
-from hpcckpt.save_stages import describe_state, plan_variables  # noqa: E402
+from hpcckpt.loading.read_plan import encode_requests, rank_reads, target_boxes  # noqa: E402
+from hpcckpt.core.regions import tiling_problem  # noqa: E402
+from hpcckpt.saving.plan import Ballot  # noqa: E402
+from hpcckpt.saving.stages import describe_state, plan_variables  # noqa: E402
 from hpcckpt.state import Block  # noqa: E402
 
 EDGE = 4  # elements per rank and axis on the save
@@ -373,9 +373,9 @@ def ragged_load_case(meta, p: int, q: int, nvars: int, nsample: int, counts: boo
     directory's alltoalls, this rank's part: load_plan.scan_rows, load_boxes, chunk_roles,
     parts_for_directories, fast_summary, decide, shared_from_assignments) against the gathered way
     (every rank's encoded requests: target_boxes, rank_reads), per sampled rank."""
-    from hpcckpt.load_plan import load_boxes, ragged_names, scan_rows
-    from hpcckpt.ragged_rows import tally
-    from hpcckpt.read_directory import fast_summary
+    from hpcckpt.loading.plan import load_boxes, ragged_names, scan_rows
+    from hpcckpt.loading.ragged_rows import tally
+    from hpcckpt.loading.directory import fast_summary
 
     shape = meta.variables[names(nvars)[0]].shape
     total = meta.variables[TABLE].shape[0]
@@ -532,8 +532,8 @@ def incremental_case(meta, rows: list, p: int, nvars: int, sample: list[int]) ->
 
 
 def dedup_exchanges(items: list, counts: list, p: int, sample: list[int]) -> dict:
-    """The select stage's deduplication exchange of P ranks through the code the save runs (hpcckpt.selection,
-    hpcckpt.dedup_owners), both ways, for an incremental version and for a full one (its reusable blocks are
+    """The select stage's deduplication exchange of P ranks through the code the save runs (hpcckpt.saving.selection,
+    hpcckpt.incremental.dedup_owners), both ways, for an incremental version and for a full one (its reusable blocks are
     written after all).  ``items[r]``: rank r's ``(key, reusable)`` in its order; ``counts[r]``: its counts.
 
     Bytes received per rank are the pickled sizes of the messages the code hands mpi4py (which pickles each
@@ -614,14 +614,14 @@ def dedup_exchanges(items: list, counts: list, p: int, sample: list[int]) -> dic
 
 
 def _plan(var):
-    from hpcckpt.encoding import dtype_to_json
-    from hpcckpt.planning import VariablePlan
+    from hpcckpt.core.encoding import dtype_to_json
+    from hpcckpt.core.planning import VariablePlan
 
     return VariablePlan(var.kind, dtype_to_json(var.dtype), var.shape)
 
 
 def metadata_main(args) -> None:
-    import hpcckpt.metadata as md
+    import hpcckpt.format.metadata as md
 
     results = [metadata_case(p, args.vars, args.repeat) for p in args.ranks]
     print(f"\nMetadata (format version {md.FORMAT_VERSION}, hpcckpt from {os.path.dirname(md.__file__)}); "

@@ -20,7 +20,7 @@ scale.ragged_load_case's.
 
 ``--dedup``: instead, P ranks save an incremental chain like scale.py's incremental case (a 4^3 float64
 block per rank and variable, block_bytes 512; 2 of each rank's variables change, every new block with a twin
-on another rank) with the deduplication forced through the keys' owners (hpcckpt.dedup_owners), and the
+on another rank) with the deduplication forced through the keys' owners (hpcckpt.incremental.dedup_owners), and the
 bytes each rank receives in the second save's alltoalls (the select stage's only ones) are set against
 scale.dedup_exchanges of the keys and counts the ranks really sent (the grid cuts each rank's block of a
 variable in two here: 40 keys a rank).
@@ -44,9 +44,9 @@ import scale  # noqa: E402
 from benchutil import print_table  # noqa: E402
 
 import hpcckpt  # noqa: E402
-from hpcckpt.loading import load_version  # noqa: E402
-from hpcckpt.monitor import PhaseTimer  # noqa: E402
-from hpcckpt.names import METADATA_FILE  # noqa: E402
+from hpcckpt.loading.load import load_version  # noqa: E402
+from hpcckpt.core.monitor import PhaseTimer  # noqa: E402
+from hpcckpt.core.names import METADATA_FILE  # noqa: E402
 
 COMM = MPI.COMM_WORLD
 
@@ -150,7 +150,7 @@ def grid_template(args, q: int, shape: tuple, sub) -> dict:
 
 def ragged_check(args) -> None:
     """Real bytes received by a Ragged load's directory against the simulation (docstring)."""
-    from hpcckpt import loading
+    from hpcckpt.loading import load as loading
 
     loading.PER_RANK_METADATA_MAX_RANKS = 0  # rank 0 broadcasts the metadata: the directory way for Ragged tables
     p, rank = COMM.size, COMM.rank
@@ -184,7 +184,7 @@ def ragged_check(args) -> None:
 
 def dedup_check(args) -> None:
     """Real bytes received in the owners' exchange of an incremental save against the simulation (docstring)."""
-    from hpcckpt import dedup_owners
+    from hpcckpt.incremental import dedup_owners
 
     dedup_owners.OWNERS_FROM_RANKS = 1
     p, rank = COMM.size, COMM.rank

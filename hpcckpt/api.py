@@ -10,15 +10,15 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-from .collective import agree, on_root, resolve_comm
-from .errors import CheckpointError
-from .loading import load_version
-from .names import DATA_DIR, METADATA_FILE, parse_version_name
-from .storage import POSIX, PosixStorage, Storage
+from hpcckpt.mpi.collective import agree, on_root, resolve_comm
+from hpcckpt.errors import CheckpointError
+from hpcckpt.loading.load import load_version
+from hpcckpt.core.names import DATA_DIR, METADATA_FILE, parse_version_name
+from hpcckpt.storage import POSIX, PosixStorage, Storage
 
 if TYPE_CHECKING:
-    from .options import SaveResult
-    from .view import CheckpointView
+    from hpcckpt.options import SaveResult
+    from hpcckpt.loading.view import CheckpointView
 
 
 def save(state, path, comm=None, *, step: int | None = None, overwrite: bool = False, storage: Storage = POSIX,
@@ -39,12 +39,12 @@ def save(state, path, comm=None, *, step: int | None = None, overwrite: bool = F
     is a version of that step (docs/format.md section 1): ``step`` must be that
     step, else the save is refused before anything is written.
     """
-    from .save_pipeline import save_version
+    from hpcckpt.saving.pipeline import save_version
 
     comm = resolve_comm(comm)
     path = os.fspath(path)
     # agreed before anything is removed: an invalid option on one rank fails every rank alike (one allgather);
-    # options valid but different between ranks are caught by the plan stage's digest (hpcckpt/agreement.py)
+    # options valid but different between ranks are caught by the plan stage's digest (hpcckpt/mpi/agreement.py)
     opts = agree(comm, f"save of {path!r}", lambda: _save_options(path, step, options))
     agree(comm, f"save of {path!r}", lambda: on_root(comm, lambda: _clear_target(path, overwrite, storage)))
     return save_version(state, path, comm, opts, step=step, storage=storage)
@@ -53,7 +53,7 @@ def save(state, path, comm=None, *, step: int | None = None, overwrite: bool = F
 def _save_options(path: str, step: int | None, options: dict):
     """The SaveOptions of ``options``; CheckpointError for invalid ones, or when ``path``'s name is a version name
     of another step than ``step`` (a reader would refuse that version: docs/format.md section 1)."""
-    from .options import SaveOptions
+    from hpcckpt.options import SaveOptions
 
     named = parse_version_name(os.path.basename(os.path.normpath(path)))
     if named is not None and step != named.step:
@@ -93,14 +93,14 @@ def load(state, path, comm=None, *, strict: bool | str = True, storage: Storage 
     its stored name, a Block variable as this rank's even share of the first
     axis, Ragged rows split as by ``Ragged()`` (docs/api.md).
     ``cast=True`` fills a Block or Ragged whose dtype differs from the stored
-    one by numpy same_kind casting (hpcckpt.loading.cast_allowed: e.g. float64
+    one by numpy same_kind casting (hpcckpt.loading.load.cast_allowed: e.g. float64
     into float32, int64 into int32; never float to int or complex to real).
     A plain HDF5 file as ``path`` fills the template from its datasets and root
     attributes of the same names (docs/hdf5.md).
     """
     path = os.fspath(path)
     if storage is POSIX and os.path.isfile(path):  # checkpoints are directories: a file is HDF5 from elsewhere
-        from .hdf5 import load_hdf5
+        from hpcckpt.hdf5 import load_hdf5
 
         if state is None or strict == "rest":
             raise CheckpointError(f"{path!r} is an HDF5 file: loading it needs a template that names what to read "
@@ -116,10 +116,10 @@ def open(path, storage: Storage = POSIX) -> CheckpointView:  # noqa: A001 - the 
 
     ``path``: a version directory, its ``metadata.json``, or a Checkpointer
     root (its newest committed version is opened, as the CLI does).
-    ``view["u"]`` is a lazy array (hpcckpt.view.VariableView).
+    ``view["u"]`` is a lazy array (hpcckpt.loading.view.VariableView).
     """
-    from .catalog import list_versions, resolve_version
-    from .view import CheckpointView
+    from hpcckpt.root.catalog import list_versions, resolve_version
+    from hpcckpt.loading.view import CheckpointView
 
     path = os.fspath(path)
     if isinstance(storage, PosixStorage):

@@ -8,18 +8,18 @@ import time
 import warnings
 import weakref
 
-from . import rootlock
-from .collective import agree, attempt, bcast_checked, best_effort, on_root, resolve_comm
-from .catalog import KnownNames, Retirement, check_step, current, list_versions, new_version_name, remove_versions, \
+from hpcckpt.root import lock as rootlock
+from hpcckpt.mpi.collective import agree, attempt, bcast_checked, best_effort, on_root, resolve_comm
+from hpcckpt.root.catalog import KnownNames, Retirement, check_step, current, list_versions, new_version_name, remove_versions, \
     removable, retained
-from .errors import CheckpointError, TemplateMismatchError
-from .file_tracking import FileTracker, rollback
-from .loading import load_version, version_metadata
-from .pacing import Pacer
-from .options import SaveOptions, SaveResult
-from .save_pipeline import save_version
-from .save_plan import PlanCache
-from .transport import io_history
+from hpcckpt.errors import CheckpointError, TemplateMismatchError
+from hpcckpt.root.files import FileTracker, rollback
+from hpcckpt.loading.load import load_version, version_metadata
+from hpcckpt.root.pacing import Pacer
+from hpcckpt.options import SaveOptions, SaveResult
+from hpcckpt.saving.pipeline import save_version
+from hpcckpt.saving.plan import PlanCache
+from hpcckpt.transport import io_history
 
 
 def _shielded(method):
@@ -60,7 +60,7 @@ class Checkpointer:
     ``track_failures`` (record job starts and clean ends under ``root``; call
     :meth:`close` at the end, or the run counts as failed).  A halt file
     ``ROOT/.hpcckpt-halt`` (``hpcckpt halt ROOT``) asks for a final checkpoint
-    too (hpcckpt.halt); :attr:`stop_reason` says what asked.
+    too (hpcckpt.root.halt); :attr:`stop_reason` says what asked.
 
     ``files``: output files to keep consistent with the versions (paths or
     globs, append-only; a dict pattern -> ``"append"``/``"inplace"``): each
@@ -68,14 +68,14 @@ class Checkpointer:
     docs/files.md).
 
     One job writes a root at a time: the first save takes the lock
-    ``ROOT/.hpcckpt-lock`` (rank 0; see :mod:`hpcckpt.rootlock`), :meth:`close`
+    ``ROOT/.hpcckpt-lock`` (rank 0; see :mod:`hpcckpt.root.lock`), :meth:`close`
     releases it, and a save while another live job holds it is a
     CheckpointError on every rank naming the holder (``break_lock=True`` takes
     over a lock whose job is known to be gone).  Restoring needs no lock and
     works from a read-only root.
 
     Read-only attributes for monitoring and tools: ``engine`` (the
-    asynchronous / multi-level engine, hpcckpt.asynchronous.Engine, or None for
+    asynchronous / multi-level engine, hpcckpt.saving.asynchronous.Engine, or None for
     blocking saves), ``chain_base`` (the version the next incremental save
     builds on: the one saved or restored last), ``last_restored`` and
     ``last_result`` (the SaveResult of the newest committed save).
@@ -89,13 +89,13 @@ class Checkpointer:
         if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 1):
             raise CheckpointError(f"keep must be a positive integer or None, got {keep!r}")
         self.keep = keep
-        from .asynchronous import engine_wanted, pop_engine_options  # asynchronous / multi-level saves (issue 7)
+        from hpcckpt.saving.asynchronous import engine_wanted, pop_engine_options  # asynchronous / multi-level saves (issue 7)
 
         engine_options = pop_engine_options(options)
         self.files = agree(self.comm, f"creating {self.root!r}", lambda: FileTracker(files))
         # validated inside the first collective: an invalid option on one rank is the same error on every rank
         self.options = agree(self.comm, f"creating {self.root!r}", lambda: SaveOptions.from_kwargs(**options))
-        self.chain_base: str | None = None  # what the next incremental save builds on (hpcckpt/incremental.py)
+        self.chain_base: str | None = None  # what the next incremental save builds on (hpcckpt/incremental/rules.py)
         self.last_restored: str | None = None
         self._last_result: SaveResult | None = None
         self._plan_cache = PlanCache()  # the plan of the last blocking save, reused while the layout holds
@@ -111,7 +111,7 @@ class Checkpointer:
             track_failures=track_failures))
         self.engine = None
         if engine_wanted(engine_options):
-            from .asynchronous import Engine
+            from hpcckpt.saving.asynchronous import Engine
 
             if files:
                 raise CheckpointError("tracked files (files=...) need blocking saves: they are not supported with "
@@ -311,7 +311,7 @@ class Checkpointer:
         return result
 
     def _capture(self, opts: dict):
-        """What records this rank's tracked files for a save into a directory (hpcckpt.file_tracking), with the
+        """What records this rank's tracked files for a save into a directory (hpcckpt.root.files), with the
         save's ``fsync``."""
         return lambda directory: self.files.capture(self.comm.Get_rank(), directory, opts.get("fsync", True) is not False)
 
@@ -344,7 +344,7 @@ class Checkpointer:
 
         ``ck.maybe_save(step)`` saves the registered state (:meth:`register`).
         With ``precopy=True`` a step at which no save is due may run a pre-copy
-        round (hpcckpt.precopy): the changed blocks written ahead of the next save.
+        round (hpcckpt.saving.precopy): the changed blocks written ahead of the next save.
         """
         state, step = self._state_and_step(state, step, "maybe_save")
         if self.should_save(step):

@@ -9,10 +9,10 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from .codecs.pipeline import check_codec_option
-from .errors import CheckpointError
-from .humanize import format_duration, human_bytes
-from .transport import TRANSPORTS
+from hpcckpt.codecs.pipeline import check_codec_option
+from hpcckpt.errors import CheckpointError
+from hpcckpt.core.humanize import format_duration, human_bytes
+from hpcckpt.transport import TRANSPORTS
 
 #: Default largest chunk: small enough that the scratch buffer and the parts a
 #: reshard load forwards stay well under 10% of a typical per-rank state, large
@@ -45,7 +45,7 @@ class SaveOptions:
     mpiio_hints: dict = field(default_factory=dict)
     codec: object = "none"  # the default codec of variables that name none (docs/compression.md)
     codec_threads: int | None = None  # compression threads per rank (default: min(4, cores))
-    # incremental saves (docs/incremental.md, hpcckpt/incremental.py): only blocks not already stored are written
+    # incremental saves (docs/incremental.md, hpcckpt/incremental/rules.py): only blocks not already stored are written
     incremental: bool = False
     base: str | None = None  # the version to build on (a sibling directory); implies incremental
     block_bytes: int = 1 << 20  # the global block grid of incremental saves (replaces chunk_bytes)

@@ -4,7 +4,7 @@ A state is a flat dict (hpcckpt.stateful resolves Stateful objects, callables,
 getters and nested dicts into one before any stage sees it).  ``Block`` and ``Ragged`` values are distributed (each
 rank holds a part of one global array); every other value is replicated and
 stored once, from rank 0.  This module turns those objects into small,
-JSON-able summaries that rank 0 plans with (see planning.py); it does no I/O
+JSON-able summaries that rank 0 plans with (see core/planning.py); it does no I/O
 and no MPI.  Construction never raises for bad data: problems are found inside
 the collective save/load, where every rank learns of them together.
 """
@@ -16,10 +16,10 @@ from typing import Any
 
 import numpy as np
 
-from .devices import as_local_array, is_device_array
-from .encoding import dtype_to_json
-from .errors import TemplateMismatchError
-from .names import state_name_problem
+from hpcckpt.core.devices import as_local_array, is_device_array
+from hpcckpt.core.encoding import dtype_to_json
+from hpcckpt.errors import TemplateMismatchError
+from hpcckpt.core.names import state_name_problem
 
 
 class Block:

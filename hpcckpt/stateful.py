@@ -32,8 +32,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .errors import TemplateMismatchError
-from .state import Block, Ragged, is_distributed
+from hpcckpt.errors import TemplateMismatchError
+from hpcckpt.state import Block, Ragged, is_distributed
 
 #: Joins the keys of nested dicts into one stored variable name ("fluid/u").
 SEPARATOR = "/"

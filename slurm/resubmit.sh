@@ -116,7 +116,7 @@ if [ -z "$root" ]; then
 fi
 if [ -n "$root" ]; then
     latest=$("$PY" -c 'import sys
-from hpcckpt.catalog import current, list_versions
+from hpcckpt.root.catalog import current, list_versions
 v = current(list_versions(sys.argv[1]))
 print(f"{v[-1].step} {v[-1].path}" if v else "")' "$root") || die "cannot read the checkpoint root $root with $PY"
     if [ -n "$latest" ]; then

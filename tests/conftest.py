@@ -42,9 +42,9 @@ def pytest_ignore_collect(collection_path, config):
 @pytest.fixture(params=["json", "columnar"])
 def table_form(request, monkeypatch):
     """Each form of the chunk table (docs/format.md 3.3): "columnar" makes the writer store every table, empty
-    ones included, as a columnar block (hpcckpt.chunk_columns), as it does from COLUMNAR_MIN_CHUNKS chunks on;
+    ones included, as a columnar block (hpcckpt.format.chunk_columns), as it does from COLUMNAR_MIN_CHUNKS chunks on;
     "json" keeps every table as JSON arrays.  Set on each rank (under mpiexec, rank 0 writes the metadata)."""
-    from hpcckpt import chunk_columns
+    from hpcckpt.format import chunk_columns
 
     monkeypatch.setattr(chunk_columns, "COLUMNAR_MIN_CHUNKS", 0 if request.param == "columnar" else 1 << 62)
     return request.param

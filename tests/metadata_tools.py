@@ -13,9 +13,9 @@ import os
 
 import numpy as np
 
-from hpcckpt import chunk_columns
-from hpcckpt.metadata import SEAL_LENGTH, SEAL_PREFIX, ChunkTable, seal
-from hpcckpt.names import METADATA_FILE
+from hpcckpt.format import chunk_columns
+from hpcckpt.format.metadata import SEAL_LENGTH, SEAL_PREFIX, ChunkTable, seal
+from hpcckpt.core.names import METADATA_FILE
 
 
 def sealed(doc) -> bytes:
@@ -61,7 +61,7 @@ def json_columns(entry: dict, ndim: int) -> dict:
 
 
 def columnar(entry: dict, ndim: int) -> dict:
-    """The columnar form (hpcckpt.chunk_columns) of a JSON-arrays chunk table entry, its values as they are."""
+    """The columnar form (hpcckpt.format.chunk_columns) of a JSON-arrays chunk table entry, its values as they are."""
     n = len(entry["file"])
     table = ChunkTable(np.asarray(entry["file"], np.uint64), np.asarray(entry["offset"], np.uint64),
                        np.asarray(entry["nbytes"], np.uint64), entry["checksum"],

@@ -75,8 +75,8 @@ class CountingComm:
 
 def force_dedup_exchange(monkeypatch, exchange: str) -> None:
     """Make an incremental save deduplicate through ``exchange`` at any communicator size (serially too):
-    "owners" (the owners' two alltoalls, hpcckpt.dedup_owners) or "allgather"."""
-    from hpcckpt import dedup_owners
+    "owners" (the owners' two alltoalls, hpcckpt.incremental.dedup_owners) or "allgather"."""
+    from hpcckpt.incremental import dedup_owners
 
     if exchange not in ("owners", "allgather"):
         raise ValueError(f"HPCCKPT_TEST_DEDUP={exchange!r}: owners or allgather")

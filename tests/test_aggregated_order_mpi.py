@@ -17,7 +17,7 @@ import pytest
 
 import hpcckpt
 from hpcckpt import Block
-from hpcckpt.metadata_file import read_metadata
+from hpcckpt.storage.metadata_file import read_metadata
 
 pytestmark = [pytest.mark.mpi(min_size=2), pytest.mark.timeout(120)]
 

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from hpcckpt import Block, CheckpointError, Checkpointer, PerRank, TemplateMismatchError
-from hpcckpt.agreement import entry_digests, mismatch
-from hpcckpt.encoding import PerRankEntries, decode_value, encode_per_rank
+from hpcckpt.mpi.agreement import entry_digests, mismatch
+from hpcckpt.core.encoding import PerRankEntries, decode_value, encode_per_rank
 
 KINDS = {"blocking": {}, "incremental": {"incremental": True}, "asynchronous": {"asynchronous": True},
          "file-per-rank": {"strategy": "file-per-rank"}}  # blocking, a cached plan checked at the commit

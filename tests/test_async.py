@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from hpcckpt import Block, Checkpointer, CheckpointError
-from hpcckpt.staging import SlotQueue, StagingPool, stage
+from hpcckpt.saving.staging import SlotQueue, StagingPool, stage
 from hpcckpt.transport import file_per_rank
 from mpitools import CountingComm
 
@@ -34,7 +34,7 @@ def _items(arrays, starts):
 
 
 def _reassemble(items, pool_piece=None):
-    from hpcckpt.transform import raw_pieces
+    from hpcckpt.saving.transform import raw_pieces
 
     got = {}
     for s in items:
@@ -62,7 +62,7 @@ def test_staging_copies_every_layout_whole_with_one_copy_per_array():
     a[:] = -1  # the staged copies do not follow the caller's arrays
     assert np.array_equal(items[0].array, np.arange(24.0).reshape(4, 6))
     # the writer's pieces of a staged array are views of its buffer, cut at piece_bytes
-    pieces = list(__import__("hpcckpt.transform", fromlist=["raw_pieces"]).raw_pieces([items[0].item], 48))
+    pieces = list(__import__("hpcckpt.saving.transform", fromlist=["raw_pieces"]).raw_pieces([items[0].item], 48))
     assert [p[1] for p in pieces] == [(10, 0), (11, 0), (12, 0), (13, 0)]
     assert all(np.shares_memory(p[3], items[0].buffer) for p in pieces)
 
@@ -119,7 +119,7 @@ def test_serial_asynchronous_round_trip(tmp_path):
 
 
 def test_retention_uncommits_at_the_commit_and_deletes_in_the_background(tmp_path, monkeypatch):
-    from hpcckpt import catalog
+    from hpcckpt.root import catalog
 
     gate, started = threading.Event(), threading.Event()
     deleting = []

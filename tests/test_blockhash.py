@@ -1,4 +1,4 @@
-"""The device block hash (hpcckpt/blockhash.py), run with numpy as CI's stand-in for CuPy.
+"""The device block hash (hpcckpt/core/blockhash.py), run with numpy as CI's stand-in for CuPy.
 
 tests/gpu/test_gpu_state.py checks that CuPy gives these same digests.
 """
@@ -10,12 +10,12 @@ import xxhash
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hpcckpt import blockhash
+from hpcckpt.core import blockhash
 from hpcckpt.codecs import nvcomp
 
 
 def _reference(data: bytes) -> str:
-    """The hash from its definition (docstring of blockhash.py), in plain Python integers."""
+    """The hash from its definition (docstring of core/blockhash.py), in plain Python integers."""
     mask = (1 << 64) - 1
     padded = data + bytes(-len(data) % 8)
     words = [int.from_bytes(padded[i:i + 8], "little") for i in range(0, len(padded), 8)]

@@ -1,4 +1,4 @@
-"""The spatial index of the load plan (hpcckpt.box_index) and one rank's part of the plan (hpcckpt.read_plan):
+"""The spatial index of the load plan (hpcckpt.core.box_index) and one rank's part of the plan (hpcckpt.loading.read_plan):
 the same answers as the brute-force region arithmetic they replace, for grids and for any other layout."""
 
 from __future__ import annotations
@@ -9,15 +9,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from decompositions import decompositions
-from hpcckpt.box_index import BoxIndex, tiling_problem_indexed
+from hpcckpt.core.box_index import BoxIndex, tiling_problem_indexed
 from hpcckpt.errors import TemplateMismatchError
-from hpcckpt.metadata import ChunkTable, Metadata, Variable
-from hpcckpt.planning import plan_shared_reads
-from hpcckpt.read_directory import (FIELD, HOLDS, NEEDS, WHOLE, WHOLE_UNSENDABLE, all_self_sufficient,
+from hpcckpt.format.metadata import ChunkTable, Metadata, Variable
+from hpcckpt.core.planning import plan_shared_reads
+from hpcckpt.loading.directory import (FIELD, HOLDS, NEEDS, WHOLE, WHOLE_UNSENDABLE, all_self_sufficient,
                                     box_fingerprint, chunk_roles, decide, fast_summary, parts_for_directories,
                                     shared_from_assignments)
-from hpcckpt.read_plan import encode_requests, rank_reads, target_boxes
-from hpcckpt.regions import covering_problem, overlapping, tiling_problem
+from hpcckpt.loading.read_plan import encode_requests, rank_reads, target_boxes
+from hpcckpt.core.regions import covering_problem, overlapping, tiling_problem
 
 
 def _arrays(boxes, ndim):

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 import hpcckpt
 from hpcckpt import Block, CheckpointError, Ragged
 from hpcckpt.codecs import Lossy
-from hpcckpt.encoding import dtype_to_json
+from hpcckpt.core.encoding import dtype_to_json
 
 # a packed record whose fields have different byte orders (no padding: every byte is data)
 MIXED = np.dtype([("a", ">i4"), ("b", "<f8"), ("c", ">c8", (2,)), ("d", "|S3"), ("e", "<u2")])

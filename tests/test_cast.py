@@ -1,6 +1,6 @@
 """Loading into a template of another dtype: ``load(..., cast=True)`` and ``Checkpointer.restore(..., cast=True)``.
 
-The rule (hpcckpt.loading.cast_allowed): numeric dtypes only and numpy's
+The rule (hpcckpt.loading.load.cast_allowed): numeric dtypes only and numpy's
 ``np.can_cast(stored, target, "same_kind")``; the values must equal
 ``np.asarray(saved).astype(target)``.  Without cast=True a dtype difference is
 refused as before, the message naming cast=True.  The MPI test
@@ -17,7 +17,7 @@ import pytest
 
 import hpcckpt
 from hpcckpt import Block, Ragged, TemplateMismatchError
-from hpcckpt.loading import cast_allowed
+from hpcckpt.loading.load import cast_allowed
 
 SHAPE = (13, 11)
 CODECS = [None, {"id": "zstd", "level": 1}]

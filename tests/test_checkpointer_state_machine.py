@@ -25,9 +25,9 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from hpcckpt import Block, Checkpointer, Ragged
-from hpcckpt.catalog import gc, list_versions
-from hpcckpt.chain import compact
-from hpcckpt.names import DATA_DIR, rank_file
+from hpcckpt.root.catalog import gc, list_versions
+from hpcckpt.incremental.chain import compact
+from hpcckpt.core.names import DATA_DIR, rank_file
 
 N = 2048  # float64: 16 KiB, 16 blocks of 1 KiB
 KEEP = 3

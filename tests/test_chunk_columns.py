@@ -1,4 +1,4 @@
-"""The columnar chunk table of format version 3 (hpcckpt.chunk_columns): exact round trips of both forms, and
+"""The columnar chunk table of format version 3 (hpcckpt.format.chunk_columns): exact round trips of both forms, and
 every damaged block one CorruptCheckpointError naming the variable (never another exception, a huge allocation
 or wrong data).
 
@@ -19,9 +19,10 @@ import xxhash
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hpcckpt import CorruptCheckpointError, chunk_columns
-from hpcckpt.chunk_columns import COLUMNAR_MIN_CHUNKS, HexDigests, column_names
-from hpcckpt.metadata import ChunkTable, Metadata, Variable, parse
+from hpcckpt import CorruptCheckpointError
+from hpcckpt.format import chunk_columns
+from hpcckpt.format.chunk_columns import COLUMNAR_MIN_CHUNKS, HexDigests, column_names
+from hpcckpt.format.metadata import ChunkTable, Metadata, Variable, parse
 from metadata_tools import sealed
 
 ROWS = 6

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 import hpcckpt
 from hpcckpt import cli
-from hpcckpt.metadata import FORMAT_VERSION
+from hpcckpt.format.metadata import FORMAT_VERSION
 from hpcckpt.policy import FailureHistory, daly, estimate_mtbf, expected_waste, young
 from metadata_tools import rewrite_metadata
 
@@ -516,7 +516,7 @@ def test_compressed_variable(capsys, tmp_path):
                                          ("phases", {"write": [True]})])
 def test_stats_of_a_malformed_timing_record_is_a_clean_error(capsys, root, field, value):
     """Found by the fuzz test below: a crafted ``extra.stats`` made ``hpcckpt stats`` crash (TypeError...)."""
-    from hpcckpt.metadata_file import read_metadata
+    from hpcckpt.storage.metadata_file import read_metadata
 
     version = step_dir(root, 10)
     meta = read_metadata(version)
@@ -610,7 +610,7 @@ def fuzz_root(tmp_path_factory):
 @given(data=st.data())
 def test_crafted_metadata_never_crashes_the_cli(fuzz_root, tmp_path_factory, data):
     """Every command answers crafted (but well-formed JSON) metadata with exit 0/1, never an internal error."""
-    from hpcckpt.metadata_file import read_metadata
+    from hpcckpt.storage.metadata_file import read_metadata
 
     work = tmp_path_factory.mktemp("case")
     root = str(work / "root")
@@ -773,7 +773,7 @@ def test_output_into_a_closed_pipe_exits_0_without_a_traceback(tmp_path):
 
 # --------------------------------------------------------------------------- one output style (issue 13)
 
-TIME = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\dZ"  # hpcckpt.humanize.format_time: UTC
+TIME = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\dZ"  # hpcckpt.core.humanize.format_time: UTC
 
 
 def test_inspect_accepts_the_path_of_a_metadata_json(capsys, root):

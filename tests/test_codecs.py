@@ -13,7 +13,7 @@ from hpcckpt import codecs
 from hpcckpt.codecs import Lossy, auto, from_config, resolve
 from hpcckpt.codecs.core import decoded_size, zstd_frames
 from hpcckpt.errors import CheckpointError, CorruptCheckpointError
-from hpcckpt.names import METADATA_FILE
+from hpcckpt.core.names import METADATA_FILE
 from metadata_tools import sealed
 
 numcodecs = pytest.importorskip("numcodecs")
@@ -208,7 +208,7 @@ def test_corrupt_compressed_chunk(tmp_path, spec):
 
 def test_bogus_compressed_chunk_with_valid_checksum(tmp_path):
     """Even data that passes its checksum (a malicious writer) decodes to exactly the extent or raises."""
-    from hpcckpt.checksum import checksum
+    from hpcckpt.core.checksum import checksum
 
     hpcckpt.save(_state("zstd"), tmp_path / "c", chunk_bytes=5000)
     meta_path = tmp_path / "c" / METADATA_FILE

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 import hpcckpt
-from hpcckpt.catalog import current, list_versions
+from hpcckpt.root.catalog import current, list_versions
 from mpitools import ROOT, mpiexec_path, run_mpi
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -41,7 +41,7 @@ def presave(root: str, nsteps: int) -> None:
     spec = importlib.util.spec_from_file_location("crash_saves", SCRIPT)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    comm = hpcckpt.collective.SerialComm()
+    comm = hpcckpt.mpi.collective.SerialComm()
     ck = hpcckpt.Checkpointer(root, comm=comm, keep=2, chunk_bytes=8192)
     for k in range(nsteps):
         ck.save(mod.state_for(comm, k), step=k)
@@ -63,7 +63,7 @@ def check_after_crash(root: str, last_saved: int | None) -> int | None:
             assert view.verify() == []
             assert view.values["step"] == latest
             assert np.array_equal(view.read("u"), global_data(latest))
-    ck = hpcckpt.Checkpointer(root, comm=hpcckpt.collective.SerialComm())
+    ck = hpcckpt.Checkpointer(root, comm=hpcckpt.mpi.collective.SerialComm())
     assert ck.latest() == latest  # partial versions never count
     return latest
 

@@ -1,4 +1,4 @@
-"""The owners' deduplication exchange (hpcckpt.dedup_owners), simulated over P ranks without MPI, against
+"""The owners' deduplication exchange (hpcckpt.incremental.dedup_owners), simulated over P ranks without MPI, against
 incremental.duplicates (the allgather way) as the reference."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import pickle
 
 from hypothesis import given, settings, strategies as st
 
-from hpcckpt import dedup_owners
-from hpcckpt.collective import describe_failure
-from hpcckpt.incremental import duplicates
+from hpcckpt.incremental import dedup_owners
+from hpcckpt.mpi.collective import describe_failure
+from hpcckpt.incremental.rules import duplicates
 
 KEYS = st.tuples(st.sampled_from(["a" * 32, "b" * 32, "0123456789abcdef" * 2, "mix128:" + "c" * 32]),
                  st.sampled_from([8, 64]), st.sampled_from(["none", '[{"id":"zstd"},"<f8"]']))
@@ -17,7 +17,7 @@ RANKS = st.lists(st.lists(st.tuples(KEYS, st.booleans()), max_size=8), min_size=
 
 
 def exchange(per_rank: list, counts: list, full_of) -> tuple[list, list]:
-    """Both alltoalls over every rank, as selection.py makes them (pickled, as mpi4py sends them): ``(counts
+    """Both alltoalls over every rank, as saving/selection.py makes them (pickled, as mpi4py sends them): ``(counts
     every rank read, each rank's duplicate flags)``; ``full_of(counts)`` decides the kind on each rank."""
     p = len(per_rank)
     sent, positions = [], []

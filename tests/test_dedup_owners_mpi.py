@@ -1,4 +1,4 @@
-"""The incremental save's deduplication through the keys' owners (hpcckpt.dedup_owners), under mpiexec.
+"""The incremental save's deduplication through the keys' owners (hpcckpt.incremental.dedup_owners), under mpiexec.
 
 Run with ``mpiexec -n N python tests/mpi_pytest.py --with-mpi -m mpi tests/test_dedup_owners_mpi.py`` (N = 2, 3,
 4): the owners' exchange is forced at these sizes (mpitools.force_dedup_exchange), and the same chain saved
@@ -70,7 +70,7 @@ def chunk_rows(path: str) -> dict:
 
 def save_chain(root: str, comm, monkeypatch) -> list:
     """Save STEPS versions; returns ``[(result, the collectives of its select stage)]``."""
-    from hpcckpt import save_pipeline
+    from hpcckpt.saving import pipeline as save_pipeline
 
     counting = CountingComm(comm)
     select = save_pipeline.select_changed
@@ -161,7 +161,7 @@ def test_owners_store_what_the_allgather_stores_and_every_version_restores_on_ot
 @pytest.mark.timeout(120)
 def test_a_rank_whose_hashing_fails_is_the_same_error_on_every_rank_and_nothing_is_committed(
         world, mpi_tmp, monkeypatch, dedup_exchange):
-    from hpcckpt import selection
+    from hpcckpt.saving import selection
 
     root = os.path.join(mpi_tmp, "root")
     with Checkpointer(root, comm=world, keep=None, incremental=True, block_bytes=512, strategy="file-per-rank",

@@ -12,9 +12,9 @@ import pytest
 
 import fakecupy
 import hpcckpt
-from hpcckpt import blockhash
+from hpcckpt.core import blockhash
 from hpcckpt.codecs import Lossy
-from hpcckpt.devices import is_device_array, to_host
+from hpcckpt.core.devices import is_device_array, to_host
 
 CODECS = ["none", "lz4", "shuffle+lz4", "shuffle+zstd", "auto", Lossy(abs=1e-3)]
 

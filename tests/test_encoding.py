@@ -1,4 +1,4 @@
-"""Replicated values and dtype descriptors as JSON (hpcckpt.encoding): round trips and refusals."""
+"""Replicated values and dtype descriptors as JSON (hpcckpt.core.encoding): round trips and refusals."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 import hpcckpt
 from metadata_tools import rewrite_metadata
 from hpcckpt import CheckpointError, CorruptCheckpointError
-from hpcckpt.encoding import (MAX_INT_DIGITS, MAX_VALUE_ARRAY_BYTES, MAX_VALUE_DEPTH, decode_value, dtype_from_json,
+from hpcckpt.core.encoding import (MAX_INT_DIGITS, MAX_VALUE_ARRAY_BYTES, MAX_VALUE_DEPTH, decode_value, dtype_from_json,
                               dtype_to_json, encode_value)
 
 STRUCT = np.dtype([("id", "<i8"), ("pos", ">f4", (3,)), ("nested", [("a", "u1"), ("b", "<c8")])])
@@ -345,7 +345,7 @@ def test_a_replicated_array_over_the_limit_is_refused_on_read():
 def test_canonical_base64_is_the_one_spelling_of_its_bytes(raw, edits, tail):
     """b64decode_canonical takes the encoder's text back to its bytes, and any text it accepts is exactly the
     encoder's text of what it returns: a bit set before the padding, extra padding, a stray character, refused."""
-    from hpcckpt.encoding import b64decode_canonical
+    from hpcckpt.core.encoding import b64decode_canonical
 
     text = base64.b64encode(raw).decode()
     assert b64decode_canonical(text) == raw

@@ -20,7 +20,7 @@ import numpy as np
 
 import hpcckpt
 from hpcckpt import Block
-from hpcckpt.collective import SerialComm
+from hpcckpt.mpi.collective import SerialComm
 
 PACKAGE = pathlib.Path(hpcckpt.__file__).parent
 OPENER = "storage/opening.py"

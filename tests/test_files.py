@@ -1,6 +1,6 @@
 """Tracked output files (docs/files.md), serially: records, incremental blocks, exact rollback, refusals.
 
-The pure part (hpcckpt.file_manifest) is tested with hypothesis; the rest
+The pure part (hpcckpt.root.file_manifest) is tested with hypothesis; the rest
 drives a Checkpointer through random appends and in-place rewrites and
 checks that restoring any kept version gives every file's exact bytes at
 that save, and that a missing or replaced file is refused with no file
@@ -18,10 +18,10 @@ from hypothesis import given, settings, strategies as st
 
 import hpcckpt
 from hpcckpt import Block, CheckpointError
-from hpcckpt.collective import SerialComm
+from hpcckpt.mpi.collective import SerialComm
 from hpcckpt.errors import CorruptCheckpointError
-from hpcckpt.file_tracking import ROLLBACK_SUFFIX
-from hpcckpt.file_manifest import Record, manifest, parse_manifest, patterns, reuse
+from hpcckpt.root.files import ROLLBACK_SUFFIX
+from hpcckpt.root.file_manifest import Record, manifest, parse_manifest, patterns, reuse
 
 SEED = int(os.environ.get("HPCCKPT_TEST_SEED", "0"))
 hexes = st.text("0123456789abcdef", min_size=32, max_size=32)

@@ -17,9 +17,9 @@ from hypothesis import given, settings, strategies as st
 
 import hpcckpt
 from hpcckpt import Block, CheckpointError
-from hpcckpt.collective import SerialComm
-from hpcckpt.file_manifest import Pattern, Record, glob_matches, registered_location, registration_of
-from hpcckpt.file_tracking import ROLLBACK_SUFFIX
+from hpcckpt.mpi.collective import SerialComm
+from hpcckpt.root.file_manifest import Pattern, Record, glob_matches, registered_location, registration_of
+from hpcckpt.root.files import ROLLBACK_SUFFIX
 from metadata_tools import rewrite_metadata
 
 VICTIM = b"precious bytes that no restore may touch\n" * 10
@@ -139,7 +139,7 @@ def test_a_glob_does_not_record_files_through_a_symlinked_directory(run, victim)
     ck = hpcckpt.Checkpointer("ck", comm=SerialComm(), files=["out/*/x.log"])
     ck.save(state(1), 1)
     ck.close()
-    from hpcckpt.file_tracking import records_of
+    from hpcckpt.root.files import records_of
     assert records_of(version_dir("ck")) == []
 
 
@@ -159,7 +159,7 @@ def test_a_glob_skips_symbolic_links(run):
     (run / "out" / "a.csv").write_bytes(b"1\n")
     (run / "out" / "latest.csv").symlink_to(run / "out" / "a.csv")
     save_one("ck", ["out/*.csv"])
-    from hpcckpt.file_tracking import records_of
+    from hpcckpt.root.files import records_of
     assert [r.path for r in records_of(version_dir("ck"))] == ["out/a.csv"]
 
 

@@ -620,7 +620,7 @@ def mix128_from_doc(data: bytes) -> str:
 
 @pytest.mark.parametrize("size", [0, 1, 8, 13, 200])
 def test_mix128_matches_its_description(size):
-    from hpcckpt.blockhash import mix128
+    from hpcckpt.core.blockhash import mix128
 
     data = np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8)
     assert mix128(np, data) == mix128_from_doc(data.tobytes())
@@ -717,7 +717,7 @@ def noncanonical(text: str) -> str:
 def test_rule_base64_is_canonical(tmp_path, monkeypatch):
     """3.3.1 and 3.4: base64 with non-zero bits before the padding, or with superfluous padding, is refused, in a
     tagged value's data and in a columnar chunk table's block (decoded leniently, each means the same bytes)."""
-    from hpcckpt import chunk_columns
+    from hpcckpt.format import chunk_columns
 
     monkeypatch.setattr(chunk_columns, "COLUMNAR_MIN_CHUNKS", 0)  # every table a block
     path = save(tmp_path / "v", {"s": np.int16(7), "b": np.bytes_(b"abc"),

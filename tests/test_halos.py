@@ -21,7 +21,7 @@ import pytest
 
 import hpcckpt
 from hpcckpt import Block
-from hpcckpt.regions import even_rows
+from hpcckpt.core.regions import even_rows
 
 NX, NY, H = 7, 10, 1
 

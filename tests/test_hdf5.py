@@ -15,11 +15,11 @@ h5py = pytest.importorskip("h5py")
 
 import hpcckpt  # noqa: E402
 from hpcckpt import cli, hdf5  # noqa: E402
-from hpcckpt.collective import SerialComm  # noqa: E402
+from hpcckpt.mpi.collective import SerialComm  # noqa: E402
 from hpcckpt.errors import CheckpointError, CorruptCheckpointError, TemplateMismatchError  # noqa: E402
-from hpcckpt.metadata import FORMAT_VERSION  # noqa: E402
-from hpcckpt.metadata_file import read_metadata  # noqa: E402
-from hpcckpt.view import CheckpointView  # noqa: E402
+from hpcckpt.format.metadata import FORMAT_VERSION  # noqa: E402
+from hpcckpt.storage.metadata_file import read_metadata  # noqa: E402
+from hpcckpt.loading.view import CheckpointView  # noqa: E402
 
 
 from mpitools import HERE, run_mpi  # noqa: E402

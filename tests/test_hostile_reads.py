@@ -18,11 +18,12 @@ import numpy as np
 import pytest
 
 import hpcckpt
-from hpcckpt import chunk_columns, cli
-from hpcckpt.collective import SerialComm
-from hpcckpt.chain import compact
+from hpcckpt import cli
+from hpcckpt.format import chunk_columns
+from hpcckpt.mpi.collective import SerialComm
+from hpcckpt.incremental.chain import compact
 from hpcckpt.errors import CheckpointError, CorruptCheckpointError
-from hpcckpt.metadata_file import read_metadata
+from hpcckpt.storage.metadata_file import read_metadata
 from metadata_tools import read_doc, rewrite_metadata
 
 COMM = SerialComm()

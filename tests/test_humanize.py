@@ -1,4 +1,4 @@
-"""hpcckpt.humanize: the one style of durations, times and sizes that every command and message uses."""
+"""hpcckpt.core.humanize: the one style of durations, times and sizes that every command and message uses."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from hpcckpt.cli.common import parse_duration
-from hpcckpt.humanize import format_duration, format_time, human_bytes, table_lines
+from hpcckpt.core.humanize import format_duration, format_time, human_bytes, table_lines
 
 UNIT_SECONDS = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 

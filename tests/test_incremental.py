@@ -7,13 +7,13 @@ import numpy as np
 from hypothesis import given, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from hpcckpt.checksum import checksum
-from hpcckpt.incremental import (ChainIndex, assemble, block_grid, choose_kind, duplicates, grid_boxes, local_piece,
+from hpcckpt.core.checksum import checksum
+from hpcckpt.incremental.rules import (ChainIndex, assemble, block_grid, choose_kind, duplicates, grid_boxes, local_piece,
                                  hash_pieces)
-from hpcckpt.metadata import ChunkTable, Metadata, Variable, parse, split_reference
-from hpcckpt.planning import VariablePlan
-from hpcckpt.regions import even_rows, tiling_problem, volume
-from hpcckpt.encoding import dtype_to_json
+from hpcckpt.format.metadata import ChunkTable, Metadata, Variable, parse, split_reference
+from hpcckpt.core.planning import VariablePlan
+from hpcckpt.core.regions import even_rows, tiling_problem, volume
+from hpcckpt.core.encoding import dtype_to_json
 
 shapes = st.lists(st.integers(0, 7), min_size=0, max_size=4).map(tuple)
 

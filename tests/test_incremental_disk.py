@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 
 import hpcckpt
-from hpcckpt.collective import SerialComm
-from hpcckpt.catalog import current, gc, list_versions
-from hpcckpt.catalog import referenced
-from hpcckpt.chain import compact
+from hpcckpt.mpi.collective import SerialComm
+from hpcckpt.root.catalog import current, gc, list_versions
+from hpcckpt.root.catalog import referenced
+from hpcckpt.incremental.chain import compact
 from hpcckpt.errors import CheckpointError, CorruptCheckpointError
-from hpcckpt.metadata import check_relative_path
+from hpcckpt.format.metadata import check_relative_path
 from hpcckpt.storage.posix import confined_path
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -154,7 +154,7 @@ def test_explicit_base_and_damage(tmp_path):
 
 KILL_SCRIPT = r"""
 import sys, numpy as np, hpcckpt
-from hpcckpt.collective import SerialComm
+from hpcckpt.mpi.collective import SerialComm
 root = sys.argv[1]
 ck = hpcckpt.Checkpointer(root, comm=SerialComm(), keep=2, incremental=True, block_bytes=65536, max_chain=3,
                           track_failures=False)

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import hpcckpt
-from hpcckpt.catalog import current, list_versions
+from hpcckpt.root.catalog import current, list_versions
 from mpitools import run_mpi
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -88,7 +88,7 @@ FAIL_SCRIPT = r"""
 import os, sys, numpy as np
 from mpi4py import MPI
 import hpcckpt
-from hpcckpt import dedup_owners
+from hpcckpt.incremental import dedup_owners
 C = MPI.COMM_WORLD; r = C.Get_rank(); n = C.Get_size()
 d = sys.argv[1]
 if sys.argv[2] == "owners":

@@ -4,8 +4,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hpcckpt.planning import plan_shared_reads
-from hpcckpt.regions import intersect, volume
+from hpcckpt.core.planning import plan_shared_reads
+from hpcckpt.core.regions import intersect, volume
 from hpcckpt.transport.aggregated import aggregator_groups
 from hpcckpt.transport.auto import SMALL_BYTES, choose_strategy
 from hpcckpt.transport.topology import layout_from_ids, simulated_layout

@@ -102,3 +102,24 @@ def test_no_private_name_is_imported_from_another_module():
             found += [line for name in files if name.endswith(".py")
                       for line in private_imports(os.path.join(dirpath, name))]
     assert found == []
+
+
+def test_the_top_level_holds_only_the_public_face():
+    top = sorted(n for n in os.listdir(os.path.join(ROOT, "hpcckpt")) if n.endswith(".py"))
+    assert top == ["__init__.py", "__main__.py", "api.py", "checkpointer.py", "errors.py", "options.py", "state.py",
+                   "stateful.py"]
+
+
+def test_the_flat_layouts_module_names_still_import_the_moved_modules():
+    import importlib
+
+    import hpcckpt
+
+    for old, new in hpcckpt._MOVED.items():
+        assert importlib.import_module(f"hpcckpt.{old}") is importlib.import_module(f"hpcckpt.{new}")
+
+
+def test_python_m_hpcckpt_slurm_runs():
+    proc = subprocess.run([sys.executable, "-m", "hpcckpt.slurm", "--json"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=60, env=dict(os.environ, PYTHONPATH=ROOT))
+    assert proc.returncode == 0 and '"job_id"' in proc.stdout, proc.stderr

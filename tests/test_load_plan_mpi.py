@@ -133,7 +133,7 @@ def _rows(nrows: int, size: int, rank: int, layout: str) -> tuple[int, int]:
 def metadata_way(request, monkeypatch):
     """How a load gets the metadata: every rank reads it (at most loading.PER_RANK_METADATA_MAX_RANKS ranks, as
     here), or rank 0 broadcasts it (beyond: the threshold set to 0).  Returns the collectives it adds first."""
-    from hpcckpt import loading
+    from hpcckpt.loading import load as loading
 
     if request.param == "bcast":
         monkeypatch.setattr(loading, "PER_RANK_METADATA_MAX_RANKS", 0)
@@ -247,7 +247,7 @@ def test_a_corrupt_chunk_read_by_one_rank_fails_the_load_on_every_rank(comm, mpi
     one rank (its own chunk; in a reshard, a shared chunk it reads for another rank) must still be the same
     CorruptCheckpointError on every rank, with no rank left waiting."""
     from hpcckpt import CorruptCheckpointError
-    from hpcckpt.metadata_file import read_metadata
+    from hpcckpt.storage.metadata_file import read_metadata
 
     path, shape = _saved(comm, mpi_tmp)
     n = comm.size
@@ -280,7 +280,8 @@ def test_metadata_one_rank_cannot_read_fails_the_load_on_every_rank(comm, mpi_tm
     """Each rank reads the metadata itself (a few ranks): when one rank cannot (a missing file, a failed check:
     here made so on the last rank alone), it still enters the load's first alltoall, which is the first
     collective of both ways (the directory's, and the Ragged requests'), and every rank raises its error."""
-    from hpcckpt import CheckpointError, CorruptCheckpointError, loading
+    from hpcckpt import CheckpointError, CorruptCheckpointError
+    from hpcckpt.loading import load as loading
 
     path, shape = _saved(comm, mpi_tmp, ragged)
     r, n = comm.rank, comm.size
@@ -300,7 +301,8 @@ def test_metadata_one_rank_cannot_read_fails_the_load_on_every_rank(comm, mpi_tm
 
 def test_a_failure_inside_the_directory_fails_the_load_on_every_rank(comm, mpi_tmp, monkeypatch):
     """The directory's second round runs (the rows are shifted off the saved chunks) and breaks on one rank."""
-    from hpcckpt import CheckpointError, load_plan
+    from hpcckpt import CheckpointError
+    from hpcckpt.loading import plan as load_plan
 
     path, shape = _saved(comm, mpi_tmp)
     r = comm.rank
@@ -318,7 +320,7 @@ def test_a_failure_inside_the_directory_fails_the_load_on_every_rank(comm, mpi_t
 def test_strided_parts_are_sent_in_place_and_exact(comm, mpi_tmp, monkeypatch):
     """A 3-D array saved split along its last axis and loaded with a halo along it: the parts other ranks hold
     are strided in the sender's memory (its target, or a chunk it holds), sent as MPI subarrays without a copy."""
-    from hpcckpt import loading
+    from hpcckpt.loading import load as loading
 
     n, r = comm.size, comm.rank
     shape = (3, 4, 4 * n)

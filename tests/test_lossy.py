@@ -131,7 +131,7 @@ def test_negative_zero_keeps_its_sign(dtype, spec):
 def test_auto_lossy_keeps_negative_zero_when_it_picks_the_quantizer(tmp_path, monkeypatch):
     import hpcckpt
     from hpcckpt.codecs import AutoLossy, auto_lossy
-    from hpcckpt.collective import SerialComm
+    from hpcckpt.mpi.collective import SerialComm
 
     monkeypatch.setattr(auto_lossy, "_installed", lambda module: False)  # no pysz/zfpy (or a GPU rank): the quantizer
     x = np.sin(np.linspace(0, 3, 40000)).reshape(200, 200)

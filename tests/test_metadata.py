@@ -1,4 +1,4 @@
-"""The on-disk index (hpcckpt.metadata): round trips, and untrusted input that must only ever give
+"""The on-disk index (hpcckpt.format.metadata): round trips, and untrusted input that must only ever give
 CorruptCheckpointError (never another exception, a hang or a huge allocation)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hpcckpt import CheckpointError, CorruptCheckpointError
-from hpcckpt.metadata import FORMAT_VERSION, ChunkTable, Metadata, Variable, check_relative_path, parse
+from hpcckpt.format.metadata import FORMAT_VERSION, ChunkTable, Metadata, Variable, check_relative_path, parse
 from metadata_tools import columnar, sealed
 
 STRUCT = np.dtype([("id", "<i8"), ("pos", "<f4", (3,)), ("flag", "?")])

@@ -16,8 +16,8 @@ import pytest
 
 import hpcckpt
 from hpcckpt import CheckpointError, CorruptCheckpointError
-from hpcckpt.metadata import SEAL_LENGTH, SEAL_PREFIX, parse
-from hpcckpt.names import METADATA_FILE
+from hpcckpt.format.metadata import SEAL_LENGTH, SEAL_PREFIX, parse
+from hpcckpt.core.names import METADATA_FILE
 from metadata_tools import columnar, json_columns, read_doc, sealed
 
 
@@ -187,12 +187,12 @@ def test_metadata_that_is_a_fifo_or_a_device_is_refused_without_blocking(version
 
 def test_metadata_reads_are_bounded_by_bytes_read(version, monkeypatch):
     path, raw = version
-    import hpcckpt.metadata_file
+    import hpcckpt.storage.metadata_file
 
-    monkeypatch.setattr(hpcckpt.metadata_file, "MAX_METADATA_BYTES", len(raw) - 1)
+    monkeypatch.setattr(hpcckpt.storage.metadata_file, "MAX_METADATA_BYTES", len(raw) - 1)
     with pytest.raises(CorruptCheckpointError, match="longer than"):
         hpcckpt.open(path)
-    monkeypatch.setattr(hpcckpt.metadata_file, "MAX_METADATA_BYTES", len(raw))
+    monkeypatch.setattr(hpcckpt.storage.metadata_file, "MAX_METADATA_BYTES", len(raw))
     assert hpcckpt.open(path).step == 3
 
 

@@ -1,4 +1,4 @@
-"""hpcckpt.names: the one spelling of the names inside a root and a version."""
+"""hpcckpt.core.names: the one spelling of the names inside a root and a version."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hpcckpt import names
+from hpcckpt.core import names
 
 
 @given(st.integers(0, names.MAX_VERSION_STEP), st.integers(0, 999_999))
@@ -43,7 +43,7 @@ def test_variable_and_value_names_up_to_the_format_limit_save_and_load(tmp_path)
     import numpy as np
 
     import hpcckpt
-    from hpcckpt.collective import SerialComm
+    from hpcckpt.mpi.collective import SerialComm
 
     assert names.MAX_NAME_CHARS == 1024
     var, val = "v" * 1024, "w" * 1024
@@ -65,7 +65,7 @@ def test_a_longer_name_is_refused_saying_the_limit_and_its_length(tmp_path, stat
     import numpy as np
 
     import hpcckpt
-    from hpcckpt.collective import SerialComm
+    from hpcckpt.mpi.collective import SerialComm
 
     with pytest.raises(hpcckpt.CheckpointError) as info:
         hpcckpt.save(state(np, hpcckpt), str(tmp_path / "ck"), SerialComm())

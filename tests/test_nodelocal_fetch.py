@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from hpcckpt import Block, Checkpointer, Ragged
 from hpcckpt.levels import fetch
 from hpcckpt.levels.fetch import plan_fetches, round_bytes
-from hpcckpt.regions import even_rows
+from hpcckpt.core.regions import even_rows
 
 
 # ------------------------------------------------------------------ the plan (pure)

@@ -31,8 +31,8 @@ import numpy as np
 import pytest
 
 import hpcckpt
-from hpcckpt.catalog import current, list_versions
-from hpcckpt.metadata_file import read_metadata
+from hpcckpt.root.catalog import current, list_versions
+from hpcckpt.storage.metadata_file import read_metadata
 from hpcckpt.policy import FailureHistory
 from mpitools import ROOT, mpiexec_path, run_mpi
 

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 import hpcckpt
-from hpcckpt.catalog import current, list_versions
-from hpcckpt.metadata_file import read_metadata
+from hpcckpt.root.catalog import current, list_versions
+from hpcckpt.storage.metadata_file import read_metadata
 from mpitools import ROOT, run_mpi
 
 APP = os.path.join(ROOT, "apps", "particles.py")

@@ -1,4 +1,4 @@
-"""Save and load planning (hpcckpt.planning) over random uneven N-d decompositions; no MPI, no I/O.
+"""Save and load planning (hpcckpt.core.planning) over random uneven N-d decompositions; no MPI, no I/O.
 
 Summaries are built the way a save builds them (state.summarize_for_save on real
 Block/Ragged objects), so the rank-local validation in state.py is covered too.
@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hpcckpt import Block, Ragged, TemplateMismatchError
-from hpcckpt.encoding import dtype_to_json
-from hpcckpt.planning import plan_rows, plan_save
+from hpcckpt.core.encoding import dtype_to_json
+from hpcckpt.core.planning import plan_rows, plan_save
 from hpcckpt.state import summarize_for_save
 from decompositions import decompositions
 

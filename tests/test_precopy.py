@@ -1,4 +1,4 @@
-"""Self-adaptive pre-copy (hpcckpt.precopy): values at the call are what is stored, whatever the rounds saw.
+"""Self-adaptive pre-copy (hpcckpt.saving.precopy): values at the call are what is stored, whatever the rounds saw.
 
 Run the MPI part with ``mpiexec -n N python tests/mpi_pytest.py --with-mpi -m mpi tests/test_precopy.py``.
 """
@@ -94,7 +94,7 @@ def test_a_block_changed_while_a_background_round_copies_it_is_never_taken_from_
     hash of it and its copy, then changes it back before the call.  The round's file holds the changed bytes;
     the checkpoint must store the values at the call (the round records the hash of its copy, not of the
     block it hashed first)."""
-    from hpcckpt import staging
+    from hpcckpt.saving import staging
 
     rng = np.random.default_rng(6)
     a = rng.random((ROWS, COLS))
@@ -219,7 +219,7 @@ def test_a_state_that_changes_everywhere_every_step_stops_precopy(tmp_path):
 
 def test_the_probe_after_a_backoff_writes_nothing_and_a_state_that_slowed_down_is_copied_again(tmp_path,
                                                                                             monkeypatch):
-    import hpcckpt.precopy as precopy_module
+    import hpcckpt.saving.precopy as precopy_module
     writers = []
 
     class CountedWrite(precopy_module.BackgroundWrite):

@@ -1,4 +1,4 @@
-"""The pure rules of self-adaptive pre-copy (hpcckpt.precopy_plan): rounds, stop, block size."""
+"""The pure rules of self-adaptive pre-copy (hpcckpt.saving.precopy_plan): rounds, stop, block size."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hpcckpt import CheckpointError
-from hpcckpt.precopy_plan import PrecopyConfig, PrecopyPlan
+from hpcckpt.saving.precopy_plan import PrecopyConfig, PrecopyPlan
 
 fractions = st.floats(0.0, 1.0, allow_nan=False)
 

@@ -36,7 +36,7 @@ def way(request, monkeypatch):
     """The Ragged way of every load in the test: the chunk directory (rank 0 broadcasts the metadata, as beyond
     loading.PER_RANK_METADATA_MAX_RANKS ranks: the threshold set to 0), or the gathered way (each rank reads
     it, as hpcckpt.load does on these few ranks)."""
-    from hpcckpt import loading
+    from hpcckpt.loading import load as loading
 
     if request.param == "directory":
         monkeypatch.setattr(loading, "PER_RANK_METADATA_MAX_RANKS", 0)
@@ -174,7 +174,7 @@ def test_a_corrupt_chunk_of_the_table_fails_the_load_on_every_rank(comm, mpi_tmp
     """A bad checksum in the last rank's chunk of the table, found by the rank that reads it (its own rows; in a
     reshard, an even split, by the rank holding the chunk's centre or its largest part): a CorruptCheckpointError
     on every rank, no rank left waiting."""
-    from hpcckpt.metadata_file import read_metadata
+    from hpcckpt.storage.metadata_file import read_metadata
 
     path, _, _ = _saved(comm, mpi_tmp)
     if comm.rank == 0:
@@ -195,7 +195,7 @@ def test_a_corrupt_chunk_of_the_table_fails_the_load_on_every_rank(comm, mpi_tmp
 def test_a_failure_after_the_scan_fails_the_load_on_every_rank(comm, mpi_tmp, way, monkeypatch):
     """One rank breaks in its reads (after the scan in the directory way, after the plan in the gathered way):
     every rank raises its CheckpointError."""
-    from hpcckpt import loading
+    from hpcckpt.loading import load as loading
 
     path, _, _ = _saved(comm, mpi_tmp)
     if comm.rank == comm.size - 1:

@@ -1,4 +1,4 @@
-"""A Ragged table's rows from one scan of tallies (hpcckpt.ragged_rows) against planning.plan_rows; no MPI, no I/O.
+"""A Ragged table's rows from one scan of tallies (hpcckpt.loading.ragged_rows) against planning.plan_rows; no MPI, no I/O.
 
 The scan is simulated as MPI_Scan computes it (the inclusive sum of the ranks' tallies, rank by rank), each
 rank's range taken from it as the load takes it, and the last rank's check compared with plan_rows: the same
@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hpcckpt import TemplateMismatchError
-from hpcckpt.planning import plan_rows
-from hpcckpt.ragged_rows import row_range, rows_problem, tally
+from hpcckpt.core.planning import plan_rows
+from hpcckpt.loading.ragged_rows import row_range, rows_problem, tally
 
 SETTINGS = settings(max_examples=300, deadline=None)
 

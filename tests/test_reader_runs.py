@@ -11,11 +11,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import hpcckpt
-from hpcckpt.collective import SerialComm
-from hpcckpt.checksum import checksum, checksum_from_xxh3_128
+from hpcckpt.mpi.collective import SerialComm
+from hpcckpt.core.checksum import checksum, checksum_from_xxh3_128
 from hpcckpt.errors import CorruptCheckpointError
-from hpcckpt.metadata_file import read_metadata
-from hpcckpt.reader import ChunkReader, coalesce, direct_targets
+from hpcckpt.storage.metadata_file import read_metadata
+from hpcckpt.loading.reader import ChunkReader, coalesce, direct_targets
 from hpcckpt.storage.posix import confined_path
 
 COMM = SerialComm()

@@ -61,7 +61,7 @@ def test_one_process_without_mpi_copies_into_a_stateful_template():
     import numpy as np
 
     import hpcckpt
-    from hpcckpt.collective import SerialComm
+    from hpcckpt.mpi.collective import SerialComm
 
     class Sim:
         def __init__(self):
@@ -87,7 +87,7 @@ def test_replicated_blocks_are_refused_with_what_to_do():
     import numpy as np
 
     import hpcckpt
-    from hpcckpt.collective import SerialComm
+    from hpcckpt.mpi.collective import SerialComm
 
     held = {"acc": hpcckpt.Block(np.ones(4), replicated=True)}
     with pytest.raises(hpcckpt.CheckpointError, match=r"does not take replicated Blocks yet \(\[.acc.\]\)"):

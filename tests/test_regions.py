@@ -1,4 +1,4 @@
-"""Pure box arithmetic (hpcckpt.regions): property tests against brute-force references."""
+"""Pure box arithmetic (hpcckpt.core.regions): property tests against brute-force references."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hpcckpt.regions import contiguous_pieces, covering_problem, even_rows, intersect, missing_box, overlap_pair, \
+from hpcckpt.core.regions import contiguous_pieces, covering_problem, even_rows, intersect, missing_box, overlap_pair, \
     overlapping, owned_parts, shared_parts, shared_regions, subtract, tiling_problem, volume
 from decompositions import covered_count, decompositions, shapes
 

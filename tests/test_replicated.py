@@ -6,7 +6,7 @@ saved by blocking, incremental and asynchronous Checkpointers and restored
 exactly; copies that differ are the same CheckpointError on every rank,
 naming the variable, two ranks and the region, and nothing is committed.
 Serially: the errors of undeclared overlaps, 0-d Blocks and declarations that
-differ between ranks, through hpcckpt.planning.plan_save (pure).
+differ between ranks, through hpcckpt.core.planning.plan_save (pure).
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from decompositions import decompositions
-from hpcckpt.planning import plan_save
-from hpcckpt.regions import intersect, tiling_problem
+from hpcckpt.core.planning import plan_save
+from hpcckpt.core.regions import intersect, tiling_problem
 from hpcckpt.state import summarize_for_save
 
 MODES = {"blocking": {}, "incremental": {"incremental": True, "block_bytes": 64},
@@ -225,7 +225,7 @@ def test_replica_digests_agree_between_host_and_device_copies(monkeypatch):
     """A rank holding its copy on a GPU and one holding it on the host hash equal data alike (pieces go to the host)."""
     import fakecupy
 
-    from hpcckpt.selection import region_digest, select_full
+    from hpcckpt.saving.selection import region_digest, select_full
 
     cupy = fakecupy.install(monkeypatch)
     host = np.arange(60.0).reshape(6, 10)
@@ -271,7 +271,7 @@ def test_asynchronous_save_that_adds_overlapping_replicated_blocks_fails_once(mp
 
 
 def test_replica_mismatch_names_the_variable_the_region_and_two_ranks():
-    from hpcckpt.agreement import HASH_FAILED, replica_mismatch
+    from hpcckpt.mpi.agreement import HASH_FAILED, replica_mismatch
 
     key = ("acc", (0, 2), (4, 6))
     assert replica_mismatch([{key: "d1"}, None, {key: "d1"}]) is None

@@ -9,7 +9,7 @@ import os
 import pytest
 
 import hpcckpt
-from hpcckpt.report import one_line, prefixed
+from hpcckpt.mpi.report import one_line, prefixed
 from mpitools import ROOT, run_mpi
 
 SCRIPT = os.path.join(ROOT, "tests", "scripts", "report_errors.py")
@@ -85,7 +85,7 @@ class _Stop(Exception):
 def _two_ranks(monkeypatch, rank=1, others_raise=True):
     """A stand-in two-rank communicator whose Abort is recorded, and an os._exit that does not end pytest;
     ``others_raise``: whether the other rank reaches the error path too (the non-blocking barrier completes)."""
-    from hpcckpt.collective import SerialComm
+    from hpcckpt.mpi.collective import SerialComm
 
     aborted = []
 
@@ -109,7 +109,7 @@ def _two_ranks(monkeypatch, rank=1, others_raise=True):
     def no_exit(code):
         raise _Stop(code)
 
-    monkeypatch.setattr("hpcckpt.report.os._exit", no_exit)
+    monkeypatch.setattr("hpcckpt.mpi.report.os._exit", no_exit)
     return Two(), aborted
 
 
@@ -143,7 +143,7 @@ def test_a_checkpoint_error_prints_on_rank_0_only(monkeypatch, capsys):
 
 
 def test_a_checkpoint_error_on_some_ranks_only_is_their_line_then_abort(monkeypatch, capsys):
-    monkeypatch.setattr("hpcckpt.report.AGREE_SECONDS", 0.05)
+    monkeypatch.setattr("hpcckpt.mpi.report.AGREE_SECONDS", 0.05)
     comm, aborted = _two_ranks(monkeypatch, 1, others_raise=False)
     with pytest.raises(_Stop):
         with hpcckpt.report_errors(comm):

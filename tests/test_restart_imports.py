@@ -33,7 +33,7 @@ def _run(code: str, tmp_path, **env) -> subprocess.CompletedProcess:
 
 
 def test_a_restart_imports_neither_the_save_side_nor_logging_nor_shutil(tmp_path):
-    out = _run(SAVE_THEN_LOAD + ("print(sorted(m for m in ('logging', 'shutil', 'hpcckpt.save_pipeline', "
+    out = _run(SAVE_THEN_LOAD + ("print(sorted(m for m in ('logging', 'shutil', 'hpcckpt.saving.pipeline', "
                                  "'hpcckpt.checkpointer') if m in sys.modules))"), tmp_path)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
 

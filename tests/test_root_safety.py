@@ -21,8 +21,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from hpcckpt import Block, CheckpointError, Checkpointer, TemplateMismatchError
-from hpcckpt import rootlock
-from hpcckpt.catalog import list_versions
+from hpcckpt.root import lock as rootlock
+from hpcckpt.root.catalog import list_versions
 from hpcckpt.policy.history import FailureHistory
 from mpitools import ROOT as REPO, mpiexec_path, run_mpi
 
@@ -318,11 +318,11 @@ def _inject(monkeypatch, where):
 
         monkeypatch.setattr(io_history, "atomic_write", full)
     else:
-        import hpcckpt.asynchronous
+        import hpcckpt.saving.asynchronous
         import hpcckpt.checkpointer
 
         monkeypatch.setattr(hpcckpt.checkpointer, "removable", full)
-        monkeypatch.setattr(hpcckpt.asynchronous, "removable", full)
+        monkeypatch.setattr(hpcckpt.saving.asynchronous, "removable", full)
 
 
 @pytest.mark.mpi(min_size=2)
@@ -405,7 +405,7 @@ def test_a_fifo_in_place_of_the_histories_neither_blocks_nor_fails(tmp_path):
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.timeout(60)
 def test_a_node_listing_failing_on_one_rank_fails_its_query_and_every_ranks_restore(comm, mpi_tmp, monkeypatch):
-    import hpcckpt.asynchronous
+    import hpcckpt.saving.asynchronous
     import hpcckpt.levels.restore
 
     local = os.path.join(mpi_tmp, "local")
@@ -414,7 +414,7 @@ def test_a_node_listing_failing_on_one_rank_fails_its_query_and_every_ranks_rest
     if comm.rank == comm.size - 1:
         def broken(path):
             raise OSError(errno.EIO, "injected I/O error")
-        monkeypatch.setattr(hpcckpt.asynchronous, "list_versions", broken)
+        monkeypatch.setattr(hpcckpt.saving.asynchronous, "list_versions", broken)
         monkeypatch.setattr(hpcckpt.levels.restore, "list_versions", broken)
     if comm.rank == comm.size - 1:  # latest() is not collective: the failing rank alone raises, naming itself
         with pytest.raises(CheckpointError, match=f"on rank {comm.size - 1}: OSError: .*injected"):

@@ -18,7 +18,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hpcckpt import Block, CheckpointError, Checkpointer, cli, rootlock
+from hpcckpt import Block, CheckpointError, Checkpointer, cli
+from hpcckpt.root import lock as rootlock
 from mpitools import ROOT as REPO
 
 N = 64

@@ -16,7 +16,7 @@ import pytest
 from hpcckpt import Checkpointer
 from hpcckpt.errors import CheckpointError
 from hpcckpt.levels.status import levels_status
-from hpcckpt.names import rank_file, rs_parity_file
+from hpcckpt.core.names import rank_file, rs_parity_file
 from hpcckpt.state import Block
 import rs_spec
 from metadata_tools import rewrite_metadata

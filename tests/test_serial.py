@@ -14,7 +14,7 @@ from numpy.lib.recfunctions import repack_fields
 
 import hpcckpt
 from hpcckpt import Block, CheckpointError, CorruptCheckpointError, Ragged, TemplateMismatchError
-from hpcckpt.catalog import gc, list_versions
+from hpcckpt.root.catalog import gc, list_versions
 from metadata_tools import rewrite_metadata, sealed
 
 STRUCT = np.dtype([("id", "<i8"), ("pos", ">f4", (3,)), ("tag", "S3"), ("ok", "?")])
@@ -271,7 +271,7 @@ def test_checkpointer_resave_same_step_uses_revision(tmp_path):
     ck.save(state_for(8), step=2)
     assert ck.restore(out)["step"] == 8 and ck.last_restored.endswith(".r2")
     ck.close()
-    hpcckpt.catalog.gc(str(tmp_path / "root"))
+    hpcckpt.root.catalog.gc(str(tmp_path / "root"))
     assert version_dirs(tmp_path / "root") == ["step-000000000001", "step-000000000002.r2"]
 
 

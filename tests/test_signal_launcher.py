@@ -82,7 +82,7 @@ def _check_versions(root):
     import numpy as np
 
     import hpcckpt
-    from hpcckpt.catalog import list_versions
+    from hpcckpt.root.catalog import list_versions
 
     entries = list_versions(str(root))
     assert entries and all(e.committed for e in entries), [(e.name, e.committed) for e in entries]

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import hpcckpt
-from hpcckpt import halt
+from hpcckpt.root import halt
 from hpcckpt.policy import FixedSteps, SignalFlag
 
 

@@ -15,10 +15,10 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import hpcckpt
-from hpcckpt import pacing
-from hpcckpt.collective import SerialComm
+from hpcckpt.root import pacing
+from hpcckpt.mpi.collective import SerialComm
 from hpcckpt.policy import FailureHistory
-from hpcckpt.save_plan import Ballot, merge_ballots, merge_reports
+from hpcckpt.saving.plan import Ballot, merge_ballots, merge_reports
 from mpitools import CountingComm
 
 COLLECTIVES = {"allgather", "gather", "bcast", "scatter", "allreduce", "exscan", "Scan", "alltoall", "Barrier", "barrier"}
@@ -66,7 +66,7 @@ def test_retention_leaves_no_committed_extra_version_and_deletes_the_rest_before
 
 
 def test_a_retention_deletion_that_fails_is_a_warning_and_the_version_stays_uncommitted(tmp_path, monkeypatch):
-    from hpcckpt import catalog
+    from hpcckpt.root import catalog
 
     root = tmp_path / "root"
     with hpcckpt.Checkpointer(root, keep=1, strategy="file-per-rank", track_failures=False) as ck:
@@ -94,7 +94,7 @@ def test_a_directory_deleted_meanwhile_is_deleted_not_a_warning(tmp_path, monkey
     import shutil
     import warnings
 
-    from hpcckpt.catalog import VersionEntry, delete_directories
+    from hpcckpt.root.catalog import VersionEntry, delete_directories
 
     version = tmp_path / "step-000000000001"
     (version / "data").mkdir(parents=True)

@@ -16,7 +16,7 @@ import pytest
 
 import hpcckpt
 from hpcckpt import Block, Checkpointer, PerRank, Ragged, TemplateMismatchError
-from hpcckpt.regions import even_rows
+from hpcckpt.core.regions import even_rows
 
 
 def saved_state(n: int, r: int) -> dict:

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 import hpcckpt
 from hpcckpt import Block, CheckpointError, Ragged
-from hpcckpt.names import METADATA_FILE
+from hpcckpt.core.names import METADATA_FILE
 from hpcckpt.storage import PosixStorage
 
 SHAPES = {1: (23,), 2: (7, 9), 3: (4, 5, 6)}

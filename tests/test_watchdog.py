@@ -9,9 +9,9 @@ import re
 
 import pytest
 
-from hpcckpt.collective import SerialComm
+from hpcckpt.mpi.collective import SerialComm
 from hpcckpt.errors import CheckpointError
-from hpcckpt.watchdog import WatchedComm, public_call, raise_if_calls_differ, watch
+from hpcckpt.mpi.watchdog import WatchedComm, public_call, raise_if_calls_differ, watch
 from mpitools import ROOT, run_mpi
 
 SCRIPT = os.path.join(ROOT, "tests", "scripts", "subset_call.py")
@@ -51,7 +51,7 @@ def test_ranks_in_different_calls_raise_one_error_naming_both(tmp_path, nranks):
 
 
 def test_debug_mode_is_off_by_default_and_for_one_process(monkeypatch):
-    from hpcckpt.collective import SerialComm
+    from hpcckpt.mpi.collective import SerialComm
 
     class Two(SerialComm):
         def Get_size(self):

@@ -30,9 +30,9 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from ..errors import TemplateMismatchError
-from ..state import Block
-from . import heat, mpi4py_fft, petsc
+from hpcckpt.errors import TemplateMismatchError
+from hpcckpt.state import Block
+from hpcckpt.adapters import heat, mpi4py_fft, petsc
 
 __all__ = ["block", "register_adapter"]
 

@@ -15,8 +15,8 @@ rank holds all of it), one on a GPU, or one of a dtype numpy lacks
 
 from __future__ import annotations
 
-from ..errors import TemplateMismatchError
-from ..state import Block
+from hpcckpt.errors import TemplateMismatchError
+from hpcckpt.state import Block
 
 
 def dndarray_block(a) -> Block:

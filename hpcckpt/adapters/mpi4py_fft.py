@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import TemplateMismatchError
-from ..state import Block
+from hpcckpt.errors import TemplateMismatchError
+from hpcckpt.state import Block
 
 
 def distarray_block(a) -> Block:

@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import math
 
-from ..errors import TemplateMismatchError
-from ..state import Block
+from hpcckpt.errors import TemplateMismatchError
+from hpcckpt.state import Block
 
 #: the name under which PETSc's VecSetDM composes a vector's DM: VecGetDM is PetscObjectQuery of it
 #: (src/dm/interface/dm.c, the same in PETSc 3.18 and 3.26)

@@ -27,16 +27,16 @@ import argparse
 import os
 import sys
 
-from .. import __version__
-from ..errors import CheckpointError
-from .common import DEFAULT_GRACE, EXIT_FAIL, EXIT_OK, EXIT_USAGE, add_progress_flags, duration, positive_int
-from .export import add_export_command
-from .inspect import cmd_inspect
-from .intervals import add_subcommands
-from .listing import cmd_ls
-from .maintenance import cmd_gc, cmd_halt, cmd_unlock
-from .stats import cmd_stats
-from .verify import cmd_verify
+from hpcckpt import __version__
+from hpcckpt.errors import CheckpointError
+from hpcckpt.cli.common import DEFAULT_GRACE, EXIT_FAIL, EXIT_OK, EXIT_USAGE, add_progress_flags, duration, positive_int
+from hpcckpt.cli.export import add_export_command
+from hpcckpt.cli.inspect import cmd_inspect
+from hpcckpt.cli.intervals import add_subcommands
+from hpcckpt.cli.listing import cmd_ls
+from hpcckpt.cli.maintenance import cmd_gc, cmd_halt, cmd_unlock
+from hpcckpt.cli.stats import cmd_stats
+from hpcckpt.cli.verify import cmd_verify
 
 
 def build_parser() -> argparse.ArgumentParser:

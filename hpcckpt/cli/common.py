@@ -4,7 +4,7 @@ The output style of every command (ls, inspect, verify, gc, stats, export,
 unlock, interval, simulate) is set here: tables are aligned columns under an
 upper-case header row, two spaces apart, numbers right-aligned
 (:func:`print_table`); tables, durations, times and sizes are written as
-hpcckpt.humanize writes them for the library's text too (``1.4ms``,
+hpcckpt.core.humanize writes them for the library's text too (``1.4ms``,
 ``113m``; ``2026-12-01 14:03:05Z``, UTC; ``16.1 MiB``), re-exported here as
 :func:`duration_text`, :func:`time_text` and :func:`human_bytes`.
 ``--json`` outputs keep the stored forms (ISO 8601 strings, seconds, bytes).
@@ -22,16 +22,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..catalog import VersionEntry, current, list_versions
-from ..catalog import resolve_version as catalog_resolve
-from ..errors import CheckpointError
-from ..metadata import Metadata
-from ..names import DATA_DIR, METADATA_FILE
-from ..metadata_file import read_metadata
-from ..humanize import format_duration as duration_text  # noqa: F401 - re-exported: the commands' one style
-from ..humanize import format_time as time_text  # noqa: F401
-from ..humanize import human_bytes  # noqa: F401
-from ..humanize import table_lines
+from hpcckpt.root.catalog import VersionEntry, current, list_versions
+from hpcckpt.root.catalog import resolve_version as catalog_resolve
+from hpcckpt.errors import CheckpointError
+from hpcckpt.format.metadata import Metadata
+from hpcckpt.core.names import DATA_DIR, METADATA_FILE
+from hpcckpt.storage.metadata_file import read_metadata
+from hpcckpt.core.humanize import format_duration as duration_text  # noqa: F401 - re-exported: the commands' one style
+from hpcckpt.core.humanize import format_time as time_text  # noqa: F401
+from hpcckpt.core.humanize import human_bytes  # noqa: F401
+from hpcckpt.core.humanize import table_lines
 
 
 #: ``gc`` leaves alone a partial version touched more recently than this (a save may be running).
@@ -213,8 +213,8 @@ def failure_estimate(root: str, prior_mtbf: float | None):
 
     The history is read read-only: a malformed file stays where it is.
     """
-    from ..policy import FailureHistory, estimate_mtbf
-    from ..policy.history import HISTORY_FILENAME
+    from hpcckpt.policy import FailureHistory, estimate_mtbf
+    from hpcckpt.policy.history import HISTORY_FILENAME
 
     path = os.path.join(root, HISTORY_FILENAME)
     if not os.path.isfile(path):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .common import EXIT_OK, add_progress_flags, human_bytes, progress_bar, resolve_version, show_progress
+from hpcckpt.cli.common import EXIT_OK, add_progress_flags, human_bytes, progress_bar, resolve_version, show_progress
 
 
 # --------------------------------------------------------------------------- the `hpcckpt export` command
@@ -23,7 +23,7 @@ def add_export_command(sub) -> None:
 
 def cmd_export(args) -> int:
     """``hpcckpt export``: one OK line on stdout; a tqdm bar on stderr while it runs."""
-    from ..hdf5 import export, export_nbytes
+    from hpcckpt.hdf5 import export, export_nbytes
 
     path, note = resolve_version(args.path)
     with progress_bar(show_progress(args, True), export_nbytes(path), "export") as bar:

@@ -6,13 +6,13 @@ import json
 import os
 
 
-from ..encoding import dtype_to_json
-from ..errors import CheckpointError
-from ..metadata import CHECKSUM_ALGORITHM, FORMAT_NAME
-from ..view import CheckpointView
+from hpcckpt.core.encoding import dtype_to_json
+from hpcckpt.errors import CheckpointError
+from hpcckpt.format.metadata import CHECKSUM_ALGORITHM, FORMAT_NAME
+from hpcckpt.loading.view import CheckpointView
 
 
-from .common import (EXIT_OK, box_str, dtype_str, human_bytes, print_table, resolve_version, shape_str, short_repr,
+from hpcckpt.cli.common import (EXIT_OK, box_str, dtype_str, human_bytes, print_table, resolve_version, shape_str, short_repr,
                      time_text)
 
 
@@ -20,7 +20,7 @@ from .common import (EXIT_OK, box_str, dtype_str, human_bytes, print_table, reso
 
 def _file_sizes(view: CheckpointView) -> list[int | None]:
     """Size of each data file (None when missing or not allowed); ``@VERSION/...`` references resolved."""
-    from ..storage.posix import confined_path
+    from hpcckpt.storage.posix import confined_path
 
     out = []
     for name in view.meta.files:

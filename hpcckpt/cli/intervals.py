@@ -18,8 +18,8 @@ import sys
 
 import numpy as np
 
-from ..errors import CheckpointError
-from .common import (EXIT_USAGE, add_progress_flags, duration_text, parse_duration, print_table, progress_bar,
+from hpcckpt.errors import CheckpointError
+from hpcckpt.cli.common import (EXIT_USAGE, add_progress_flags, duration_text, parse_duration, print_table, progress_bar,
                      show_progress)
 
 __all__ = ["add_subcommands", "run_interval", "run_simulate"]
@@ -73,7 +73,7 @@ def _error(cmd: str, msg: str) -> int:
 
 
 def run_interval(args) -> int:
-    from ..policy import formulas
+    from hpcckpt.policy import formulas
 
     if args.level_costs is not None or args.level_mtbf is not None:
         return _run_levels(args)
@@ -103,7 +103,7 @@ def run_interval(args) -> int:
 
 def _run_levels(args) -> int:
     """``hpcckpt interval --level-costs ... --level-mtbf ...``: the multi-level patterns of ``--method``."""
-    from ..policy import learned_levels, multilevel
+    from hpcckpt.policy import learned_levels, multilevel
 
     methods = {"formula": ("first-order (Benoit)", multilevel.formula_pattern),
                "learned": ("learned", learned_levels.predict), "search": ("search", multilevel.search)}
@@ -134,7 +134,7 @@ def _run_levels(args) -> int:
 
 
 def run_simulate(args) -> int:
-    from ..policy import simulate, simulate_report
+    from hpcckpt.policy import simulate, simulate_report
 
     try:
         sc = simulate.Scenario(work=parse_duration(args.work), cost=parse_duration(args.cost),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 
-from .common import (EXIT_OK, VersionRow, failure_estimate, human_bytes, print_table, require_root, time_text,
+from hpcckpt.cli.common import (EXIT_OK, VersionRow, failure_estimate, human_bytes, print_table, require_root, time_text,
                      version_rows)
 
 
@@ -15,7 +15,7 @@ def cmd_ls(args) -> int:
     root = require_root(args.root)
     rows = version_rows(root)
     estimate = failure_estimate(root, args.prior_mtbf)
-    from ..levels.status import format_levels, levels_status
+    from hpcckpt.levels.status import format_levels, levels_status
 
     levels = levels_status(root)  # None unless a multi-level Checkpointer used this root
     if args.json:

@@ -8,16 +8,16 @@ import time
 import warnings
 
 
-from ..catalog import current, list_versions, remove_versions, removable
+from hpcckpt.root.catalog import current, list_versions, remove_versions, removable
 
 
-from .common import EXIT_FAIL, EXIT_OK, dir_size, duration_text, human_bytes, newest_mtime, print_table, require_root
+from hpcckpt.cli.common import EXIT_FAIL, EXIT_OK, dir_size, duration_text, human_bytes, newest_mtime, print_table, require_root
 
 
 # --------------------------------------------------------------------------- unlock
 
 def cmd_unlock(args) -> int:
-    from ..rootlock import remove_lock
+    from hpcckpt.root.lock import remove_lock
 
     root = require_root(args.root)
     lock = remove_lock(root, force=args.force)
@@ -29,7 +29,7 @@ def cmd_unlock(args) -> int:
 # --------------------------------------------------------------------------- halt
 
 def cmd_halt(args) -> int:
-    from ..halt import halt_path, request, withdraw
+    from hpcckpt.root.halt import halt_path, request, withdraw
 
     root = require_root(args.root)
     if args.remove:
@@ -49,7 +49,7 @@ def cmd_gc(args) -> int:
     entries = list_versions(root)
     table = []
     if args.compact:
-        from ..chain import compact
+        from hpcckpt.incremental.chain import compact
 
         for line in compact(root, args.keep, dry_run=args.dry_run):
             name, _, what = line.partition(": ")

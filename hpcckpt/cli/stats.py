@@ -5,15 +5,15 @@ from __future__ import annotations
 import os
 
 
-from ..metadata_file import read_metadata
+from hpcckpt.storage.metadata_file import read_metadata
 
 
-from .common import EXIT_OK, duration_text, human_bytes, print_table, resolve_version
+from hpcckpt.cli.common import EXIT_OK, duration_text, human_bytes, print_table, resolve_version
 
 
 def cmd_stats(args) -> int:
     """``hpcckpt stats``: the timing record of one save as a table (and optionally a timeline PNG)."""
-    from .. import stats
+    from hpcckpt.core import stats
 
     path, note = resolve_version(args.path)
     if note:

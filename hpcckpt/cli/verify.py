@@ -6,13 +6,13 @@ import os
 import time
 
 
-from ..catalog import current, list_versions
-from ..errors import CheckpointError, CorruptCheckpointError
-from ..names import METADATA_FILE
-from ..view import CheckpointView
+from hpcckpt.root.catalog import current, list_versions
+from hpcckpt.errors import CheckpointError, CorruptCheckpointError
+from hpcckpt.core.names import METADATA_FILE
+from hpcckpt.loading.view import CheckpointView
 
 
-from .common import (EXIT_FAIL, EXIT_OK, duration_text, human_bytes, metadata_dir, progress_bar, require_dir,
+from hpcckpt.cli.common import (EXIT_FAIL, EXIT_OK, duration_text, human_bytes, metadata_dir, progress_bar, require_dir,
                      show_progress)
 
 #: ``verify`` shows a progress bar on a terminal from this many bytes on.

@@ -11,11 +11,11 @@ Spellings accepted wherever a ``codec=`` keyword is (``Block``, ``Ragged``,
 object of a whitelisted kind, or its config dict.  See docs/compression.md.
 """
 
-from .core import AUTO, NAMES, Codec, from_config, resolve, spec_to_json
-from .blosc2_codec import Blosc2
-from .lossy import Lossy
-from .sz3 import SZ3  # SZ3 and ZFP families (issue 19): pysz / zfpy are imported when used
-from .zfp import ZFP
-from .auto_lossy import AutoLossy  # the lossy codec per variable, picked at save time at the user's bound
+from hpcckpt.codecs.core import AUTO, NAMES, Codec, from_config, resolve, spec_to_json
+from hpcckpt.codecs.blosc2_codec import Blosc2
+from hpcckpt.codecs.lossy import Lossy
+from hpcckpt.codecs.sz3 import SZ3  # SZ3 and ZFP families (issue 19): pysz / zfpy are imported when used
+from hpcckpt.codecs.zfp import ZFP
+from hpcckpt.codecs.auto_lossy import AutoLossy  # the lossy codec per variable, picked at save time at the user's bound
 
 __all__ = ["Lossy", "AutoLossy", "Blosc2", "SZ3", "ZFP", "Codec", "NAMES", "AUTO", "resolve", "from_config", "spec_to_json"]

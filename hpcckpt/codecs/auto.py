@@ -23,9 +23,9 @@ import time
 
 import numpy as np
 
-from ..devices import array_module, to_host
-from . import blosc2_codec
-from .core import resolve
+from hpcckpt.core.devices import array_module, to_host
+from hpcckpt.codecs import blosc2_codec
+from hpcckpt.codecs.core import resolve
 
 SAMPLE_BYTES = 96 << 10
 #: Below this many bytes (whole variable) auto does not compress: nothing to win.

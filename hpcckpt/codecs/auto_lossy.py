@@ -28,12 +28,12 @@ import importlib.util
 
 import numpy as np
 
-from ..devices import array_module, is_device_array, to_host
-from ..errors import CheckpointError
-from . import auto, sz3, zfp
-from .bounded import check_bound, check_float_dtype
-from .core import register_spec, resolve
-from .lossy import Lossy
+from hpcckpt.core.devices import array_module, is_device_array, to_host
+from hpcckpt.errors import CheckpointError
+from hpcckpt.codecs import auto, sz3, zfp
+from hpcckpt.codecs.bounded import check_bound, check_float_dtype
+from hpcckpt.codecs.core import register_spec, resolve
+from hpcckpt.codecs.lossy import Lossy
 
 ID = "hpcckpt.auto-lossy"
 #: Bytes of a rank's sample (three blocks of the array's own axes: SZ3 and ZFP predict in 2-D/3-D neighbourhoods).

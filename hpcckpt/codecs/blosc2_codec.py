@@ -22,7 +22,7 @@ threads of its own.  The save's codec thread pool (codecs/pipeline.py,
 takes only the threads of the budget (:func:`set_threads`, the save's
 ``codec_threads``) that no other running blosc2 call holds: many chunks, one
 thread each; one big chunk, all of them.  A load decodes one chunk at a time
-(reader.py) and gives it the whole budget (by default ``min(4, cores)``, as
+(loading/reader.py) and gives it the whole budget (by default ``min(4, cores)``, as
 the codec pool).
 """
 
@@ -35,8 +35,8 @@ import threading
 
 import numpy as np
 
-from ..errors import CheckpointError, CorruptCheckpointError
-from .core import NAMES, Codec, CodecFamily, register_family
+from hpcckpt.errors import CheckpointError, CorruptCheckpointError
+from hpcckpt.codecs.core import NAMES, Codec, CodecFamily, register_family
 
 CODEC_ID = "blosc2"
 #: compressor name -> (blosc2.Codec value, compcode of the header's flags bits 5-7)

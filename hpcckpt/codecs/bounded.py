@@ -23,9 +23,9 @@ import struct
 
 import numpy as np
 
-from ..errors import CheckpointError, CorruptCheckpointError
-from . import kernels
-from .core import Codec
+from hpcckpt.errors import CheckpointError, CorruptCheckpointError
+from hpcckpt.codecs import kernels
+from hpcckpt.codecs.core import Codec
 
 HEADER = struct.Struct("<4sIQQQd")
 STREAM, RAW = 0, 1

@@ -27,7 +27,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..errors import CheckpointError, CorruptCheckpointError
+from hpcckpt.errors import CheckpointError, CorruptCheckpointError
 
 NONE = {"id": "none"}
 #: The named codecs (``codec="lz4"``...) and the configs they stand for; ``{itemsize}`` is the dtype's.

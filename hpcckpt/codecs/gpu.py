@@ -31,11 +31,11 @@ import contextlib
 
 import numpy as np
 
-from ..devices import array_module, is_device_array, to_host
-from ..errors import CorruptCheckpointError
-from . import kernels, nvcomp
-from .core import ChainCodec, Codec, NoneCodec
-from .lossy import QuantizeCodec
+from hpcckpt.core.devices import array_module, is_device_array, to_host
+from hpcckpt.errors import CorruptCheckpointError
+from hpcckpt.codecs import kernels, nvcomp
+from hpcckpt.codecs.core import ChainCodec, Codec, NoneCodec
+from hpcckpt.codecs.lossy import QuantizeCodec
 
 
 def _on_device_of(arr):

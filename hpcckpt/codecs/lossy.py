@@ -23,9 +23,9 @@ import struct
 
 import numpy as np
 
-from ..errors import CheckpointError, CorruptCheckpointError
-from . import kernels
-from .core import Codec, CodecFamily, Compressor, check_compressor, register_family
+from hpcckpt.errors import CheckpointError, CorruptCheckpointError
+from hpcckpt.codecs import kernels
+from hpcckpt.codecs.core import Codec, CodecFamily, Compressor, check_compressor, register_family
 
 MAGIC = b"HCQ1"
 HEADER = struct.Struct("<4sBBhIqQQQQd")  # magic, mode, width, e, reserved, ref, n, n_out, len_q, len_o, bound

@@ -35,8 +35,8 @@ import threading
 
 import numpy as np
 
-from ..devices import to_host
-from .core import zstd_frames
+from hpcckpt.core.devices import to_host
+from hpcckpt.codecs.core import zstd_frames
 
 #: Sub-chunk size: nvCOMP's own default chunk for Zstd (enough sub-chunks per chunk to fill the GPU).
 SUB_BYTES = 64 << 10

@@ -21,10 +21,10 @@ from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 
-from ..devices import as_local_array, is_device_array
-from . import auto, auto_lossy, blosc2_codec
-from .core import AUTO, NAMES, NoneCodec, from_config, resolve, spec_to_json
-from .gpu import device_encode
+from hpcckpt.core.devices import as_local_array, is_device_array
+from hpcckpt.codecs import auto, auto_lossy, blosc2_codec
+from hpcckpt.codecs.core import AUTO, NAMES, NoneCodec, from_config, resolve, spec_to_json
+from hpcckpt.codecs.gpu import device_encode
 
 
 def default_threads() -> int:
@@ -45,7 +45,7 @@ class EncodedPieces:
     @classmethod
     def for_save(cls, configs: dict, summaries: dict, threads: int | None) -> "EncodedPieces":
         """The encoder of one rank's save: ``configs`` from rank 0, dtypes from this rank's summaries."""
-        from ..encoding import dtype_from_json
+        from hpcckpt.core.encoding import dtype_from_json
 
         dtypes = {name: dtype_from_json(s["dtype"]) for name, s in summaries.items() if s.get("dtype") is not None}
         return cls(codecs_for({n: c for n, c in configs.items() if n in dtypes}, dtypes), threads)
@@ -110,7 +110,7 @@ def summary_for(spec, arr, dtype) -> dict:
 
 def decide(name: str, dtype, per_rank: list[dict], threads: int) -> dict:
     """Rank 0: the codec config of variable ``name`` from every rank's summary (they must agree on the spec)."""
-    from ..errors import TemplateMismatchError
+    from hpcckpt.errors import TemplateMismatchError
 
     specs = [s.get("spec") for s in per_rank]
     autos = [s["auto"] for s in per_rank if "auto" in s]
@@ -151,7 +151,7 @@ def codecs_for(configs: dict, dtypes: dict) -> dict:
 
 def check_codec_option(codec, threads) -> None:
     """Validate the save options ``codec`` and ``codec_threads`` (CheckpointError)."""
-    from ..errors import CheckpointError
+    from hpcckpt.errors import CheckpointError
 
     spec = spec_to_json(codec)
     if isinstance(spec, str) and spec != AUTO and spec not in NAMES:
@@ -162,7 +162,7 @@ def check_codec_option(codec, threads) -> None:
 
 def codec_summary(value, summary: dict, default) -> dict:
     """This rank's codec summary of a Block/Ragged (its own codec, else the save's default)."""
-    from ..encoding import dtype_from_json
+    from hpcckpt.core.encoding import dtype_from_json
 
     spec = getattr(value, "codec", None)
     spec = default if spec is None else spec
@@ -173,7 +173,7 @@ def codec_summary(value, summary: dict, default) -> dict:
 
 def decide_codecs(variables: dict, summaries: list[dict], threads: int | None) -> dict:
     """Rank 0: the codec config of every planned variable."""
-    from ..encoding import dtype_from_json
+    from hpcckpt.core.encoding import dtype_from_json
 
     return {name: decide(name, dtype_from_json(plan.dtype), [s[name]["codec"] for s in summaries],
                          threads or default_threads())

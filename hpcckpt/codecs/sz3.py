@@ -30,9 +30,9 @@ import struct
 
 import numpy as np
 
-from ..errors import CheckpointError, CorruptCheckpointError
-from .bounded import BoundedCodec, check_bound, check_float_dtype, finite_range_bound, library, violations
-from .core import CodecFamily, register_family
+from hpcckpt.errors import CheckpointError, CorruptCheckpointError
+from hpcckpt.codecs.bounded import BoundedCodec, check_bound, check_float_dtype, finite_range_bound, library, violations
+from hpcckpt.codecs.core import CodecFamily, register_family
 
 ID = "hpcckpt.sz3"
 MODES = ("abs", "rel", "pw_rel")

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import CheckpointError, CorruptCheckpointError
-from .bounded import BoundedCodec, check_bound, check_float_dtype, inexact, library, violations
-from .core import CodecFamily, register_family
+from hpcckpt.errors import CheckpointError, CorruptCheckpointError
+from hpcckpt.codecs.bounded import BoundedCodec, check_bound, check_float_dtype, inexact, library, violations
+from hpcckpt.codecs.core import CodecFamily, register_family
 
 ID = "hpcckpt.zfp"
 MODES = ("accuracy", "precision", "rate", "reversible")

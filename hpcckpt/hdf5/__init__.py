@@ -13,7 +13,7 @@ file) fills a template from a file hpcckpt did not write: the Blocks in place
 from the datasets of the same names, each rank reading only its own hyperslab
 with serial h5py (every rank opens the file read-only), Ragged rows split as
 in a checkpoint load, replicated values from root attributes.  The template
-rules and errors are those of a checkpoint load (loading.py), under the same
+rules and errors are those of a checkpoint load (loading/load.py), under the same
 ``agree``: one rank's failure is every rank's CheckpointError.
 
 Attribute mapping (docs/hdf5.md): bool, int (64-bit), float, str, numpy scalars
@@ -30,9 +30,9 @@ only when a function here needs it.
 
 from __future__ import annotations
 
-from .common import JSON_SUFFIX, LIBVER, RESERVED_PREFIX, SIGNATURE, SLAB_BYTES, is_hdf5
-from .export import ExportResult, export, export_nbytes
-from .load import MAX_SOFT_LINKS, load_hdf5
+from hpcckpt.hdf5.common import JSON_SUFFIX, LIBVER, RESERVED_PREFIX, SIGNATURE, SLAB_BYTES, is_hdf5
+from hpcckpt.hdf5.export import ExportResult, export, export_nbytes
+from hpcckpt.hdf5.load import MAX_SOFT_LINKS, load_hdf5
 
 __all__ = ["ExportResult", "JSON_SUFFIX", "LIBVER", "MAX_SOFT_LINKS", "RESERVED_PREFIX", "SIGNATURE", "SLAB_BYTES",
            "export", "export_nbytes", "is_hdf5", "load_hdf5"]

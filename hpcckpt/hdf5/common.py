@@ -6,8 +6,8 @@ import contextlib
 import os
 
 
-from ..errors import CheckpointError, CorruptCheckpointError
-from ..storage.posix import open_regular
+from hpcckpt.errors import CheckpointError, CorruptCheckpointError
+from hpcckpt.storage.posix import open_regular
 
 
 #: The first 8 bytes of an HDF5 superblock; found at offset 0, 512, 1024, 2048... (after a user block).

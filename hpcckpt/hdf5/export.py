@@ -14,12 +14,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..encoding import encode_value
-from ..errors import CheckpointError
-from ..metadata import FORMAT_NAME
-from ..regions import volume
-from ..storage.posix import fsync_path
-from .common import INT64_MAX, INT64_MIN, JSON_SUFFIX, LIBVER, RESERVED_PREFIX, h5_errors, h5py_module
+from hpcckpt.core.encoding import encode_value
+from hpcckpt.errors import CheckpointError
+from hpcckpt.format.metadata import FORMAT_NAME
+from hpcckpt.core.regions import volume
+from hpcckpt.storage.posix import fsync_path
+from hpcckpt.hdf5.common import INT64_MAX, INT64_MIN, JSON_SUFFIX, LIBVER, RESERVED_PREFIX, h5_errors, h5py_module
 
 
 # --------------------------------------------------------------------------- export
@@ -36,7 +36,7 @@ class ExportResult:
 
 def export_nbytes(checkpoint_path) -> int:
     """The bytes of array data an export of ``checkpoint_path`` moves (the total for a progress bar)."""
-    from ..view import CheckpointView
+    from hpcckpt.loading.view import CheckpointView
 
     with CheckpointView(os.fspath(checkpoint_path)) as view:
         return sum(v.nbytes for v in view.variables.values())
@@ -50,7 +50,7 @@ def export(checkpoint_path, out_h5, progress=None, *, overwrite: bool = False) -
     is refused unless ``overwrite=True``; the new file appears only once
     complete (written as ``out_h5 + ".tmp"``, then renamed).
     """
-    from ..view import CheckpointView
+    from hpcckpt.loading.view import CheckpointView
 
     h5py = h5py_module()
     out = os.fspath(out_h5)

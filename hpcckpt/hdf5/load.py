@@ -10,15 +10,15 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from ..collective import agree, on_root, resolve_comm
-from ..encoding import decode_value
-from ..errors import CorruptCheckpointError, TemplateMismatchError
-from ..loading import check_template, plan_reads
-from ..regions import volume
-from ..reader import allocate
-from ..state import Block, Ragged, split_state
-from ..stateful import deliver, flatten, materialize, unflatten
-from .common import JSON_SUFFIX, RESERVED_PREFIX, SLAB_BYTES, h5_errors, h5py_module, open_read
+from hpcckpt.mpi.collective import agree, on_root, resolve_comm
+from hpcckpt.core.encoding import decode_value
+from hpcckpt.errors import CorruptCheckpointError, TemplateMismatchError
+from hpcckpt.loading.load import check_template, plan_reads
+from hpcckpt.core.regions import volume
+from hpcckpt.loading.reader import allocate
+from hpcckpt.state import Block, Ragged, split_state
+from hpcckpt.stateful import deliver, flatten, materialize, unflatten
+from hpcckpt.hdf5.common import JSON_SUFFIX, RESERVED_PREFIX, SLAB_BYTES, h5_errors, h5py_module, open_read
 
 
 # --------------------------------------------------------------------------- import
@@ -26,7 +26,7 @@ from .common import JSON_SUFFIX, RESERVED_PREFIX, SLAB_BYTES, h5_errors, h5py_mo
 
 @dataclass(frozen=True)
 class _Dataset:
-    """What a template is checked against: the loading.py Variable fields a load uses."""
+    """What a template is checked against: the loading/load.py Variable fields a load uses."""
 
     name: str
     shape: tuple
@@ -240,7 +240,7 @@ def _byte_order_only(a: np.dtype, b: np.dtype) -> bool:
 
 
 def _check(state, index: _Index, strict: bool, cast: bool = False) -> dict:
-    """loading.py's template checks, except that a template may ask for the other byte order."""
+    """loading/load.py's template checks, except that a template may ask for the other byte order."""
     distributed, replicated = split_state(state)
     for name in sorted(set(distributed) | set(replicated)):
         if name in index.unusable and name not in index.values:

@@ -31,8 +31,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from ..errors import CheckpointError
-from ..transport.topology import NodeLayout
+from hpcckpt.errors import CheckpointError
+from hpcckpt.transport.topology import NodeLayout
 
 #: Options of the asynchronous / multi-level engine (Checkpointer keyword arguments).
 ENGINE_OPTIONS = ("asynchronous", "staging_bytes", "skip_if_busy", "local_dir", "partner_every", "parity_every",
@@ -135,9 +135,9 @@ def derived_flush_every(local_cost: float, flush_cost: float,
 
     The interval between checkpoints themselves stays with the Checkpointer's policy.
     """
-    from ..policy import multilevel_intervals
-    from ..policy.learned_levels import predict
-    from ..policy.multilevel import LevelConfig
+    from hpcckpt.policy import multilevel_intervals
+    from hpcckpt.policy.learned_levels import predict
+    from hpcckpt.policy.multilevel import LevelConfig
 
     f = float(local_fraction)
     if not 0.0 < f < 1.0:

@@ -33,12 +33,12 @@ from __future__ import annotations
 
 import os
 
-from ..collective import agree, allgather_checked
-from ..errors import CheckpointError, TemplateMismatchError
-from ..metadata import Metadata
-from ..names import DATA_DIR, METADATA_FILE, PARITY_DIR, rank_file, split_reference
-from ..read_plan import encode_requests, target_boxes
-from .partner import ROUND_BYTES, transfer
+from hpcckpt.mpi.collective import agree, allgather_checked
+from hpcckpt.errors import CheckpointError, TemplateMismatchError
+from hpcckpt.format.metadata import Metadata
+from hpcckpt.core.names import DATA_DIR, METADATA_FILE, PARITY_DIR, rank_file, split_reference
+from hpcckpt.loading.read_plan import encode_requests, target_boxes
+from hpcckpt.levels.partner import ROUND_BYTES, transfer
 
 
 def inventory(vdir: str, references=()) -> dict[str, int]:

@@ -15,8 +15,8 @@ import os
 import threading
 import time
 
-from ..storage.opening import create_replacing, open_regular
-from ..storage.posix import copy_data
+from hpcckpt.storage.opening import create_replacing, open_regular
+from hpcckpt.storage.posix import copy_data
 
 
 class FlushThread:

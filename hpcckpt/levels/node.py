@@ -27,22 +27,22 @@ import time
 import warnings
 from dataclasses import dataclass
 
-from ..catalog import list_versions, removable, remove_versions
-from ..collective import agree, best_effort, on_root
-from ..commit import commit_version
-from ..errors import CheckpointError
-from ..log import logger
-from ..names import METADATA_FILE, rank_file
-from ..storage.posix import atomic_write
-from ..transport.topology import node_layout, ranks_per_node_setting
-from . import DEFAULT_LEVEL_MTBF, DEFAULT_LOCAL_FAILURE_FRACTION, FLUSH_MARKER, LEVELS_FILE, LevelOptions, derived_flush_every, \
+from hpcckpt.root.catalog import list_versions, removable, remove_versions
+from hpcckpt.mpi.collective import agree, best_effort, on_root
+from hpcckpt.storage.commit import commit_version
+from hpcckpt.errors import CheckpointError
+from hpcckpt.core.log import logger
+from hpcckpt.core.names import METADATA_FILE, rank_file
+from hpcckpt.storage.posix import atomic_write
+from hpcckpt.transport.topology import node_layout, ranks_per_node_setting
+from hpcckpt.levels import DEFAULT_LEVEL_MTBF, DEFAULT_LOCAL_FAILURE_FRACTION, FLUSH_MARKER, LEVELS_FILE, LevelOptions, derived_flush_every, \
     node_dir, node_leader, parity_groups, partners
-from .flush import FlushThread
-from .parity import ParityLevel
-from .partner import PartnerLevel
-from . import rs_coder
-from .pmem import DEFAULT_BLOCK, PmemImage, PmemLevel, image_path
-from .rs import ReedSolomonLevel
+from hpcckpt.levels.flush import FlushThread
+from hpcckpt.levels.parity import ParityLevel
+from hpcckpt.levels.partner import PartnerLevel
+from hpcckpt.levels import rs_coder
+from hpcckpt.levels.pmem import DEFAULT_BLOCK, PmemImage, PmemLevel, image_path
+from hpcckpt.levels.rs import ReedSolomonLevel
 
 #: The redundancy levels, in the order the commit runs them (levels/base.py).
 LEVELS = (PartnerLevel(), ParityLevel(), ReedSolomonLevel(), PmemLevel())

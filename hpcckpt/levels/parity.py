@@ -20,11 +20,11 @@ import os
 
 import numpy as np
 
-from ..collective import agree
-from ..errors import CheckpointError
-from ..names import parity_file, rank_file
-from ..storage.opening import create_replacing, open_regular
-from .base import Level
+from hpcckpt.mpi.collective import agree
+from hpcckpt.errors import CheckpointError
+from hpcckpt.core.names import parity_file, rank_file
+from hpcckpt.storage.opening import create_replacing, open_regular
+from hpcckpt.levels.base import Level
 
 ROUND_BYTES = 16 << 20
 

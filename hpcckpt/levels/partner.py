@@ -13,12 +13,12 @@ import os
 
 import numpy as np
 
-from ..collective import agree
-from ..errors import CheckpointError
-from ..names import rank_file
-from ..storage.opening import create_replacing, open_regular
-from ..storage.posix import read_exact, write_all
-from .base import Level
+from hpcckpt.mpi.collective import agree
+from hpcckpt.errors import CheckpointError
+from hpcckpt.core.names import rank_file
+from hpcckpt.storage.opening import create_replacing, open_regular
+from hpcckpt.storage.posix import read_exact, write_all
+from hpcckpt.levels.base import Level
 
 ROUND_BYTES = 32 << 20
 _TAG = 7321

@@ -27,13 +27,13 @@ import zlib
 
 import numpy as np
 
-from ..collective import agree
-from ..errors import CheckpointError, CorruptCheckpointError
-from ..names import rank_file
-from ..storage.base import hash_segments
-from ..storage.opening import create_replacing, open_regular
-from ..storage.posix import PosixStorage, fsync_path, read_exact
-from .base import Level
+from hpcckpt.mpi.collective import agree
+from hpcckpt.errors import CheckpointError, CorruptCheckpointError
+from hpcckpt.core.names import rank_file
+from hpcckpt.storage.base import hash_segments
+from hpcckpt.storage.opening import create_replacing, open_regular
+from hpcckpt.storage.posix import PosixStorage, fsync_path, read_exact
+from hpcckpt.levels.base import Level
 
 MAGIC = b"HCKPMEM1"
 PAGE = 4096
@@ -254,7 +254,7 @@ class PmemStorage(PosixStorage):
     def read_segments(self, handle, offset: int, buffer, name: str, segments) -> None:
         if not isinstance(handle, tuple):
             return super().read_segments(handle, offset, buffer, name, segments)
-        from ..errors import CorruptCheckpointError
+        from hpcckpt.errors import CorruptCheckpointError
 
         view = memoryview(buffer).cast("B")
         if offset + len(view) > self.header["length"]:

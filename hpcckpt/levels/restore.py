@@ -33,19 +33,19 @@ from __future__ import annotations
 import os
 import warnings
 
-from ..catalog import list_versions
-from ..collective import agree, allgather_checked, bcast_checked, best_effort
-from ..commit import commit_version
-from ..errors import CheckpointError, TemplateMismatchError
-from ..loading import load_version
-from ..metadata import Metadata, parse
-from ..names import METADATA_FILE, parity_file, parse_version_name, rank_file, split_reference
-from ..metadata_file import read_metadata_bytes
-from ..storage import POSIX
-from ..storage.posix import atomic_write
-from .fetch import expected_sizes, fetcher, inventory
-from .partner import transfer
-from .pmem import PmemStorage
+from hpcckpt.root.catalog import list_versions
+from hpcckpt.mpi.collective import agree, allgather_checked, bcast_checked, best_effort
+from hpcckpt.storage.commit import commit_version
+from hpcckpt.errors import CheckpointError, TemplateMismatchError
+from hpcckpt.loading.load import load_version
+from hpcckpt.format.metadata import Metadata, parse
+from hpcckpt.core.names import METADATA_FILE, parity_file, parse_version_name, rank_file, split_reference
+from hpcckpt.storage.metadata_file import read_metadata_bytes
+from hpcckpt.storage import POSIX
+from hpcckpt.storage.posix import atomic_write
+from hpcckpt.levels.fetch import expected_sizes, fetcher, inventory
+from hpcckpt.levels.partner import transfer
+from hpcckpt.levels.pmem import PmemStorage
 
 
 def plan_rebuild(meta: Metadata, inv: list[dict[str, int]], size: int):
@@ -235,7 +235,7 @@ def _try_local(engine, state, name: str, local_sets, strict, cast=False):
     """(restored state, level, None) or (None, None, why); collective."""
     from mpi4py import MPI
 
-    from . import parity, rs
+    from hpcckpt.levels import parity, rs
 
     comm, rank = engine.comm, engine.rank
     what = f"restore of {name} from the node-local levels"

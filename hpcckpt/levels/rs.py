@@ -27,15 +27,15 @@ import os
 import numpy as np
 import xxhash
 
-from ..collective import agree
-from ..errors import CheckpointError
-from ..names import rank_file, rs_parity_file
-from ..storage.opening import create_replacing, open_regular
-from ..storage.posix import copy_data
-from .base import Level
-from .parity import read_clipped, settle_rebuilt
-from . import rs_coder
-from .rs_layout import data_stripe, holder, leader, parity_stripe, rebuild_plan, segment_bytes
+from hpcckpt.mpi.collective import agree
+from hpcckpt.errors import CheckpointError
+from hpcckpt.core.names import rank_file, rs_parity_file
+from hpcckpt.storage.opening import create_replacing, open_regular
+from hpcckpt.storage.posix import copy_data
+from hpcckpt.levels.base import Level
+from hpcckpt.levels.parity import read_clipped, settle_rebuilt
+from hpcckpt.levels import rs_coder
+from hpcckpt.levels.rs_layout import data_stripe, holder, leader, parity_stripe, rebuild_plan, segment_bytes
 
 #: Rows of each segment moved per round (memory per rank: about 2 (k + m) times this).  1 MiB: 4 MiB rounds
 #: encoded 1.0-1.2x slower at the level (rebuilds: mixed), 256 KiB ones 1.7-2.1x (more, smaller messages):

@@ -19,12 +19,12 @@ from __future__ import annotations
 import json
 import os
 
-from ..catalog import list_versions
-from ..errors import CheckpointError
-from ..humanize import format_duration, table_lines
-from ..names import METADATA_FILE
-from ..storage.posix import read_bounded
-from . import FLUSH_MARKER, LEVELS_FILE
+from hpcckpt.root.catalog import list_versions
+from hpcckpt.errors import CheckpointError
+from hpcckpt.core.humanize import format_duration, table_lines
+from hpcckpt.core.names import METADATA_FILE
+from hpcckpt.storage.posix import read_bounded
+from hpcckpt.levels import FLUSH_MARKER, LEVELS_FILE
 
 
 #: The longest levels.json or flush marker read: far beyond any real one.

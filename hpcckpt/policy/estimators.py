@@ -44,7 +44,7 @@ from typing import List, Optional, Tuple
 import numpy as np
 
 from hpcckpt.errors import CheckpointError
-from hpcckpt.humanize import format_duration
+from hpcckpt.core.humanize import format_duration
 
 __all__ = [
     "Estimate",

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hpcckpt.humanize import format_duration, human_bytes
+from hpcckpt.core.humanize import format_duration, human_bytes
 from hpcckpt.policy.formulas import check_number
 
 REDISTRIBUTE = "redistribute"

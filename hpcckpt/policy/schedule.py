@@ -192,7 +192,7 @@ class Schedule:
         """How far the run is from the last checkpoint to the next one the interval policy wants, in [0, 1].
 
         Steps for FixedSteps (``step % n / n``: its saves fall on multiples of
-        n), seconds for the others; what pre-copy (hpcckpt.precopy_plan) paces
+        n), seconds for the others; what pre-copy (hpcckpt.saving.precopy_plan) paces
         its rounds by.  Pure: reads no clock and changes no estimate.
         """
         if isinstance(self.policy, FixedSteps):

@@ -5,7 +5,7 @@ pre-emption and ``scancel`` send SIGTERM, and Ctrl-C of ``mpiexec`` sends
 SIGINT to every rank; the application should then take a final checkpoint at
 the next step boundary and exit.  A handler that only sets a flag is safe at
 any instant; the checkpoint is taken later, from the main loop, after every
-rank has agreed on it (hpcckpt.pacing).
+rank has agreed on it (hpcckpt.root.pacing).
 
 ``SignalFlag(signals=(SIGUSR1, SIGTERM, SIGINT))``:
 

@@ -40,7 +40,7 @@ import numpy as np
 
 from hpcckpt.errors import CheckpointError
 from hpcckpt.policy import formulas
-from hpcckpt.humanize import format_duration
+from hpcckpt.core.humanize import format_duration
 from hpcckpt.policy.policies import Learned
 
 __all__ = [

@@ -11,7 +11,7 @@ from typing import Sequence
 import numpy as np
 
 from hpcckpt.policy import formulas
-from hpcckpt.humanize import format_duration
+from hpcckpt.core.humanize import format_duration
 from hpcckpt.policy.simulate import SimulationResults, YoungDalyRow
 
 __all__ = ["format_table", "print_table", "plot_waste", "format_young_daly", "plot_young_daly", "pyplot"]

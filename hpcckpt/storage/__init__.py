@@ -5,8 +5,8 @@
 ``hpcckpt.testing.StorageTests`` is the conformance suite a new one passes.
 """
 
-from .base import Storage
-from .memory import MemoryStorage
-from .posix import POSIX, PosixStorage
+from hpcckpt.storage.base import Storage
+from hpcckpt.storage.memory import MemoryStorage
+from hpcckpt.storage.posix import POSIX, PosixStorage
 
 __all__ = ["MemoryStorage", "POSIX", "PosixStorage", "Storage"]

@@ -2,7 +2,7 @@
 
 One instance serves a whole save or load; every method takes full paths (a
 version directory, its ``data/`` files, its ``metadata.json``), as
-:mod:`hpcckpt.names` composes them.
+:mod:`hpcckpt.core.names` composes them.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ class Storage(ABC):
        when the file exists), ``append(handle, buffer, hasher)`` for each
        chunk, in order (returns the bytes written; ``hasher`` gets them too),
        then ``close(handle, fsync)`` (also after a failure; twice is harmless).
-    3. rank 0, the commit (commit.py): ``sync_directory(data dir)``, then
+    3. rank 0, the commit (storage/commit.py): ``sync_directory(data dir)``, then
        ``atomic_write(metadata path, bytes, fsync)`` (readers see no file or
        the whole one), then ``sync_directory(parent of the version)``.
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 import os
 import posixpath
 
-from ..errors import CheckpointError, CorruptCheckpointError
-from ..metadata import check_relative_path
-from ..names import DATA_DIR, METADATA_FILE, split_reference
-from .base import Storage, hash_segments
+from hpcckpt.errors import CheckpointError, CorruptCheckpointError
+from hpcckpt.format.metadata import check_relative_path
+from hpcckpt.core.names import DATA_DIR, METADATA_FILE, split_reference
+from hpcckpt.storage.base import Storage, hash_segments
 
 
 class _Appender:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 import stat
 
-from ..errors import CheckpointError, CorruptCheckpointError
+from hpcckpt.errors import CheckpointError, CorruptCheckpointError
 
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)

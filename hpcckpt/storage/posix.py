@@ -12,12 +12,12 @@ import os
 import stat
 from typing import Iterable
 
-from ..checksum import PIECE
-from ..errors import CheckpointError, CorruptCheckpointError
-from ..metadata import check_relative_path
-from ..names import DATA_DIR, METADATA_FILE, split_reference
-from .base import Storage
-from .opening import create_new, create_replacing, open_for_sync, open_regular
+from hpcckpt.core.checksum import PIECE
+from hpcckpt.errors import CheckpointError, CorruptCheckpointError
+from hpcckpt.format.metadata import check_relative_path
+from hpcckpt.core.names import DATA_DIR, METADATA_FILE, split_reference
+from hpcckpt.storage.base import Storage
+from hpcckpt.storage.opening import create_new, create_replacing, open_for_sync, open_regular
 
 #: Largest single os.write/os.preadv call (Linux moves at most ~2 GiB per call anyway).
 _MAX_IO = 1 << 30

@@ -9,10 +9,10 @@ tests/test_storage_conformance.py, tests/test_level_conformance.py, tests/test_c
 tests/test_checkpointer_conformance.py).
 """
 
-from .checkpointer import CheckpointerTests
-from .codec import CodecTests
-from .level import LevelTests
-from .storage import StorageTests
-from .transport import TransportTests
+from hpcckpt.testing.checkpointer import CheckpointerTests
+from hpcckpt.testing.codec import CodecTests
+from hpcckpt.testing.level import LevelTests
+from hpcckpt.testing.storage import StorageTests
+from hpcckpt.testing.transport import TransportTests
 
 __all__ = ["CheckpointerTests", "CodecTests", "LevelTests", "StorageTests", "TransportTests"]

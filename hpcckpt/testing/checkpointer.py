@@ -22,9 +22,9 @@ import os
 import numpy as np
 import pytest
 
-from ..checkpointer import Checkpointer
-from ..errors import CheckpointError
-from ..state import Block, Ragged
+from hpcckpt.checkpointer import Checkpointer
+from hpcckpt.errors import CheckpointError
+from hpcckpt.state import Block, Ragged
 
 
 class CheckpointerTests:

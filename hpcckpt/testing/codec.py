@@ -14,8 +14,8 @@ import json
 
 import numpy as np
 
-from ..codecs import from_config
-from ..errors import CorruptCheckpointError
+from hpcckpt.codecs import from_config
+from hpcckpt.errors import CorruptCheckpointError
 
 
 class CodecTests:

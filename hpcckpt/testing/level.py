@@ -22,10 +22,10 @@ import tempfile
 import numpy as np
 import pytest
 
-from ..checkpointer import Checkpointer
-from ..levels.base import Level
-from ..metadata_file import read_metadata
-from ..state import Block
+from hpcckpt.checkpointer import Checkpointer
+from hpcckpt.levels.base import Level
+from hpcckpt.storage.metadata_file import read_metadata
+from hpcckpt.state import Block
 
 
 class LevelTests:
@@ -87,8 +87,8 @@ class LevelTests:
     def test_a_damaged_file_while_protecting_fails_everywhere_and_commits_nothing(self, where, monkeypatch):
         """One rank's data file turns into a directory just before the level reads it: the level must finish
         its exchanges, and every rank gets the same CheckpointError (no rank hangs); nothing is committed."""
-        from ..errors import CheckpointError
-        from ..names import rank_file
+        from hpcckpt.errors import CheckpointError
+        from hpcckpt.core.names import rank_file
 
         comm, path = where
         with self._checkpointer(comm, path) as ck:

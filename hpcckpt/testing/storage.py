@@ -21,10 +21,10 @@ import os
 import numpy as np
 import pytest
 
-from ..checksum import hexdigest, new_hasher
-from ..errors import CheckpointError, CorruptCheckpointError
-from ..names import DATA_DIR, METADATA_FILE, rank_file
-from ..storage.base import Storage
+from hpcckpt.core.checksum import hexdigest, new_hasher
+from hpcckpt.errors import CheckpointError, CorruptCheckpointError
+from hpcckpt.core.names import DATA_DIR, METADATA_FILE, rank_file
+from hpcckpt.storage.base import Storage
 
 
 class StorageTests:

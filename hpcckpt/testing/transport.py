@@ -17,12 +17,12 @@ import os
 
 import numpy as np
 
-from ..checksum import checksum
-from ..collective import SerialComm
-from ..names import DATA_DIR
-from ..storage.opening import open_regular
-from ..transport.base import Piece, Transport, TransportContext
-from ..transport.topology import node_layout
+from hpcckpt.core.checksum import checksum
+from hpcckpt.mpi.collective import SerialComm
+from hpcckpt.core.names import DATA_DIR
+from hpcckpt.storage.opening import open_regular
+from hpcckpt.transport.base import Piece, Transport, TransportContext
+from hpcckpt.transport.topology import node_layout
 
 
 class TransportTests:

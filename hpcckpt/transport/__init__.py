@@ -5,10 +5,10 @@ strategy names is derived from); each transport is a :class:`Transport`
 registered here with :func:`register`.
 """
 
-from .aggregated import Aggregated
-from .base import Piece, Transport, TransportContext, Written
-from .file_per_rank import FilePerRank
-from .shared_file import SharedFile
+from hpcckpt.transport.aggregated import Aggregated
+from hpcckpt.transport.base import Piece, Transport, TransportContext, Written
+from hpcckpt.transport.file_per_rank import FilePerRank
+from hpcckpt.transport.shared_file import SharedFile
 
 #: strategy name -> Transport, in the order users see them.
 TRANSPORTS: dict[str, Transport] = {}

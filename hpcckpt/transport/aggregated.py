@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import CheckpointError
-from ..names import aggregator_file
-from .base import Transport, TransportContext, Written
-from .file_per_rank import SequentialFile
-from .throttle import write_turn
+from hpcckpt.errors import CheckpointError
+from hpcckpt.core.names import aggregator_file
+from hpcckpt.transport.base import Transport, TransportContext, Written
+from hpcckpt.transport.file_per_rank import SequentialFile
+from hpcckpt.transport.throttle import write_turn
 
 _HEADER, _DATA = 7302, 7303
 

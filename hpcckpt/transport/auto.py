@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from statistics import median
 
-from . import TRANSPORTS
+from hpcckpt.transport import TRANSPORTS
 
 SMALL_BYTES = 8 << 20
 #: Another strategy replaces the one in use only when its median bandwidth is this much better.

@@ -77,7 +77,7 @@ class Transport(ABC):
        this rank (the pieces iterator raising included), then raises; the save
        turns that into one CheckpointError on every rank.
 
-    The save then gathers every rank's rows and commits the version (commit.py).
+    The save then gathers every rank's rows and commits the version (storage/commit.py).
 
     Capability flags, read by the save instead of testing names:
 

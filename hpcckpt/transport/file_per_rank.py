@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import os
 
-from ..checksum import hexdigest, new_hasher
-from ..names import rank_file
-from ..storage import POSIX, Storage
-from .base import Transport, TransportContext, Written
-from .throttle import write_turn
+from hpcckpt.core.checksum import hexdigest, new_hasher
+from hpcckpt.core.names import rank_file
+from hpcckpt.storage import POSIX, Storage
+from hpcckpt.transport.base import Transport, TransportContext, Written
+from hpcckpt.transport.throttle import write_turn
 
 
 class SequentialFile:

@@ -18,9 +18,9 @@ import os
 import time
 from dataclasses import dataclass
 
-from ..collective import best_effort
-from ..errors import CheckpointError
-from ..storage.posix import atomic_write, read_bounded
+from hpcckpt.mpi.collective import best_effort
+from hpcckpt.errors import CheckpointError
+from hpcckpt.storage.posix import atomic_write, read_bounded
 
 FILE_NAME = ".hpcckpt-io.json"
 KEEP = 50

@@ -14,16 +14,16 @@ import os
 
 import numpy as np
 
-from ..names import SHARED_FILE
-from .base import Transport, TransportContext, Written
+from hpcckpt.core.names import SHARED_FILE
+from hpcckpt.transport.base import Transport, TransportContext, Written
 
 
 
 def write_shared_file(ctx: TransportContext, pieces) -> Written:
     from mpi4py import MPI
 
-    from ..collective import SerialComm
-    from ..watchdog import unwrapped
+    from hpcckpt.mpi.collective import SerialComm
+    from hpcckpt.mpi.watchdog import unwrapped
 
     comm = MPI.COMM_SELF if isinstance(ctx.comm, SerialComm) else ctx.comm
     failure = None

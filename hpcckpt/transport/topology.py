@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from ..errors import CheckpointError
+from hpcckpt.errors import CheckpointError
 
 ENV_RANKS_PER_NODE = "HPCCKPT_RANKS_PER_NODE"
 

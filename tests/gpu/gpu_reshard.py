@@ -18,7 +18,7 @@ from mpi4py import MPI
 
 import hpcckpt
 from hpcckpt.codecs import Lossy
-from hpcckpt.regions import even_rows
+from hpcckpt.core.regions import even_rows
 
 SHAPE = (301, 77)
 COMM = MPI.COMM_WORLD

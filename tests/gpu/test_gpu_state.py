@@ -17,7 +17,7 @@ from gpu_available import require_gpu
 cupy = require_gpu()
 
 import hpcckpt  # noqa: E402
-from hpcckpt import blockhash  # noqa: E402
+from hpcckpt.core import blockhash  # noqa: E402
 from hpcckpt.codecs import Lossy  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))

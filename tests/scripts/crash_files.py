@@ -23,7 +23,7 @@ WRAPPED = ("open", "write", "pwrite", "fsync", "truncate", "ftruncate", "replace
 
 def checkpointer(workdir: str):
     import hpcckpt
-    from hpcckpt.collective import SerialComm
+    from hpcckpt.mpi.collective import SerialComm
 
     out = os.path.join(workdir, "out")
     ck = hpcckpt.Checkpointer(os.path.join(workdir, "ck"), comm=SerialComm(), track_failures=False,

@@ -21,7 +21,7 @@ import numpy as np
 from mpi4py import MPI
 
 from hpcckpt import Block, Checkpointer, Ragged
-from hpcckpt.regions import even_rows
+from hpcckpt.core.regions import even_rows
 
 comm = MPI.COMM_WORLD
 rank, size = comm.rank, comm.size

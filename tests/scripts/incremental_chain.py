@@ -12,7 +12,7 @@ rows are split unevenly (and differently every step) between the ranks, a
 variable that appears and disappears, and a zero region (deduplicated).
 Prints ``SAVED step kind written referenced`` per save.  ``columnar`` makes
 every chunk table columnar (docs/format.md 3.3.1), as from 4096 chunks on;
-``owners`` deduplicates through the keys' owners (hpcckpt.dedup_owners), as from
+``owners`` deduplicates through the keys' owners (hpcckpt.incremental.dedup_owners), as from
 OWNERS_FROM_RANKS ranks on.
 """
 
@@ -23,8 +23,9 @@ import sys
 import numpy as np
 
 import hpcckpt
-from hpcckpt import chunk_columns, dedup_owners
-from hpcckpt.regions import even_rows
+from hpcckpt.format import chunk_columns
+from hpcckpt.incremental import dedup_owners
+from hpcckpt.core.regions import even_rows
 
 RECORD = np.dtype([("id", "<i8"), ("x", "<f4"), ("v", "<f4", (2,))])
 

@@ -1,0 +1,1 @@
+"""Pure building blocks: regions, planning, encoding, names, checksums and the like (no MPI, no I/O)."""

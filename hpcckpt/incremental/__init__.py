@@ -1,0 +1,1 @@
+"""Incremental saves: the rules, block hashes, deduplication, chains of versions and their compaction."""

@@ -1,0 +1,127 @@
+"""The base of an incremental save: which version it builds on, and that version's block index on every rank.
+
+Rank 0 resolves the base (an explicit ``base``, the version a Checkpointer
+saved or restored last, or the newest committed one under the root) inside the
+plan stage's allreduce, in which the ranks' reports of the indexes they hold
+are intersected.  The indexes of the last two versions this process saved or read are
+kept here, so a Checkpointer's repeated incremental saves never ship an index:
+only a first save (or one after a restore) broadcasts it from rank 0.
+"""
+
+from __future__ import annotations
+
+import os
+
+from hpcckpt.mpi.collective import bcast_checked
+from hpcckpt.errors import CheckpointError
+from hpcckpt.incremental.rules import ChainIndex
+from hpcckpt.format.metadata import Metadata
+from hpcckpt.core.names import METADATA_FILE, is_reference_version
+
+#: ``{(real path, metadata stamp): ChainIndex}``, newest last: the version saved last and its predecessor
+#: (a save on an explicit base, as ``hpcckpt.save(..., base=...)`` repeated on one base).
+_INDEXES: dict = {}
+_ENTRIES = 2
+
+
+def held() -> list:
+    """The keys of the indexes this process holds (what a rank reports in the plan stage)."""
+    return list(_INDEXES)
+
+
+def committed(directory: str, meta: Metadata) -> tuple:
+    """Rank 0, after committing ``meta`` at ``directory``: ``(key, index)``, what the commit broadcasts."""
+    key = (os.path.realpath(directory), stamp(directory))
+    return key, ChainIndex.from_metadata(meta, os.path.basename(key[0]))
+
+
+def remember(key, index: ChainIndex) -> None:
+    """Keep the index of a version (every rank, from the commit's broadcast)."""
+    _keep(key, index)
+
+
+def _keep(key, index: ChainIndex) -> None:
+    _INDEXES.pop(key, None)
+    _INDEXES[key] = index
+    while len(_INDEXES) > _ENTRIES:
+        _INDEXES.pop(next(iter(_INDEXES)))
+
+
+def index_of(directory: str | None) -> ChainIndex | None:
+    """The index of the committed version at ``directory`` if this process holds it, else None (no MPI)."""
+    if directory is None:
+        return None
+    try:
+        return _INDEXES.get((os.path.realpath(directory), stamp(directory)))
+    except OSError:
+        return None
+
+
+def stamp(directory: str) -> tuple:
+    """What tells two commits of one directory apart: the metadata file's inode, mtime and size."""
+    st = os.stat(os.path.join(directory, METADATA_FILE))
+    return st.st_ino, st.st_mtime_ns, st.st_size
+
+
+def chosen_base(explicit, chain_base: str | None, parent: str | None = None):
+    """The base an incremental save names: ``explicit`` (the ``base`` option), else ``chain_base`` (the version a
+    Checkpointer saved or restored last) while it is still committed and, given ``parent``, lies in that
+    directory; else None (:func:`resolve_base` then takes the newest committed one)."""
+    if explicit is not None:
+        return explicit
+    if chain_base is None or not os.path.isfile(os.path.join(chain_base, METADATA_FILE)):
+        return None
+    if parent is not None and os.path.dirname(os.path.abspath(chain_base)) != os.path.abspath(parent):
+        return None
+    return chain_base
+
+
+def resolve_base(directory: str, base, io_root: str | None) -> tuple | None:
+    """Rank 0: the key of the base version (``base`` if given, else the newest committed under ``io_root``), or None.
+
+    ``directory``: the new version's path (it need not exist yet).  ``base``
+    must be a committed sibling of it whose name can be referenced
+    (docs/format.md, references).
+    """
+    parent = os.path.dirname(os.path.realpath(directory))
+    if base is not None:
+        base = os.fspath(base)
+        if not os.path.isfile(os.path.join(base, METADATA_FILE)):
+            raise CheckpointError(f"base {base!r} is not a committed checkpoint")
+        if os.path.dirname(os.path.realpath(base)) != parent:
+            raise CheckpointError(f"base {base!r} must be a sibling of {directory!r} (the same parent directory)")
+        if not is_reference_version(os.path.basename(os.path.realpath(base))):
+            raise CheckpointError(f"base {base!r}: its name must be letters, digits and _.+- to be referenced")
+    elif io_root is not None:
+        from hpcckpt.root.catalog import current, list_versions
+
+        name = os.path.basename(os.path.normpath(directory))
+        live = [e for e in current(list_versions(io_root)) if e.name != name]
+        base = live[-1].path if live else None
+    if base is None:
+        return None
+    return os.path.realpath(base), stamp(base)
+
+
+def base_index(comm, what: str, key, held_by_all) -> ChainIndex | None:
+    """Collective when some rank lacks it: the index of the base ``key`` (rank 0's) on every rank, or None.
+
+    ``held_by_all``: the keys every rank holds (the intersection of what the
+    ranks reported from :func:`held`, the same on every rank).  When every
+    rank holds the index, no message is sent; otherwise rank 0 reads (or takes
+    from its cache) and broadcasts it.
+    """
+    if key is None:
+        return None
+    if key not in held_by_all:
+        def read():
+            from hpcckpt.storage.metadata_file import read_metadata
+
+            index = _INDEXES.get(key)
+            return index if index is not None else ChainIndex.from_metadata(read_metadata(key[0]),
+                                                                            os.path.basename(key[0]))
+
+        _keep(key, bcast_checked(comm, what, read))
+    index = _INDEXES[key]
+    _keep(key, index)
+    return index

@@ -1,0 +1,1 @@
+"""Loads: read plans over the chunk index, the chunk directory, the reader, views and redistribution."""

@@ -1,0 +1,1 @@
+"""The collective helpers: every exchange between ranks, agreement, the watchdog, error reporting."""

@@ -1,0 +1,1 @@
+"""A Checkpointer root: its versions (catalog), writer lock, halt file, tracked output files and pacing."""
