@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Asynchronous and multi-level checkpointing benchmark (issue 7).
+"""Asynchronous and multi-level checkpointing benchmark.
 
     .venv/bin/mpiexec -n 4 .venv/bin/python bench/async.py --total-mib 512 --repeats 3
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Core benchmark of hpcckpt (issue 2, "Performance"): save, load, reshard, memory, 100k-chunk open.
+"""Core benchmark of hpcckpt ("Performance"): save, load, reshard, memory, 100k-chunk open.
 
 Run it under mpiexec with 4 ranks (the script checks):
 

@@ -1,4 +1,4 @@
-"""Candidate binary forms of the chunk table against today's JSON columns (issue 20, metadata parse target).
+"""Candidate binary forms of the chunk table against today's JSON columns (metadata parse target).
 
     python bench/chunk_table_forms.py [--ranks 16384 65536] [--vars 20] [--repeat 3] [--json out.json]
 

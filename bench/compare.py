@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""hpcckpt against its peers (issue 3, "Benchmark against peers"): one run, same data, same rules.
+"""hpcckpt against its peers ("Benchmark against peers"): one run, same data, same rules.
 
 Run it WITHOUT mpiexec (it starts one mpiexec job per scenario itself):
 
@@ -21,7 +21,7 @@ Scenarios (each an mpiexec job of its own):
   the raw cold read of the same bytes by the same ranks, as the files lie.
   It comes before the cold load in even repeats and after it in odd ones: on
   this VM the first cold read of a version just saved and a later one differ,
-  for any reader (docs/performance.md, "Session 8").
+  for any reader (docs/performance.md, "The cold load against a raw read").
 * ``small``: 16 ranks x ``--small-mib`` (4) MiB: the per-file costs dominate.
   ``HPCCKPT_RANKS_PER_NODE=4`` simulates 4 nodes of 4 ranks for hpcckpt.  Save,
   load on 16, reshard load on 12.
@@ -227,7 +227,7 @@ def overlaps(directory: str, lo: int, hi: int):
 def read_files_raw(directory: str, rank: int, size: int, scratch: np.ndarray) -> None:
     """A raw read of a method's own data files (every file under ``directory`` but metadata): whole files
     dealt round-robin when there are at least as many as ranks, otherwise each file cut into ``size`` byte
-    ranges, one per rank; one preadv per piece into ``scratch`` (issue 20: the cold read of the same bytes)."""
+    ranges, one per rank; one preadv per piece into ``scratch`` (the cold read of the same bytes)."""
     files = sorted(os.path.join(root, n) for root, _, names in os.walk(directory) for n in names
                    if not n.startswith("metadata") and not n.endswith(".json"))
     if len(files) >= size:
@@ -678,7 +678,7 @@ def report(results: dict, args) -> list[tuple]:
             check(f"[{scen}] auto save within 10% of best fixed", f"{r:.2f}x", r <= 1.10,
                   f"auto chose {chose}; best = {best} ({med(times[best]['save']):.3f} s); "
                   + ", ".join(f"{s.split(':')[1]} {med(times[s]['save']):.3f}" for s in have))
-        if "raw" in times:  # issue 20: every strategy's loads against the raw read of the same bytes, same ranks
+        if "raw" in times:  # every strategy's loads against the raw read of the same bytes, same ranks
             for s in have + (["hpcckpt:auto"] if "hpcckpt:auto" in times else []):
                 for op, ceiling in (("load", 1.2), ("reshard", 1.2), ("load cold", 1.1), ("reshard cold", 1.1)):
                     if op in times[s] and op in times["raw"]:

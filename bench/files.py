@@ -1,4 +1,4 @@
-"""Tracked output files (issue 16): the overhead per save of an append-only and of an in-place file.
+"""Tracked output files: the overhead per save of an append-only and of an in-place file.
 
     python bench/files.py [--mib 1024] [--saves 5] [--dir DIR] [--json out.json]
 

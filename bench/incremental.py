@@ -1,4 +1,4 @@
-"""Incremental saves against full saves (issue 4): bytes written, save time, chain restore time.
+"""Incremental saves against full saves: bytes written, save time, chain restore time.
 
     mpiexec -n 4 python bench/incremental.py [--mib 256] [--dir DIR] [--json out.json]
 

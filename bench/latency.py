@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Per-save and per-restart overhead of hpcckpt against raw I/O of the same bytes (issue 20).
+"""Per-save and per-restart overhead of hpcckpt against raw I/O of the same bytes.
 
 Run it WITHOUT mpiexec (it starts its mpiexec jobs itself):
 

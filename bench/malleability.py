@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Runtime malleability benchmark (issue 16): resize in memory against checkpoint-and-restart.
+"""Runtime malleability benchmark: resize in memory against checkpoint-and-restart.
 
     .venv/bin/mpiexec -n 4 .venv/bin/python bench/malleability.py --total-mib 512 --repeats 5
 

@@ -2,7 +2,7 @@
 
 A silent change is a damaged file that parses and gives a restore something
 other than the original (step, files, variables and chunk tables, values).
-Issue 12's figure: run with ``HPCCKPT_NO_MPI=1 python bench/metadata_flips.py``.
+The figure of docs/performance.md: run with ``HPCCKPT_NO_MPI=1 python bench/metadata_flips.py``.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Learned multi-level intervals against the first-order formula and the exhaustive search (issue 17).
+"""Learned multi-level intervals against the first-order formula and the exhaustive search.
 
     PYTHONPATH=. .venv/bin/python bench/ml_intervals.py --train     # regenerate hpcckpt/policy/data/ml_intervals.json
     PYTHONPATH=. .venv/bin/python bench/ml_intervals.py --json ml.json

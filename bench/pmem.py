@@ -1,4 +1,4 @@
-"""The persistent-memory tier against the L1 files level (issue 17): bytes and time per incremental checkpoint.
+"""The persistent-memory tier against the L1 files level: bytes and time per incremental checkpoint.
 
     python bench/pmem.py [--mib 16] [--dir DIR] [--pmem-dir /dev/shm] [--repeat 3] [--json out.json]
 

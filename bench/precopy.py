@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Self-adaptive pre-copy against the plain asynchronous incremental save (issue 17).
+"""Self-adaptive pre-copy against the plain asynchronous incremental save.
 
     .venv/bin/mpiexec -n 4 .venv/bin/python bench/precopy.py --total-mib 512 --repeats 3 --json out.json
 

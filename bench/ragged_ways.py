@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """A real Ragged load both ways on a few ranks: the chunk directory (the metadata's broadcast, one Scan, then its
 alltoalls) against the gathered way (each rank reads the metadata, then every rank's requests and an agreement
-after the reads: hpcckpt.load on at most 16 ranks); issue 20.
+after the reads: hpcckpt.load on at most 16 ranks).
 
     flock /tmp/hpcckpt-bench.lock mpiexec -n 4 .venv/bin/python bench/ragged_ways.py --loads 40 --json out.json
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""The floor of a crash-consistent save in hpcckpt's on-disk layout, against raw, with no hpcckpt code (issue 20).
+"""The floor of a crash-consistent save in hpcckpt's on-disk layout, against raw, with no hpcckpt code.
 
     flock /tmp/hpcckpt-bench.lock .venv/bin/python bench/save_floor.py --sizes 64K 1M 16M --repeats 200
 

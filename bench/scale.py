@@ -1,4 +1,4 @@
-"""Planning and metadata at many ranks, simulated (issue 20): no rank is started.
+"""Planning and metadata at many ranks, simulated: no rank is started.
 
     python bench/scale.py [--ranks 1024 4096 16384 65536] [--vars 20] [--sample 8] [--no-load] [--json out.json]
 
@@ -12,7 +12,7 @@ Measured per rank:
 * save plan: rank 0's plan (plan_variables over P summaries) and every rank's
   own description (describe_state), time and tracemalloc peak; the bytes each
   rank receives to plan (pickled sizes of the messages of save_plan._plan, of
-  the cache-hit allgather agree_plan made before issue 20's save-side change,
+  the cache-hit allgather agree_plan made before the save-side change to local planning,
   and of the allreduce of save_plan.Ballot that replaced it: mpi4py reduces
   pickled objects over a binomial tree, then broadcasts the result, so the
   rank that receives most, rank 0, gets ceil(log2 P) ballots plus none);

@@ -1,4 +1,4 @@
-"""A real run of bench/scale.py's case, to check that the simulated figures and the real code agree (issue 20).
+"""A real run of bench/scale.py's case, to check that the simulated figures and the real code agree.
 
     MPIR_CVAR_CH4_PROGRESS_THROTTLE=1 MPIR_CVAR_POLLS_BEFORE_YIELD=1 \\
       mpiexec -n 32 python bench/scale_check.py [--vars 20] [--dir DIR] [--json out.json] [--dedup]
