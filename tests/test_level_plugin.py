@@ -9,10 +9,12 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
+from hypothesis import given, strategies as st
 
 from hpcckpt import Block, Checkpointer
 from hpcckpt.core.names import rank_file
 from hpcckpt.errors import CheckpointError
+from hpcckpt.levels import LevelOptions
 from hpcckpt.levels.base import Level, Lost, check_int
 from hpcckpt.levels.registry import LEVELS
 from hpcckpt.mpi.collective import agree
@@ -114,3 +116,25 @@ def test_a_registered_level_options_are_checked_like_the_built_in_ones(tmp_path,
 def test_an_unregistered_level_keyword_is_refused(tmp_path):
     with pytest.raises(CheckpointError, match="mirror_every"):
         Checkpointer(tmp_path / "root", local_dir=tmp_path / "local", mirror_every=1, track_failures=False)
+
+
+every = st.one_of(st.none(), st.integers(0, 5))
+
+
+@given(partner=every, parity=every, rs=every, flush=st.one_of(st.none(), st.integers(1, 5)), count=st.integers(0, 60))
+def test_intervals_follow_the_keywords_given(partner, parity, rs, flush, count):
+    """The intervals are those given (0 for the others), unless none is given: then they are derived (a partner
+    copy at every checkpoint, where there is a partner)."""
+    kw = {k: v for k, v in (("partner_every", partner), ("parity_every", parity), ("rs_every", rs),
+                                 ("flush_every", flush)) if v is not None}
+    options = LevelOptions.from_kwargs(local_dir="/tmp/x", **kw)
+    assert options.derived == (not kw)
+    for unavailable in ((), ("partner",)):
+        intervals = options.intervals(unavailable)
+        expected = {"partner": partner or 0, "parity": parity or 0, "rs": rs or 0, "pmem": 0}
+        if not kw:
+            expected["partner"] = 0 if unavailable else 1
+        assert dict(intervals.every) == expected and intervals.flush_every == (flush or 1)
+        due = intervals.due(count)
+        assert due == {**{k: bool(v) and count % v == 0 for k, v in expected.items()},
+                       "flush": count % (flush or 1) == 0}

@@ -24,6 +24,11 @@ so the ordinary reader loads from any of them (PM keeps copies of data files
 only, served to the reader from the map: docs/format.md, section 10).  The metadata's ``extra.levels``
 records the node layout, partners, parity groups and file sizes that a rebuild
 needs.
+
+Each level is a plug-in (levels/base.py): its options, save half and restore
+half in its own module, found through the registry ``levels.registry.LEVELS``.
+:class:`LevelOptions` sorts the Checkpointer keywords into every registered
+level's options; :class:`Intervals` says which levels a checkpoint reaches.
 """
 
 from __future__ import annotations

@@ -157,7 +157,7 @@ class Level(ABC):
 
     def unavailable(self, node) -> str:
         """Why the level protects nothing on this node layout (warned once when it is asked for)."""
-        return f"{self.title} ({self.label}) protect nothing on {node.layout.nnodes} node(s) and are skipped"
+        return f"{self.title} ({self.label}): nothing to protect with on {node.layout.nnodes} node(s), skipped"
 
     @abstractmethod
     def protect(self, node, directory: str, sizes: list[int], fsync: bool, what: str):
