@@ -1,4 +1,4 @@
-"""docs/api.md names every public name and every keyword (issue 13): a keyword added to the code without
+"""docs/api.md names every public name and every keyword: a keyword added to the code without
 its line in the reference fails here."""
 
 from __future__ import annotations

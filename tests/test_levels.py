@@ -1,4 +1,4 @@
-"""Multi-level checkpointing (issue 7): layouts and rebuild plans (pure), and failures of the levels under mpiexec.
+"""Multi-level checkpointing: layouts and rebuild plans (pure), and failures of the levels under mpiexec.
 
 The node-loss scenarios (L2 from a partner copy, L3 from parity, L4 when two
 nodes of a parity group are lost, a node lost during the flush) run on real
