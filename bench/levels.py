@@ -101,7 +101,7 @@ def main() -> None:
             target = rebuilt if rank in lost else mine
             if rank in lost and os.path.exists(rebuilt):
                 os.unlink(rebuilt)
-            rs.rebuild(comm, k, m, seg, tasks, target, size, rs_parity, size, fsync=False, round_bytes=rb)
+            rs.rebuild(comm, k, m, seg, tasks, target, size, rs_parity, fsync=False, round_bytes=rb)
         return run
 
     rows = {}  # name -> (kind, bytes per timing, [seconds])

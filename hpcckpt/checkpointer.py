@@ -89,12 +89,14 @@ class Checkpointer:
         if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 1):
             raise CheckpointError(f"keep must be a positive integer or None, got {keep!r}")
         self.keep = keep
-        from hpcckpt.saving.asynchronous import engine_wanted, pop_engine_options  # asynchronous / multi-level saves (issue 7)
+        from hpcckpt.saving.asynchronous import EngineOptions, pop_engine_options  # asynchronous / multi-level saves
 
-        engine_options = pop_engine_options(options)
+        engine_keywords = pop_engine_options(options)
         self.files = agree(self.comm, f"creating {self.root!r}", lambda: FileTracker(files))
         # validated inside the first collective: an invalid option on one rank is the same error on every rank
         self.options = agree(self.comm, f"creating {self.root!r}", lambda: SaveOptions.from_kwargs(**options))
+        engine_options = agree(self.comm, f"creating {self.root!r}", lambda: EngineOptions.from_kwargs(
+            **engine_keywords))
         self.chain_base: str | None = None  # what the next incremental save builds on (hpcckpt/incremental/rules.py)
         self.last_restored: str | None = None
         self._last_result: SaveResult | None = None
@@ -110,14 +112,14 @@ class Checkpointer:
             self.comm, self.root, policy=policy, mtbf=mtbf, deadline=deadline, handle_signals=handle_signals,
             track_failures=track_failures))
         self.engine = None
-        if engine_wanted(engine_options):
+        if engine_options.wanted:
             from hpcckpt.saving.asynchronous import Engine
 
             if files:
                 raise CheckpointError("tracked files (files=...) need blocking saves: they are not supported with "
                                       "asynchronous or multi-level saves")
 
-            self.engine = Engine(self, **engine_options)
+            self.engine = Engine(self, engine_options)
 
     def resize(self, comm) -> None:
         """Continue on ``comm`` after the job changed its rank count (hpcckpt.redistribute; docs/malleability.md).

@@ -1,4 +1,4 @@
-"""Multi-level checkpointing (issue 7): layouts and rebuild plans (pure), and failures of the levels under mpiexec.
+"""Multi-level checkpointing: layouts and rebuild plans (pure), and failures of the levels under mpiexec.
 
 The node-loss scenarios (L2 from a partner copy, L3 from parity, L4 when two
 nodes of a parity group are lost, a node lost during the flush) run on real
@@ -49,10 +49,10 @@ def test_parity_groups_span_distinct_nodes():
 
 def test_level_options_validate_and_intervals():
     with pytest.raises(CheckpointError, match="flush_every"):
-        LevelOptions("/tmp/x", flush_every=0)
+        LevelOptions.from_kwargs(local_dir="/tmp/x", flush_every=0)
     with pytest.raises(CheckpointError, match="need local_dir"):
-        LevelOptions(None, partner_every=1)
-    lv = LevelOptions("/tmp/x", partner_every=1, parity_every=2, flush_every=3)
+        LevelOptions.from_kwargs(partner_every=1)
+    lv = LevelOptions.from_kwargs(local_dir="/tmp/x", partner_every=1, parity_every=2, flush_every=3).intervals()
     due = [lv.due(i) for i in range(4)]
     assert not any(d["pmem"] for d in due)
     assert [d["flush"] for d in due] == [True, False, False, True]
@@ -176,7 +176,7 @@ def _serial_ck(tmp_path, **kw):
 def test_intervals_derived_from_given_costs_unless_explicit(tmp_path):
     with _serial_ck(tmp_path, level_costs=(0.2, 20.0), local_failure_fraction=0.9) as ck:
         assert ck.engine.node.levels.flush_every == derived_flush(0.2, 20.0, 0.9) == 30
-        assert ck.engine.node.levels.partner_every == 0  # one node: no partner to copy to
+        assert ck.engine.node.levels.every["partner"] == 0  # one node: no partner to copy to
     with _serial_ck(tmp_path, flush_every=4) as ck:  # explicit: taken as given, nothing derived
         assert ck.engine.node.levels.flush_every == 4 and not ck.engine.node.auto_levels
     with pytest.raises(CheckpointError, match="level_costs"):

@@ -103,11 +103,12 @@ def test_shapes_and_options_are_checked():
     check_shape(4, 2, 2)
     for bad in [(0, 1), (2, 0), (2,), "ab", (200, 57), (True, 1), (2.0, 1)]:
         with pytest.raises(CheckpointError, match="rs_group must be"):
-            LevelOptions("/tmp/x", rs_every=1, rs_group=bad)
+            LevelOptions.from_kwargs(local_dir="/tmp/x", rs_every=1, rs_group=bad)
     with pytest.raises(CheckpointError, match="need local_dir"):
-        LevelOptions(None, rs_every=1)
-    assert LevelOptions("/tmp/x", rs_every=2, rs_group=[3, 1]).rs_group == (3, 1)
-    assert [LevelOptions("/tmp/x", rs_every=2).due(i)["rs"] for i in range(3)] == [True, False, True]
+        LevelOptions.from_kwargs(rs_every=1)
+    assert LevelOptions.from_kwargs(local_dir="/tmp/x", rs_every=2, rs_group=[3, 1]).levels["rs"].rs_group == (3, 1)
+    lv = LevelOptions.from_kwargs(local_dir="/tmp/x", rs_every=2).intervals()
+    assert [lv.due(i)["rs"] for i in range(3)] == [True, False, True]
 
 
 def test_groups_hold_at_least_k_plus_m_ranks_on_distinct_nodes():

@@ -24,21 +24,26 @@ so the ordinary reader loads from any of them (PM keeps copies of data files
 only, served to the reader from the map: docs/format.md, section 10).  The metadata's ``extra.levels``
 records the node layout, partners, parity groups and file sizes that a rebuild
 needs.
+
+Each level is a plug-in (levels/base.py): its options, save half and restore
+half in its own module, found through the registry ``levels.registry.LEVELS``.
+:class:`LevelOptions` sorts the Checkpointer keywords into every registered
+level's options; :class:`Intervals` says which levels a checkpoint reaches.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
 
 from hpcckpt.errors import CheckpointError
 from hpcckpt.transport.topology import NodeLayout
-
-#: Options of the asynchronous / multi-level engine (Checkpointer keyword arguments).
-ENGINE_OPTIONS = ("asynchronous", "staging_bytes", "skip_if_busy", "local_dir", "partner_every", "parity_every",
-                  "parity_group", "rs_every", "rs_group", "flush_every", "flush_bandwidth", "level_costs",
-                  "local_failure_fraction", "level_method", "level_mtbf", "pmem_dir", "pmem_every", "pmem_block",
-                  "precopy")
+from hpcckpt.levels.base import Level, check_int
+from hpcckpt.levels.parity import parity_groups
+from hpcckpt.levels.partner import partners
+from hpcckpt.levels.registry import LEVELS
 
 #: Fraction of failures that the node-local levels (L1 + partner copy) recover from, when the user says nothing:
 #: most failures take out one node (Moody et al., SC10, report 85% or more recoverable without the file system).
@@ -60,58 +65,127 @@ FLUSH_MARKER = "flush-in-progress.json"
 
 
 @dataclass(frozen=True)
-class LevelOptions:
-    """``local_dir`` turns the levels on; the ``*_every`` options are intervals counted in checkpoints.
+class Intervals:
+    """The intervals in effect, counted in checkpoints (0: never): each level's by key, and the L4 flush's."""
 
-    ``partner_every=k`` (0: never) sends every k-th checkpoint to the partner
-    node; ``parity_every=k`` (0: never) computes XOR parity for every k-th in
-    groups of ``parity_group`` ranks on distinct nodes (default 8, as SCR);
+    every: Mapping[str, int]
+    flush_every: int
+
+    def due(self, count: int) -> dict:
+        """Which levels the ``count``-th checkpoint (0-based) of this run reaches besides L1 (and ``"flush"``)."""
+        every = lambda k: bool(k) and count % k == 0  # noqa: E731
+        return {**{key: every(k) for key, k in self.every.items()}, "flush": every(self.flush_every)}
+
+
+@dataclass(frozen=True)
+class LevelOptions:
+    """The node-local levels' options: ``local_dir`` turns them on; ``levels`` holds every registered level's own
+    options (its ``Options``, by key: levels/base.py), the other fields the L4 flush and the derived intervals.
+
     ``flush_every=k`` flushes every k-th checkpoint to the shared root (the
-    first checkpoint always reaches it); ``rs_every=k`` (0: never) computes
-    Reed-Solomon parity for every k-th in groups of at least ``k + m`` ranks
-    on distinct nodes, ``rs_group=(k, m)`` (default (6, 2): SCR's set of 8
-    tolerating 2 failures); ``pmem_every=k`` (0: never) stores every k-th in
-    the persistent-memory tier.
+    first checkpoint always reaches it), at most ``flush_bandwidth`` bytes/s.
+    When no interval is given (no ``flush_every``, no ``<key>_every`` of a
+    level that takes part in the derivation), the intervals are derived:
+    ``flush_every`` from ``level_costs`` (or the costs measured on the first
+    checkpoint), ``local_failure_fraction``, ``level_method`` and
+    ``level_mtbf`` (:func:`derived_flush_every`), each level's from its
+    ``derived_every``.  :meth:`from_kwargs` sorts the Checkpointer keywords
+    into this object; an invalid one is a CheckpointError.
     """
 
     local_dir: str | None = None
-    partner_every: int = 0
-    parity_every: int = 0
-    parity_group: int = 8
-    flush_every: int = 1
-    rs_every: int = 0
-    rs_group: tuple[int, int] = (6, 2)
-    pmem_every: int = 0
+    flush_every: int | None = None
+    flush_bandwidth: float | None = None
+    level_costs: tuple[float, float] | None = None
+    local_failure_fraction: float = DEFAULT_LOCAL_FAILURE_FRACTION
+    level_method: str = "formula"
+    level_mtbf: float = DEFAULT_LEVEL_MTBF
+    levels: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_kwargs(cls, **keywords) -> LevelOptions:
+        """The options from Checkpointer keywords: this class's fields and every registered level's options."""
+        own = {f.name for f in fields(cls)} - {"levels"}
+        owner = {name: key for key, level in LEVELS.items() for name in level.keywords()}
+        unknown = sorted(set(keywords) - own - set(owner))
+        if unknown:
+            raise CheckpointError(f"unknown level option(s) {unknown}; the levels take {sorted(owner)}")
+        levels = {key: level.Options(**{n: keywords[n] for n in level.keywords() if n in keywords})
+                  for key, level in LEVELS.items()}
+        return cls(levels=levels, **{n: v for n, v in keywords.items() if n in own})
 
     def __post_init__(self):
-        for name, low in (("partner_every", 0), ("parity_every", 0), ("flush_every", 1), ("parity_group", 2),
-                          ("rs_every", 0), ("pmem_every", 0)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise CheckpointError(f"{name} must be an integer >= {low}, got {value!r}")
-        try:
-            k, m = self.rs_group
-            ok = all(isinstance(v, int) and not isinstance(v, bool) for v in (k, m)) and k >= 1 and m >= 1 \
-                and k + m <= 256
-        except (TypeError, ValueError):
-            ok = False
-        if not ok:
-            raise CheckpointError(f"rs_group must be (k, m): integers k >= 1 data and m >= 1 check shards with "
-                                  f"k + m <= 256, got {self.rs_group!r}")
-        object.__setattr__(self, "rs_group", (k, m))
-        if self.local_dir is None and (self.partner_every or self.parity_every or self.rs_every or self.pmem_every):
-            raise CheckpointError("partner_every/parity_every/rs_every/pmem_every need local_dir (the node-local "
-                                  "level L1)")
+        for key in self.levels:
+            LEVELS.get(key)  # an unknown level: a CheckpointError
+        object.__setattr__(self, "levels", {key: self.levels[key] if key in self.levels else level.Options()
+                                            for key, level in LEVELS.items()})
+        if self.local_dir is not None:
+            object.__setattr__(self, "local_dir", os.fspath(self.local_dir))
+        check_int("flush_every", self.flush_every, 1, optional=True)
+        bandwidth = self.flush_bandwidth
+        if bandwidth is not None and (isinstance(bandwidth, bool) or not bandwidth > 0):
+            raise CheckpointError(f"flush_bandwidth must be a positive number of bytes/s or None, got {bandwidth!r}")
+        if self.level_costs is not None:
+            try:
+                local_cost, flush_cost = (float(c) for c in self.level_costs)
+            except (TypeError, ValueError):
+                raise CheckpointError(f"level_costs must be (local seconds, flush seconds), got "
+                                      f"{self.level_costs!r}") from None
+            object.__setattr__(self, "level_costs", (local_cost, flush_cost))
+        check_derivation(self.local_failure_fraction, self.level_method, self.level_mtbf)
+        deriving = self.level_costs is not None or self.level_method != "formula"
+        if self.local_dir is None:
+            given = ["level_costs"] * (self.level_costs is not None) + ["level_method"] * \
+                (self.level_method != "formula") + [n for level in self.make_levels() for n in level.needs_local_dir()]
+            if given:
+                raise CheckpointError(f"{' and '.join(given)} {'needs' if len(given) == 1 else 'need'} local_dir")
+            if any(level.interval(False) for level in self.make_levels()):
+                raise CheckpointError(f"{'/'.join(f'{key}_every' for key in self.levels)} need local_dir (the "
+                                      "node-local level L1)")
+        elif deriving and not self.derived:
+            raise CheckpointError("level_costs and level_method derive partner_every/flush_every: give one or the "
+                                  "other")
 
     @property
     def enabled(self) -> bool:
         return self.local_dir is not None
 
-    def due(self, count: int) -> dict:
-        """Which levels the ``count``-th checkpoint (0-based) of this run reaches besides L1."""
-        every = lambda k: bool(k) and count % k == 0  # noqa: E731
-        return {"partner": every(self.partner_every), "parity": every(self.parity_every),
-                "rs": every(self.rs_every), "pmem": every(self.pmem_every), "flush": every(self.flush_every)}
+    @property
+    def derived(self) -> bool:
+        """Whether the intervals are derived: none given, for the flush or a level that takes part."""
+        return self.flush_every is None and all(
+            level.given_every is None for level in self.make_levels() if level.derived_every is not None)
+
+    def make_levels(self) -> tuple[Level, ...]:
+        """A fresh instance of every level with its options, in the registry's order."""
+        return tuple(LEVELS.get(key)(options) for key, options in self.levels.items())
+
+    def intervals(self, unavailable: Collection[str] = ()) -> Intervals:
+        """The intervals in effect before any cost is known; when derived, the levels named in ``unavailable``
+        (keys: levels that protect nothing on this node layout) get none."""
+        derived = self.derived
+        return Intervals({level.key: 0 if derived and level.key in unavailable else level.interval(derived)
+                          for level in self.make_levels()}, 1 if self.flush_every is None else self.flush_every)
+
+
+def keyword_names() -> tuple[str, ...]:
+    """Every Checkpointer keyword of the node-local levels: LevelOptions' own and every registered level's."""
+    return tuple(f.name for f in fields(LevelOptions) if f.name != "levels") + tuple(
+        name for level in LEVELS.values() for name in level.keywords())
+
+
+def check_derivation(local_fraction: float, method: str, mtbf: float) -> None:
+    """A CheckpointError unless these can derive intervals: a fraction in (0, 1), a known method, a positive MTBF."""
+    try:
+        f = float(local_fraction)
+    except (TypeError, ValueError):
+        f = float("nan")
+    if not 0.0 < f < 1.0:
+        raise CheckpointError(f"local_failure_fraction must be in (0, 1), got {local_fraction!r}")
+    if method not in LEVEL_METHODS:
+        raise CheckpointError(f"level_method must be one of {LEVEL_METHODS}, got {method!r}")
+    if isinstance(mtbf, bool) or not isinstance(mtbf, (int, float)) or not 0 < mtbf < float("inf"):
+        raise CheckpointError(f"level_mtbf must be a positive number of seconds, got {mtbf!r}")
 
 
 def derived_flush_every(local_cost: float, flush_cost: float,
@@ -139,13 +213,8 @@ def derived_flush_every(local_cost: float, flush_cost: float,
     from hpcckpt.policy.learned_levels import predict
     from hpcckpt.policy.multilevel import LevelConfig
 
+    check_derivation(local_fraction, method, mtbf)
     f = float(local_fraction)
-    if not 0.0 < f < 1.0:
-        raise CheckpointError(f"local_failure_fraction must be in (0, 1), got {local_fraction!r}")
-    if method not in LEVEL_METHODS:
-        raise CheckpointError(f"level_method must be one of {LEVEL_METHODS}, got {method!r}")
-    if isinstance(mtbf, bool) or not isinstance(mtbf, (int, float)) or not 0 < mtbf < float("inf"):
-        raise CheckpointError(f"level_mtbf must be a positive number of seconds, got {mtbf!r}")
     costs = (max(float(local_cost), 1e-6), max(float(flush_cost), 1e-6))
     if method == "learned":
         config = LevelConfig(costs, costs, (f / mtbf, (1.0 - f) / mtbf), LEARNED_WORK_MTBFS * mtbf)
@@ -164,35 +233,6 @@ def node_leader(layout: NodeLayout, rank: int) -> bool:
     return layout.ranks_on(layout.node_of[rank])[0] == rank
 
 
-def partners(layout: NodeLayout) -> list[int] | None:
-    """partner[r]: the rank with r's position on the next node (None when there is a single node)."""
-    n = layout.nnodes
-    if n < 2:
-        return None
-    out = []
-    for r, node in enumerate(layout.node_of):
-        here = layout.ranks_on(node)
-        there = layout.ranks_on((node + 1) % n)
-        out.append(there[here.index(r) % len(there)])
-    return out
-
-
-def parity_groups(layout: NodeLayout, size: int, least: int = 2) -> list[list[int]]:
-    """Groups of ``size`` ranks (a last group shorter than ``least`` joins the previous), each on distinct nodes.
-
-    Ranks with the same position on their node form the candidates, taken
-    node by node, so no group holds two ranks of one node.  Ranks in no group
-    (fewer than ``least`` candidates: a single node for XOR parity, fewer than
-    k + m nodes for Reed-Solomon) get no parity.
-    """
-    by_position: dict[int, list[int]] = {}
-    for node in range(layout.nnodes):
-        for pos, r in enumerate(layout.ranks_on(node)):
-            by_position.setdefault(pos, []).append(r)
-    groups = []
-    for _, ranks in sorted(by_position.items()):
-        chunks = [ranks[i:i + size] for i in range(0, len(ranks), size)]
-        if len(chunks) > 1 and len(chunks[-1]) < least:
-            chunks[-2].extend(chunks.pop())
-        groups.extend(c for c in chunks if len(c) >= least)
-    return groups
+__all__ = ["LEVELS", "Level", "LevelOptions", "Intervals", "keyword_names", "check_derivation", "derived_flush_every",
+           "node_dir", "node_leader", "partners", "parity_groups", "DEFAULT_LOCAL_FAILURE_FRACTION", "LEVEL_METHODS",
+           "DEFAULT_LEVEL_MTBF", "LEVELS_FILE", "FLUSH_MARKER"]

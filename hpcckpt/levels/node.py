@@ -4,8 +4,9 @@ One :class:`NodeLevels` per engine (``Checkpointer(local_dir=...)``).  The
 save pipeline writes each rank's data file into its node directory (L1); the
 commit then calls, in this order and on every rank:
 
-1. :meth:`protect` (collective): partner copies, XOR and Reed-Solomon parity when due; the
-   description stored in the metadata's ``extra.levels``.
+1. :meth:`protect` (collective): each registered Level due (levels/base.py:
+   partner copies, XOR and Reed-Solomon parity, the persistent-memory tier);
+   their descriptions are stored in the metadata's ``extra.levels``.
 2. rank 0 commits the metadata in its node directory, then
    :meth:`commit_nodes` (collective): every other node leader commits the same
    bytes in its node directory.
@@ -30,22 +31,12 @@ from dataclasses import dataclass
 from hpcckpt.root.catalog import list_versions, removable, remove_versions
 from hpcckpt.mpi.collective import agree, best_effort, on_root
 from hpcckpt.storage.commit import commit_version
-from hpcckpt.errors import CheckpointError
 from hpcckpt.core.log import logger
 from hpcckpt.core.names import METADATA_FILE, rank_file
 from hpcckpt.storage.posix import atomic_write
 from hpcckpt.transport.topology import node_layout, ranks_per_node_setting
-from hpcckpt.levels import DEFAULT_LEVEL_MTBF, DEFAULT_LOCAL_FAILURE_FRACTION, FLUSH_MARKER, LEVELS_FILE, LevelOptions, derived_flush_every, \
-    node_dir, node_leader, parity_groups, partners
+from hpcckpt.levels import FLUSH_MARKER, LEVELS_FILE, LevelOptions, derived_flush_every, node_dir, node_leader
 from hpcckpt.levels.flush import FlushThread
-from hpcckpt.levels.parity import ParityLevel
-from hpcckpt.levels.partner import PartnerLevel
-from hpcckpt.levels import rs_coder
-from hpcckpt.levels.pmem import DEFAULT_BLOCK, PmemImage, PmemLevel, image_path
-from hpcckpt.levels.rs import ReedSolomonLevel
-
-#: The redundancy levels, in the order the commit runs them (levels/base.py).
-LEVELS = (PartnerLevel(), ParityLevel(), ReedSolomonLevel(), PmemLevel())
 
 
 @dataclass
@@ -60,73 +51,42 @@ class Flush:
 
 
 class NodeLevels:
-    """The levels of one engine: where each rank's node directory is, what is due, and the flush in progress."""
+    """The node-local levels of one engine: L1 directories, every registered Level, the L4 flush.
 
-    def __init__(self, comm, root: str, keep: int | None, local_dir, ranks_per_node, partner_every, parity_every,
-                 parity_group, flush_every, flush_bandwidth, level_costs,
-                 local_failure_fraction: float = DEFAULT_LOCAL_FAILURE_FRACTION, rs_every=None, rs_group=(6, 2),
-                 level_method: str = "formula", level_mtbf: float = DEFAULT_LEVEL_MTBF, pmem_dir=None,
-                 pmem_every: int | None = None, pmem_block: int = DEFAULT_BLOCK):
-        self.comm, self.root, self.keep = comm, root, keep
+    Read-only attributes: ``options`` (the LevelOptions given), ``levels``
+    (the Intervals in effect), ``all_levels`` (every registered Level with
+    its options, in the order the commit runs them), ``auto_levels`` (the
+    intervals are derived), ``level_costs`` (the costs they were derived
+    from, once known), ``layout``, ``node_dir``, ``leader``.
+    """
+
+    def __init__(self, comm, root: str, keep: int | None, ranks_per_node: int | None, options: LevelOptions):
+        self.comm, self.root, self.keep, self.options = comm, root, keep, options
         self.rank = comm.Get_rank()
         # no explicit interval: derive them (partner copy every checkpoint, flush_every from Benoit et al.'s
         # multi-level optimum with the given costs, or with the costs measured on the first checkpoint)
-        self.auto_levels = partner_every is parity_every is flush_every is rs_every is None
-        if (level_costs is not None or level_method != "formula") and not self.auto_levels:
-            raise CheckpointError("level_costs and level_method derive partner_every/flush_every: give one or the "
-                                  "other")
-        self.local_failure_fraction = local_failure_fraction
-        self.level_method, self.level_mtbf = level_method, level_mtbf
+        self.auto_levels = options.derived
         self.level_costs: tuple | None = None  # (local, flush) seconds the intervals were derived from
-        if pmem_every is None:
-            pmem_every = 0 if pmem_dir is None else 1
-        elif pmem_every and pmem_dir is None:
-            raise CheckpointError("pmem_every needs pmem_dir (the persistent-memory tier's directory)")
-        self.levels = LevelOptions(os.fspath(local_dir), partner_every or 0, parity_every or 0, parity_group,
-                                   1 if flush_every is None else flush_every, rs_every or 0, rs_group, pmem_every)
-        if self.auto_levels:
-            derived_flush_every(1.0, 1.0, local_failure_fraction, level_method, level_mtbf)  # validates them
-            if level_costs is not None:
-                try:
-                    local_cost, flush_cost = (float(c) for c in level_costs)
-                except (TypeError, ValueError):
-                    raise CheckpointError(f"level_costs must be (local seconds, flush seconds), got {level_costs!r}"
-                                          ) from None
-                self._derive_intervals(local_cost, flush_cost)
-        if flush_bandwidth is not None and (isinstance(flush_bandwidth, bool) or not flush_bandwidth > 0):
-            raise CheckpointError(f"flush_bandwidth must be a positive number of bytes/s or None, got {flush_bandwidth!r}")
-        self.flush_bandwidth = flush_bandwidth
         self.flush: Flush | None = None
         self.on_root: set[str] = set()  # versions committed on the root, or being flushed there
         self._group_comms: dict = {}  # group communicators of the parity levels, by their groups
-        simulated = ranks_per_node_setting(ranks_per_node) is not None
+        self._simulated = ranks_per_node_setting(ranks_per_node) is not None
         self.layout = node_layout(comm, ranks_per_node)
-        self.node_dir = node_dir(self.levels.local_dir, self.layout, self.rank, simulated)
+        self.node_dir = self.node_directory(options.local_dir)
         self.leader = node_leader(self.layout, self.rank)
-        self.partner = partners(self.layout)
-        self.groups = parity_groups(self.layout, self.levels.parity_group)
-        if self.levels.rs_every:  # the same refusal on every rank, even if only one lacks the library
-            why = next((w for w in comm.allgather(rs_coder.missing()) if w is not None), None)
-            if why is not None:
-                raise CheckpointError(why)
-        self.rs_groups = parity_groups(self.layout, sum(self.levels.rs_group), least=sum(self.levels.rs_group))
-        if self.auto_levels and self.partner is not None:
-            self.levels = dataclasses.replace(self.levels, partner_every=1)
+        self.all_levels = options.make_levels()
+        for level in self.all_levels:
+            level.start(self)
+        unavailable = [level for level in self.all_levels if not level.available(self)]
+        self.levels = options.intervals({level.key for level in unavailable})
+        if self.auto_levels and options.level_costs is not None:
+            self._derive_intervals(*options.level_costs)
         agree(comm, f"creating {self.node_dir!r}", lambda: os.makedirs(self.node_dir, exist_ok=True))
-        #: this rank's persistent-memory image (levels/pmem.py), or None without ``pmem_dir``
-        self.pmem = None if pmem_dir is None else PmemImage(
-            image_path(node_dir(os.fspath(pmem_dir), self.layout, self.rank, simulated), self.rank), self.rank,
-            comm.Get_size(), pmem_block)
-        if self.rank == 0 and any(getattr(self.levels, f"{level.key}_every") and not level.available(self)
-                                  for level in LEVELS):
-            warnings.warn("hpcckpt: a single node: partner copies and parity protect nothing and are skipped"
-                          if self.layout.nnodes < 2 else
-                          f"hpcckpt: rs_group={self.levels.rs_group} needs {sum(self.levels.rs_group)} nodes, this run "
-                          f"has {self.layout.nnodes}: Reed-Solomon parity protects nothing and is skipped",
-                          stacklevel=4)
-        self._node_dirs = [node_dir(self.levels.local_dir, self.layout, r, simulated)
+        reasons = [level.unavailable(self) for level in unavailable if self.levels.every[level.key]]
+        if self.rank == 0 and reasons:
+            warnings.warn("hpcckpt: " + "; ".join(reasons), stacklevel=4)
+        self._node_dirs = [node_dir(options.local_dir, self.layout, r, self._simulated)
                            for r in (self.layout.ranks_on(k)[0] for k in range(self.layout.nnodes))]
-        self._simulated = simulated
         self._write_levels_file()
 
     # ------------------------------------------------------------ bookkeeping
@@ -134,15 +94,14 @@ class NodeLevels:
         """Rank 0: ``ROOT/levels.json``, where ``hpcckpt ls`` finds the node-local levels (best effort)."""
         if self.rank != 0:
             return
-        doc = {"local_dir": os.path.abspath(self.levels.local_dir), "simulated_nodes": self._simulated,
-               "node_dirs": [os.path.abspath(d) for d in self._node_dirs], "ranks": self.comm.Get_size(),
-               "partner_every": self.levels.partner_every, "parity_every": self.levels.parity_every,
-               "parity_group": self.levels.parity_group, "rs_every": self.levels.rs_every,
-               "rs_group": list(self.levels.rs_group), "flush_every": self.levels.flush_every,
-               "pmem_every": self.levels.pmem_every,
-               "derived_from_costs": list(self.level_costs) if self.level_costs else None,
-               "local_failure_fraction": self.local_failure_fraction if self.auto_levels else None,
-               "level_method": self.level_method if self.auto_levels else None}
+        doc = {"local_dir": os.path.abspath(self.options.local_dir), "simulated_nodes": self._simulated,
+               "node_dirs": [os.path.abspath(d) for d in self._node_dirs], "ranks": self.comm.Get_size()}
+        for level in self.all_levels:
+            doc.update(level.settings(self.levels.every[level.key]))
+        doc.update({"flush_every": self.levels.flush_every,
+                    "derived_from_costs": list(self.level_costs) if self.level_costs else None,
+                    "local_failure_fraction": self.options.local_failure_fraction if self.auto_levels else None,
+                    "level_method": self.options.level_method if self.auto_levels else None})
         try:
             atomic_write(os.path.join(self.root, LEVELS_FILE), json.dumps(doc, indent=1).encode(), fsync=False)
         except OSError as exc:
@@ -150,13 +109,18 @@ class NodeLevels:
 
     def _derive_intervals(self, local_cost: float, flush_cost: float) -> None:
         """Set ``flush_every`` from the two levels' costs (the same inputs, hence result, on every rank)."""
-        k = derived_flush_every(local_cost, flush_cost, self.local_failure_fraction, self.level_method, self.level_mtbf)
+        o = self.options
+        k = derived_flush_every(local_cost, flush_cost, o.local_failure_fraction, o.level_method, o.level_mtbf)
         self.level_costs = (local_cost, flush_cost)
         self.levels = dataclasses.replace(self.levels, flush_every=k)
         if self.rank == 0:
             logger.info("multi-level intervals (%s): local level %.3g s, L4 flush %.3g s, %.0f%% of failures local: "
-                        "flush every %d checkpoint(s)", self.level_method, local_cost, flush_cost,
-                        100 * self.local_failure_fraction, k)
+                        "flush every %d checkpoint(s)", o.level_method, local_cost, flush_cost,
+                        100 * o.local_failure_fraction, k)
+
+    def node_directory(self, base: str) -> str:
+        """This rank's directory under ``base`` (a node-local file system): ``base/node-<k>`` with simulated nodes."""
+        return node_dir(base, self.layout, self.rank, self._simulated)
 
     def path(self, name: str) -> str:
         """A version's directory on this rank's node."""
@@ -170,13 +134,13 @@ class NodeLevels:
 
     def reached(self, due: dict) -> tuple[str, ...]:
         """Where a version just committed is: L1 plus the levels that protected it."""
-        return ("L1",) + tuple(level.label for level in LEVELS if due.get(level.key) and level.available(self))
+        return ("L1",) + tuple(level.label for level in self.all_levels if due.get(level.key) and level.available(self))
 
     # ------------------------------------------------------------ commit destinations
     def protect(self, directory: str, sizes: list[int], due: dict, fsync: bool, what: str) -> dict:
         """Collective: every Level due and available protects the version; the description for ``extra.levels``."""
-        info = {"layout": list(self.layout.node_of), "sizes": sizes, **{level.key: None for level in LEVELS}}
-        for level in LEVELS:
+        info = {"layout": list(self.layout.node_of), "sizes": sizes, **{level.key: None for level in self.all_levels}}
+        for level in self.all_levels:
             if due.get(level.key) and level.available(self):
                 info[level.key] = level.protect(self, directory, sizes, fsync, what)
         return info
@@ -229,7 +193,7 @@ class NodeLevels:
             self.flush_marker({"version": name, "step": step, "ranks": self.comm.Get_size(),
                                "started": time.time(), "pid": os.getpid()})
         self.on_root.add(name)
-        self.flush = Flush(name, FlushThread(src, dst, fsync, self.flush_bandwidth), raw if self.rank == 0 else None,
+        self.flush = Flush(name, FlushThread(src, dst, fsync, self.options.flush_bandwidth), raw if self.rank == 0 else None,
                            frozenset(references or ()), local_cost)
 
     def flush_marker(self, doc: dict | None) -> None:

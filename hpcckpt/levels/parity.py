@@ -17,6 +17,7 @@ recoverable; two losses in one group are not (levels/rs.py's Reed-Solomon level 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -24,7 +25,8 @@ from hpcckpt.mpi.collective import agree
 from hpcckpt.errors import CheckpointError
 from hpcckpt.core.names import parity_file, rank_file
 from hpcckpt.storage.opening import create_replacing, open_regular
-from hpcckpt.levels.base import Level
+from hpcckpt.levels.base import Level, Lost, check_int
+from hpcckpt.transport.topology import NodeLayout
 
 ROUND_BYTES = 16 << 20
 
@@ -166,26 +168,122 @@ def settle_rebuilt(path: str | None, error: BaseException | None) -> None:
         raise error
 
 
+def parity_groups(layout: NodeLayout, size: int, least: int = 2) -> list[list[int]]:
+    """Groups of ``size`` ranks (a last group shorter than ``least`` joins the previous), each on distinct nodes.
+
+    Ranks with the same position on their node form the candidates, taken
+    node by node, so no group holds two ranks of one node.  Ranks in no group
+    (fewer than ``least`` candidates: a single node for XOR parity, fewer than
+    k + m nodes for Reed-Solomon) get no parity.
+    """
+    by_position: dict[int, list[int]] = {}
+    for node in range(layout.nnodes):
+        for pos, r in enumerate(layout.ranks_on(node)):
+            by_position.setdefault(pos, []).append(r)
+    groups = []
+    for _, ranks in sorted(by_position.items()):
+        chunks = [ranks[i:i + size] for i in range(0, len(ranks), size)]
+        if len(chunks) > 1 and len(chunks[-1]) < least:
+            chunks[-2].extend(chunks.pop())
+        groups.extend(c for c in chunks if len(c) >= least)
+    return groups
+
+
+def xor_plan(parity: dict, lost: Lost):
+    """(XOR rebuilds, None) or (None, why) for the ``lost`` ranks: one ``(group index, group, lost member,
+    segment size, lost file size)`` per group that lost a member."""
+    rebuild, sizes, inv = [], lost.sizes, lost.inventories
+    for gi, group in enumerate(parity["groups"]):
+        gone = [o for o in lost.ranks if o in group]
+        if not gone:
+            continue
+        if len(gone) > 1:
+            return None, (f"rank(s) {gone} of parity group {group} are lost together: XOR parity rebuilds at most "
+                          "one member per group")
+        x, seg = gone[0], int(parity["segment"][gi])
+        for j in group:
+            if j == x:
+                continue
+            has_data = int(sizes[j]) == 0 or inv[j].get(rank_file(j)) == int(sizes[j]) or any(
+                m[1] == j for m in lost.moves)
+            if not has_data or (seg and inv[j].get(parity_file(j)) != seg):
+                return None, (f"rank {x} of parity group {group} is lost and rank {j}'s "
+                              f"{'data' if not has_data else 'parity'} is missing too")
+        rebuild.append((gi, list(group), x, seg, int(sizes[x])))
+    ungrouped = [o for o in lost.ranks if not any(o in g for g in parity["groups"])]
+    if ungrouped:
+        return None, f"rank(s) {ungrouped} are lost and belong to no parity group"
+    return rebuild, None
+
+
+@dataclass(frozen=True)
+class ParityOptions:
+    """``parity_every=k`` (0: never) computes XOR parity for every k-th checkpoint in groups of
+    ``parity_group`` ranks on distinct nodes (default 8, as SCR)."""
+
+    parity_every: int | None = None
+    parity_group: int = 8
+
+    def __post_init__(self):
+        check_int("parity_every", self.parity_every, 0, optional=True)
+        check_int("parity_group", self.parity_group, 2)
+
+
 class ParityLevel(Level):
     """L3: XOR parity over groups of ranks on distinct nodes (one segment stored by each member)."""
 
     key = "parity"
     label = "L3"
+    title = "XOR parity"
     recovers = "one member per group"
+    Options = ParityOptions
+
+    def __init__(self, options=None):
+        super().__init__(options)
+        self.groups: list[list[int]] = []  # the parity groups, once started
+
+    def settings(self, every: int) -> dict:
+        return {"parity_every": every, "parity_group": self.options.parity_group}
+
+    def start(self, node) -> None:
+        self.groups = parity_groups(node.layout, self.options.parity_group)
 
     def available(self, node) -> bool:
-        return bool(node.groups)
+        return bool(self.groups)
 
     def protect(self, node, directory: str, sizes: list[int], fsync: bool, what: str):
-        gcomm, mine = node.group_comm(node.groups)
+        gcomm, mine = node.group_comm(self.groups)
         rank = node.rank
 
         def encode_mine():
             if mine is None:
                 return None
-            group = node.groups[mine]
+            group = self.groups[mine]
             return encode(gcomm, os.path.join(directory, rank_file(rank)), sizes[rank], [sizes[r] for r in group],
                           os.path.join(directory, parity_file(rank)), fsync)
 
         segs = node.comm.allgather(agree(node.comm, what + " (XOR parity)", encode_mine))
-        return {"groups": node.groups, "segment": [segs[g[0]] for g in node.groups]}
+        return {"groups": self.groups, "segment": [segs[g[0]] for g in self.groups]}
+
+    def plan_rebuild(self, description, lost: Lost):
+        return xor_plan(description, lost)
+
+    def rebuild(self, comm, description, plan, directory: str, sizes: list, what: str) -> None:
+        """Each group that lost a member XOR-reduces its segments to it, over a group communicator split here."""
+        from mpi4py import MPI
+
+        rank = comm.Get_rank()
+        mine = next((r for r in plan if rank in r[1]), None)
+        gcomm = comm.Split(MPI.UNDEFINED if mine is None else mine[0], 0 if mine is None else mine[1].index(rank))
+        try:
+            def run():
+                if mine is None:
+                    return
+                _, group, x, seg, lost_size = mine
+                rebuild(gcomm, group.index(x), os.path.join(directory, rank_file(rank)), int(sizes[rank]),
+                        os.path.join(directory, parity_file(rank)), seg, lost_size,
+                        os.path.join(directory, rank_file(x)))
+            agree(comm, what + " (XOR parity)", run)
+        finally:
+            if gcomm != MPI.COMM_NULL:
+                gcomm.Free()

@@ -10,6 +10,7 @@ into the same CheckpointError everywhere and no rank waits forever.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -18,7 +19,8 @@ from hpcckpt.errors import CheckpointError
 from hpcckpt.core.names import rank_file
 from hpcckpt.storage.opening import create_replacing, open_regular
 from hpcckpt.storage.posix import read_exact, write_all
-from hpcckpt.levels.base import Level
+from hpcckpt.levels.base import Level, check_int
+from hpcckpt.transport.topology import NodeLayout
 
 ROUND_BYTES = 32 << 20
 _TAG = 7321
@@ -114,18 +116,56 @@ def _unlink(path: str) -> None:
         pass
 
 
+def partners(layout: NodeLayout) -> list[int] | None:
+    """partner[r]: the rank with r's position on the next node (None when there is a single node)."""
+    n = layout.nnodes
+    if n < 2:
+        return None
+    out = []
+    for r, node in enumerate(layout.node_of):
+        here = layout.ranks_on(node)
+        there = layout.ranks_on((node + 1) % n)
+        out.append(there[here.index(r) % len(there)])
+    return out
+
+
+@dataclass(frozen=True)
+class PartnerOptions:
+    """``partner_every=k`` (0: never) sends every k-th checkpoint to the partner node."""
+
+    partner_every: int | None = None
+
+    def __post_init__(self):
+        check_int("partner_every", self.partner_every, 0, optional=True)
+
+
 class PartnerLevel(Level):
-    """L2: each rank's data file copied into the node directory of its partner on the next node."""
+    """L2: each rank's data file copied into the node directory of its partner on the next node.
+
+    With derived intervals every checkpoint gets a partner copy.  Its restore
+    half is the moves that every node-local restore makes: a file missing at
+    its owner is taken from whichever node holds it.
+    """
 
     key = "partner"
     label = "L2"
+    title = "partner copies"
     recovers = "any lost node"
+    Options = PartnerOptions
+    derived_every = 1
+
+    def __init__(self, options=None):
+        super().__init__(options)
+        self.partners: list[int] | None = None  # partner[r], once started on a layout of two or more nodes
+
+    def start(self, node) -> None:
+        self.partners = partners(node.layout)
 
     def available(self, node) -> bool:
-        return node.partner is not None
+        return self.partners is not None
 
     def protect(self, node, directory: str, sizes: list[int], fsync: bool, what: str):
         comm = node.comm
-        moves = [(r, node.partner[r], rank_file(r), sizes[r]) for r in range(comm.Get_size())]
+        moves = [(r, self.partners[r], rank_file(r), sizes[r]) for r in range(comm.Get_size())]
         agree(comm, what + " (partner copies)", lambda: transfer(comm, moves, directory, directory, fsync))
-        return list(node.partner)
+        return list(self.partners)

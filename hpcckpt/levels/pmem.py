@@ -24,16 +24,22 @@ import mmap
 import os
 import struct
 import zlib
+from dataclasses import dataclass
 
 import numpy as np
 
-from hpcckpt.mpi.collective import agree
-from hpcckpt.errors import CheckpointError, CorruptCheckpointError
-from hpcckpt.core.names import rank_file
+from hpcckpt.mpi.collective import agree, best_effort
+from hpcckpt.errors import CheckpointError, CorruptCheckpointError, TemplateMismatchError
+from hpcckpt.core.names import parse_version_name, rank_file
+from hpcckpt.loading.load import load_version
+from hpcckpt.storage import POSIX
 from hpcckpt.storage.base import hash_segments
+from hpcckpt.storage.commit import commit_version
+from hpcckpt.storage.metadata_file import read_metadata_bytes
 from hpcckpt.storage.opening import create_replacing, open_regular
-from hpcckpt.storage.posix import PosixStorage, fsync_path, read_exact
-from hpcckpt.levels.base import Level
+from hpcckpt.storage.posix import PosixStorage, atomic_write, fsync_path, read_exact
+from hpcckpt.levels.base import Attempt, Level, check_int
+from hpcckpt.levels.fetch import fetcher
 
 MAGIC = b"HCKPMEM1"
 PAGE = 4096
@@ -95,8 +101,7 @@ class PmemImage:
     """One rank's two-slot image file.  Not thread-safe; one writer process at a time."""
 
     def __init__(self, path: str, rank: int, nranks: int, block: int = DEFAULT_BLOCK):
-        if isinstance(block, bool) or not isinstance(block, int) or block < 1:
-            raise CheckpointError(f"pmem_block must be a positive integer, got {block!r}")
+        check_int("pmem_block", block, 1)
         self.path, self.rank, self.nranks, self.block = path, rank, nranks, block
         self.bytes_written = 0  # data bytes the last update wrote (changed blocks), header bytes excluded
 
@@ -273,15 +278,57 @@ class PmemStorage(PosixStorage):
         self.mm.close()
 
 
+@dataclass(frozen=True)
+class PmemOptions:
+    """``pmem_dir``: the tier's directory on a DAX or memory file system; ``pmem_every=k`` (0: never; default 1
+    with ``pmem_dir``) stores every k-th checkpoint there, in blocks of ``pmem_block`` bytes."""
+
+    pmem_dir: str | None = None
+    pmem_every: int | None = None
+    pmem_block: int = DEFAULT_BLOCK
+
+    def __post_init__(self):
+        check_int("pmem_every", self.pmem_every, 0, optional=True)
+        check_int("pmem_block", self.pmem_block, 1)
+        if self.pmem_dir is None and self.pmem_every:
+            raise CheckpointError("pmem_every needs pmem_dir (the persistent-memory tier's directory)")
+        if self.pmem_dir is not None:
+            object.__setattr__(self, "pmem_dir", os.fspath(self.pmem_dir))
+
+
 class PmemLevel(Level):
-    """PM: this rank's data file of the version stored in place in its persistent-memory image."""
+    """PM: this rank's data file of the version stored in place in its persistent-memory image.
+
+    Its restore half serves whole versions: when every rank's image holds
+    one, each rank's own data file is read from the map, the rest as from L1.
+    """
 
     key = "pmem"
     label = "PM"
+    title = "the persistent-memory tier"
     recovers = "a crash or restart of the processes of a node (not the node's loss)"
+    Options = PmemOptions
+    derived_every = None  # its interval is its own: every checkpoint once pmem_dir is given
+
+    def __init__(self, options=None):
+        super().__init__(options)
+        self.image: PmemImage | None = None  # this rank's image, once started with pmem_dir
+
+    def interval(self, derived: bool) -> int:
+        if self.given_every is not None:
+            return self.given_every
+        return 0 if self.options.pmem_dir is None else 1
+
+    def needs_local_dir(self) -> list[str]:
+        return [] if self.options.pmem_dir is None else ["pmem_dir"]
+
+    def start(self, node) -> None:
+        if self.options.pmem_dir is not None:
+            self.image = PmemImage(image_path(node.node_directory(self.options.pmem_dir), node.rank), node.rank,
+                                   node.comm.Get_size(), self.options.pmem_block)
 
     def available(self, node) -> bool:
-        return node.pmem is not None
+        return self.image is not None
 
     def protect(self, node, directory: str, sizes: list[int], fsync: bool, what: str):
         rank, name = node.rank, os.path.basename(os.path.normpath(directory))
@@ -295,7 +342,64 @@ class PmemLevel(Level):
                     read_exact(fd, 0, data, path)
                 finally:
                     os.close(fd)
-            return node.pmem.update(data, name, fsync)
+            return self.image.update(data, name, fsync)
 
         agree(node.comm, what + " (persistent-memory tier)", update)
-        return {"block": node.pmem.block}
+        return {"block": self.image.block}
+
+    def serves(self, attempt: Attempt) -> bool:
+        return self.image is not None and (attempt.name in attempt.local_sets[0] or attempt.name in attempt.root_names)
+
+    def load(self, attempt: Attempt):
+        """Collective.  Rank 0 reads the metadata from its node directory (else from the root, where every file
+        is).  Before the load, ranks whose node directory lost their file write it from the map (removed again
+        if the load fails), so that the files other ranks read can be fetched from their node (levels/fetch.py)."""
+        node, name = attempt.node, attempt.name
+        comm, rank = node.comm, node.rank
+        what = f"restore of {name} from the persistent-memory tier"
+        vdir = node.path(name)
+        directory = vdir if name in attempt.local_sets[0] else os.path.join(attempt.root, name)
+
+        def held():
+            try:
+                return self.image.holding(name) is not None
+            except OSError:
+                return False
+
+        missing = [r for r, h in enumerate(comm.allgather(held())) if not h]
+        if missing:
+            return None, (f"rank(s) {missing} hold no image of it (a tier gone, another rank count, or an older "
+                          "version)")
+        own = os.path.join(directory, rank_file(rank))
+        opened = self.image.open_version(name)  # None if rewritten since: this rank then reads its L1 file
+        storage = PmemStorage(own, *opened) if opened is not None else POSIX
+        refilled = os.path.join(vdir, rank_file(rank))
+
+        def refill():
+            if opened is not None and opened[1]["length"] and not os.path.isfile(refilled):
+                os.makedirs(os.path.dirname(refilled), exist_ok=True)
+                atomic_write(refilled, storage.mapped_bytes())
+                return True
+            return False
+
+        wrote = False
+        try:
+            wrote = agree(comm, what + " (node-local files from the map)", refill)
+            out = load_version(attempt.state, directory, comm, strict=attempt.strict,
+                               expect_step=parse_version_name(name)[0], storage=storage, cast=attempt.cast,
+                               before_reads=fetcher(comm, vdir, node.layout.node_of, what)
+                               if directory == vdir else None)
+            raw = comm.bcast(agree(comm, what, lambda: read_metadata_bytes(directory) if rank == 0 else None),
+                             root=0)
+            agree(comm, what, lambda: node.leader and name not in attempt.local_sets[rank] and
+                  commit_version(vdir, raw))
+        except CheckpointError as exc:
+            if wrote:  # unverified bytes: not left for the node-local levels to trust
+                best_effort(f"removing {refilled!r}", lambda: os.unlink(refilled))
+            if isinstance(exc, TemplateMismatchError):
+                raise
+            return None, str(exc)
+        finally:
+            if opened is not None:
+                storage.close()
+        return out, None

@@ -23,6 +23,7 @@ CheckpointError and none waits forever.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 import numpy as np
 import xxhash
@@ -32,8 +33,9 @@ from hpcckpt.errors import CheckpointError
 from hpcckpt.core.names import rank_file, rs_parity_file
 from hpcckpt.storage.opening import create_replacing, open_regular
 from hpcckpt.storage.posix import copy_data
-from hpcckpt.levels.base import Level
-from hpcckpt.levels.parity import read_clipped, settle_rebuilt
+from hpcckpt.levels.base import Level, Lost, check_int
+from hpcckpt.levels.fetch import inventory
+from hpcckpt.levels.parity import parity_groups, read_clipped, settle_rebuilt
 from hpcckpt.levels import rs_coder
 from hpcckpt.levels.rs_layout import data_stripe, holder, leader, parity_stripe, rebuild_plan, segment_bytes
 
@@ -168,13 +170,13 @@ def damaged_shards(member: int, k: int, m: int, seg: int, data_path: str | None,
 
 
 def rebuild(gcomm, k: int, m: int, seg: int, tasks: list, data_path: str, size: int, parity_path: str,
-            out_size: int, fsync: bool = True, round_bytes: int = ROUND_BYTES) -> None:
+            fsync: bool = True, round_bytes: int = ROUND_BYTES) -> None:
     """Collective over the group: run the ``tasks`` of :func:`rs_layout.rebuild_plan`.
 
-    A member with tasks rewrites its data file ``data_path`` (``out_size``
-    bytes): the segments it still has are kept, the others decoded.  Every
-    member sends the shards the tasks take from it (``size``: its data file's
-    size; ``parity_path``: its check blocks).
+    A member with tasks rewrites its data file ``data_path`` (``size`` bytes,
+    as recorded): the segments it still has are kept, the others decoded.
+    Every member sends the shards the tasks take from it (``parity_path``:
+    its check blocks).
     """
     g, j = gcomm.Get_size(), gcomm.Get_rank()
     mine = [t for t in tasks if t[1] == j]
@@ -188,7 +190,7 @@ def rebuild(gcomm, k: int, m: int, seg: int, tasks: list, data_path: str, size: 
         if mine:
             os.makedirs(os.path.dirname(data_path), exist_ok=True)
             out = create_replacing(data_path + ".part")
-            keep_from_damaged_copy(data_path, out, out_size)
+            keep_from_damaged_copy(data_path, out, size)
     except (OSError, CheckpointError) as exc:
         error = exc
     try:
@@ -223,7 +225,7 @@ def rebuild(gcomm, k: int, m: int, seg: int, tasks: list, data_path: str, size: 
                     used[h] += r
                 q = (j - s) % g
                 offset = q * seg + a
-                n = max(0, min(r, out_size - offset))
+                n = max(0, min(r, size - offset))
                 if n and out is not None and error is None:
                     try:
                         segment = rs_coder.decode(k, m, blocks, sources, q)
@@ -231,7 +233,7 @@ def rebuild(gcomm, k: int, m: int, seg: int, tasks: list, data_path: str, size: 
                     except Exception as exc:  # noqa: BLE001 - finish the exchanges, raise afterwards
                         error = exc
         if out is not None and error is None:
-            os.ftruncate(out, out_size)
+            os.ftruncate(out, size)
             if fsync:
                 os.fsync(out)
     finally:
@@ -241,31 +243,85 @@ def rebuild(gcomm, k: int, m: int, seg: int, tasks: list, data_path: str, size: 
     settle_rebuilt(data_path if mine else None, error)
 
 
+@dataclass(frozen=True)
+class ReedSolomonOptions:
+    """``rs_every=k`` (0: never) computes Reed-Solomon parity for every k-th checkpoint in groups of at least
+    ``k + m`` ranks on distinct nodes, ``rs_group=(k, m)`` (default (6, 2): SCR's set of 8 tolerating 2
+    failures)."""
+
+    rs_every: int | None = None
+    rs_group: tuple[int, int] = (6, 2)
+
+    def __post_init__(self):
+        check_int("rs_every", self.rs_every, 0, optional=True)
+        try:
+            k, m = self.rs_group
+            ok = all(isinstance(v, int) and not isinstance(v, bool) for v in (k, m)) and k >= 1 and m >= 1 \
+                and k + m <= 256
+        except (TypeError, ValueError):
+            ok = False
+        if not ok:
+            raise CheckpointError(f"rs_group must be (k, m): integers k >= 1 data and m >= 1 check shards with "
+                                  f"k + m <= 256, got {self.rs_group!r}")
+        object.__setattr__(self, "rs_group", (k, m))
+
+
 class ReedSolomonLevel(Level):
     """Reed-Solomon parity over groups of at least k + m ranks on distinct nodes (``rs_group=(k, m)``)."""
 
     key = "rs"
     label = "RS"
+    title = "Reed-Solomon parity"
     recovers = "m members per group"
+    Options = ReedSolomonOptions
+
+    def __init__(self, options=None):
+        super().__init__(options)
+        self.groups: list[list[int]] = []  # the Reed-Solomon groups, once started
+
+    def settings(self, every: int) -> dict:
+        return {"rs_every": every, "rs_group": list(self.options.rs_group)}
+
+    def start(self, node) -> None:
+        """Refuses on every rank, when asked for, if one rank lacks the coding library."""
+        if self.given_every:
+            why = next((w for w in node.comm.allgather(rs_coder.missing()) if w is not None), None)
+            if why is not None:
+                raise CheckpointError(why)
+        self.groups = parity_groups(node.layout, sum(self.options.rs_group), least=sum(self.options.rs_group))
 
     def available(self, node) -> bool:
-        return bool(node.rs_groups)
+        return bool(self.groups)
+
+    def unavailable(self, node) -> str:
+        return (f"rs_group={self.options.rs_group} needs {sum(self.options.rs_group)} nodes, this run has "
+                f"{node.layout.nnodes}: Reed-Solomon parity protects nothing and is skipped")
 
     def protect(self, node, directory: str, sizes: list[int], fsync: bool, what: str):
-        k, m = node.levels.rs_group
-        gcomm, mine = node.group_comm(node.rs_groups)
+        k, m = self.options.rs_group
+        gcomm, mine = node.group_comm(self.groups)
         rank = node.rank
 
         def encode_mine():
             if mine is None:
                 return None
-            group = node.rs_groups[mine]
+            group = self.groups[mine]
             return encode(gcomm, k, m, os.path.join(directory, rank_file(rank)), sizes[rank],
                           [sizes[r] for r in group], os.path.join(directory, rs_parity_file(rank)), fsync)
 
         done = node.comm.allgather(agree(node.comm, what + " (Reed-Solomon parity)", encode_mine))
-        return {"coder": rs_coder.CODER, "k": k, "m": m, "groups": node.rs_groups, "segment": [done[g[0]][0] for g in node.rs_groups],
-                "checksums": [[[done[r][1], done[r][2]] for r in g] for g in node.rs_groups]}
+        return {"coder": rs_coder.CODER, "k": k, "m": m, "groups": self.groups,
+                "segment": [done[g[0]][0] for g in self.groups],
+                "checksums": [[[done[r][1], done[r][2]] for r in g] for g in self.groups]}
+
+    def plan_rebuild(self, description, lost: Lost):
+        """The lost ranks: whether their groups can be rebuilt is known only once the survivors checked their
+        shards (:func:`restore`)."""
+        return list(lost.ranks), None
+
+    def rebuild(self, comm, description, plan, directory: str, sizes: list, what: str) -> None:
+        inv = comm.allgather(inventory(directory))  # with the copies just moved in
+        restore(comm, description, sizes, inv, plan, directory, what)
 
 
 def restore(comm, info: dict, sizes: list[int], inv: list[dict[str, int]], lost: list[int], vdir: str,
@@ -326,7 +382,7 @@ def restore(comm, info: dict, sizes: list[int], inv: list[dict[str, int]], lost:
                 return
             seg = int(info["segment"][mine])
             rebuild(gcomm, k, m, seg, plans[mine], os.path.join(vdir, rank_file(rank)), int(sizes[rank]),
-                    os.path.join(vdir, rs_parity_file(rank)), int(sizes[rank]))
+                    os.path.join(vdir, rs_parity_file(rank)))
         agree(comm, what + " (Reed-Solomon rebuild)", run)
     finally:
         if gcomm != MPI.COMM_NULL:

@@ -55,9 +55,8 @@ from hpcckpt.mpi.collective import allgather_checked, attempt, bcast_checked, be
     describe_failure
 from hpcckpt.core.devices import is_device_array
 from hpcckpt.errors import CheckpointError
-from hpcckpt.levels import DEFAULT_LEVEL_MTBF, DEFAULT_LOCAL_FAILURE_FRACTION, ENGINE_OPTIONS, LevelOptions
+from hpcckpt.levels import LevelOptions, keyword_names
 from hpcckpt.levels.node import NodeLevels
-from hpcckpt.levels.pmem import DEFAULT_BLOCK
 from hpcckpt.core.log import logger
 from hpcckpt.core.monitor import PhaseTimer
 from hpcckpt.core.names import parse_version_name, rank_file
@@ -71,15 +70,48 @@ from hpcckpt.saving.staging import DEFAULT_STAGING_BYTES, SlotQueue, StagingPool
 from hpcckpt.core.stats import phase_record, slowest
 
 
+#: The engine's own options (Checkpointer keyword arguments); the levels' come from their registry.
+ENGINE_OPTIONS = ("asynchronous", "staging_bytes", "skip_if_busy", "precopy")
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """The asynchronous / multi-level engine's options: its own, and the node-local levels' (``levels``).
+
+    ``asynchronous``: the commit waits for the next call; ``staging_bytes``:
+    the staging pool's size; ``skip_if_busy``: a save while one is in flight
+    is skipped; ``precopy``: pre-copy rounds (saving/precopy_plan.py).
+    """
+
+    asynchronous: bool = False
+    staging_bytes: int = DEFAULT_STAGING_BYTES
+    skip_if_busy: bool = False
+    precopy: PrecopyConfig | None = None
+    levels: LevelOptions = field(default_factory=LevelOptions)
+
+    @classmethod
+    def from_kwargs(cls, **keywords) -> EngineOptions:
+        """The options from Checkpointer keywords (those :func:`pop_engine_options` took); invalid: a
+        CheckpointError."""
+        own = {n: keywords.pop(n) for n in ENGINE_OPTIONS if n in keywords}
+        own["precopy"] = PrecopyConfig.from_option(own.get("precopy"))
+        return cls(levels=LevelOptions.from_kwargs(**keywords), **own)
+
+    def __post_init__(self):
+        if isinstance(self.staging_bytes, bool) or not isinstance(self.staging_bytes, int) or self.staging_bytes < 1:
+            raise CheckpointError(f"staging_bytes must be a positive integer, got {self.staging_bytes!r}")
+        object.__setattr__(self, "asynchronous", bool(self.asynchronous))
+        object.__setattr__(self, "skip_if_busy", bool(self.skip_if_busy))
+
+    @property
+    def wanted(self) -> bool:
+        """Whether these options need the engine (otherwise a Checkpointer saves blocking, without it)."""
+        return self.asynchronous or self.levels.enabled or self.precopy is not None
+
+
 def pop_engine_options(options: dict) -> dict:
     """Remove and return the engine's options from a Checkpointer's keyword arguments."""
-    return {k: options.pop(k) for k in ENGINE_OPTIONS if k in options}
-
-
-def engine_wanted(engine_options: dict) -> bool:
-    return bool(engine_options.get("asynchronous")) or any(engine_options.get(k) is not None
-                                                            for k in ("local_dir", "pmem_dir")) or \
-        engine_options.get("precopy") not in (None, False)  # the engine refuses pre-copy without asynchronous
+    return {k: options.pop(k) for k in ENGINE_OPTIONS + keyword_names() if k in options}
 
 
 @dataclass
@@ -110,35 +142,16 @@ class Engine:
     ``pending``, ``skipped``, ``restored_level``, ``last_result``.
     """
 
-    def __init__(self, ckpt, asynchronous: bool = False, staging_bytes: int = DEFAULT_STAGING_BYTES,
-                 skip_if_busy: bool = False, local_dir=None, partner_every: int | None = None,
-                 parity_every: int | None = None, parity_group: int = 8, flush_every: int | None = None,
-                 flush_bandwidth: float | None = None, level_costs=None,
-                 local_failure_fraction: float = DEFAULT_LOCAL_FAILURE_FRACTION, rs_every: int | None = None,
-                 rs_group=(6, 2), level_method: str = "formula", level_mtbf: float = DEFAULT_LEVEL_MTBF,
-                 pmem_dir=None, pmem_every: int | None = None, pmem_block: int = DEFAULT_BLOCK, precopy=None):
+    def __init__(self, ckpt, options: EngineOptions):
         self.ckpt = ckpt
         self.comm = ckpt.comm
         self.rank = self.comm.Get_rank()
-        if isinstance(staging_bytes, bool) or not isinstance(staging_bytes, int) or staging_bytes < 1:
-            raise CheckpointError(f"staging_bytes must be a positive integer, got {staging_bytes!r}")
-        self.asynchronous = bool(asynchronous)
-        self.staging_bytes = staging_bytes
-        self.skip_if_busy = bool(skip_if_busy)
+        self.asynchronous = options.asynchronous
+        self.staging_bytes = options.staging_bytes
+        self.skip_if_busy = options.skip_if_busy
         self.node: NodeLevels | None = None
-        if local_dir is None:
-            given = [name for name, used in (("level_costs", level_costs is not None),
-                                             ("level_method", level_method != "formula"),
-                                             ("pmem_dir", pmem_dir is not None)) if used]
-            if given:
-                raise CheckpointError(f"{' and '.join(given)} {'needs' if len(given) == 1 else 'need'} local_dir")
-            LevelOptions(None, partner_every or 0, parity_every or 0, parity_group, flush_every or 1, rs_every or 0,
-                         rs_group)  # validates
-        else:
-            self.node = NodeLevels(self.comm, ckpt.root, ckpt.keep, local_dir, ckpt.options.ranks_per_node,
-                                   partner_every, parity_every, parity_group, flush_every, flush_bandwidth,
-                                   level_costs, local_failure_fraction, rs_every, rs_group, level_method, level_mtbf,
-                                   pmem_dir=pmem_dir, pmem_every=pmem_every, pmem_block=pmem_block)
+        if options.levels.enabled:
+            self.node = NodeLevels(self.comm, ckpt.root, ckpt.keep, ckpt.options.ranks_per_node, options.levels)
         self.restored_level: str | None = None
         self.pool: StagingPool | None = None
         self.pending: Pending | None = None
@@ -149,11 +162,10 @@ class Engine:
         self._names: set[str] = set()  # every version name that may exist (agreed on every rank)
         self._retirement = Retirement()  # rank 0: retention's deletions, off the commit's critical path
         self.precopy: PreCopy | None = None
-        config = PrecopyConfig.from_option(precopy)
-        if config is not None:
-            if not self.asynchronous or not is_incremental(ckpt.options) or local_dir is not None:
+        if options.precopy is not None:
+            if not self.asynchronous or not is_incremental(ckpt.options) or self.node is not None:
                 raise CheckpointError("precopy needs asynchronous=True and incremental=True, without local_dir")
-            self.precopy = PreCopy(self, config)
+            self.precopy = PreCopy(self, options.precopy)
 
     # ------------------------------------------------------------------ save
     def save(self, state, step: int, **options) -> SaveResult | None:
@@ -531,4 +543,4 @@ def _entry(name: str, committed: bool = True, path: str = "") -> VersionEntry:
     return VersionEntry(name, path, parsed.step, parsed.revision, committed)
 
 
-__all__ = ["Engine", "pop_engine_options", "engine_wanted"]
+__all__ = ["Engine", "EngineOptions", "ENGINE_OPTIONS", "pop_engine_options"]
