@@ -64,7 +64,7 @@ from hpcckpt.core.names import parse_version_name, rank_file
 from hpcckpt.options import SaveOptions, SaveResult
 from hpcckpt.saving.precopy import PreCopy
 from hpcckpt.saving.precopy_plan import PrecopyConfig
-from hpcckpt.saving.messages import VersionToCommit, WrittenPart
+from hpcckpt.saving.messages import OwnPlan, VersionToCommit, WrittenPart
 from hpcckpt.saving.pipeline import commit_on_root, describe, is_incremental, save_result, select
 from hpcckpt.saving.plan import PlanCache, agree_plan, plan_locally, settle
 from hpcckpt.saving.selection import Selection
@@ -96,7 +96,7 @@ class Pending:
     options: SaveOptions
     selection: Selection  # what was selected (its items dropped: the writer holds the staged copies)
     key: str | None  # this rank's layout key, adopted with a reconciled plan
-    own: tuple | None = None  # (summaries, box starts, codecs) this rank used when its layout changed
+    own: OwnPlan | None = None  # the plan this rank made alone when its layout changed
     details: dict | None = None  # what the ranks must agree on (mpi/agreement.py), when not agreed in the plan stage
     per_rank: dict | None = None  # this rank's PerRank values (JSON form), collected by the commit
     started: float = field(default_factory=time.perf_counter)
@@ -203,7 +203,7 @@ class Engine:
                 precopied=precopied, probed=probed)
         if precopied:
             self.precopy.drop_unused(directory, selection.refs)
-        codecs = self.plan_cache.codecs if own is None else own[2]
+        codecs = self.plan_cache.codecs if own is None else own.codecs
         writer = self._writer(directory, selection, codecs, local, opts)
         self._stage(selection, writer, opts, timer, error)
         due = self.node.levels.due(self.count) if self.node is not None else {}

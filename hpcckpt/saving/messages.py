@@ -5,6 +5,7 @@ name and every kind of save (blocking or asynchronous, full or incremental,
 on the root or the levels) sends the same message at the same step::
 
     describe  -> Described         this rank's state, read now (stages.describe_state)
+    plan      -> OwnPlan           this rank's own plan, when its layout left the cached one (plan.plan_locally)
     write     -> WrittenPart       this rank's part of the commit, gathered to rank 0
     commit    <- VersionToCommit   where and what rank 0 commits (pipeline.commit_on_root)
               -> CommitReport      what every rank learns of the commit (broadcast from rank 0)
@@ -46,6 +47,17 @@ class Described:
 
 
 @dataclass(frozen=True)
+class OwnPlan:
+    """The plan a rank made alone because its layout changed since the cached plan (plan.plan_locally), for
+    rank 0 to reconcile at the commit: its codec-measured ``summaries``, the box ``starts`` it wrote at and
+    the ``codecs`` it encoded with, by variable."""
+
+    summaries: dict
+    starts: dict
+    codecs: dict
+
+
+@dataclass(frozen=True)
 class WrittenPart:
     """What one rank wrote for a version: its part of the commit, gathered to rank 0.
 
@@ -56,8 +68,8 @@ class WrittenPart:
     ``files``: its records of the tracked output files (hpcckpt.root.files), None when none are tracked.
 
     A save whose plan is checked at the commit (saving/plan.py) adds what the plan stage would have agreed:
-    ``version``, the version name it wrote; ``own``, the plan it made itself when its layout changed
-    (``(summaries, starts, codecs)``, else None); ``details``, its agreement entries (None when the plan was
+    ``version``, the version name it wrote; ``own``, the plan it made itself when its layout changed (else
+    None); ``details``, its agreement entries (None when the plan was
     agreed); ``other_options``: it asked for other options than the plan was agreed for and wrote nothing.
     ``file_bytes``: the size of its file of the version (an asynchronous save: what the levels protect).
     """
@@ -68,7 +80,7 @@ class WrittenPart:
     replicas: dict
     files: list | None = None
     version: str | None = None
-    own: tuple | None = None
+    own: OwnPlan | None = None
     details: dict | None = None
     other_options: bool = False
     file_bytes: int = 0

@@ -230,7 +230,7 @@ def _save_checked_at_commit(comm, local: Described | None, failure, options: Sav
     if failure is None and not other:
         ctx = TransportContext(comm=comm, directory=path, layout=None, max_writers=options.max_writers,
                                fsync=options.fsync)
-        codecs = cache.codecs if own is None else own[2]
+        codecs = cache.codecs if own is None else own.codecs
         written, records, failure, stats = _write(ctx, TRANSPORTS["file-per-rank"], codecs, local, selection,
                                                   options, timer, None)
     what = f"save of {path!r}" if path else "save of a new version"

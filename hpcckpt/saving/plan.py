@@ -38,7 +38,7 @@ from hpcckpt.core.encoding import dtype_from_json
 from hpcckpt.errors import CheckpointError, TemplateMismatchError
 from hpcckpt.options import SaveOptions
 from hpcckpt.core.planning import plan_save
-from hpcckpt.saving.messages import Described, WrittenPart
+from hpcckpt.saving.messages import Described, OwnPlan, WrittenPart
 from hpcckpt.saving.stages import measure_codecs, plan_variables
 
 
@@ -247,7 +247,7 @@ def plan_at_once(comm, what, local: Described | None, failure, options: SaveOpti
     return root, functools.reduce(lambda a, b: merge_reports(a, b, combine), [p[1] for p in payloads]), False
 
 
-def plan_locally(local: Described, cache: PlanCache, options: SaveOptions) -> tuple[dict, dict, tuple | None]:
+def plan_locally(local: Described, cache: PlanCache, options: SaveOptions) -> tuple[dict, dict, OwnPlan | None]:
     """No MPI: ``(box starts, codecs, own)`` of an asynchronous save planned against the cached plan.
 
     With this rank's layout unchanged the cached plan stands (``own`` is None).
@@ -255,7 +255,7 @@ def plan_locally(local: Described, cache: PlanCache, options: SaveOptions) -> tu
     a Ragged keeps its cached row offset (the commit shifts it, see
     :func:`reconcile`), and each variable's codec is decided by this rank
     alone (codecs.pipeline.decide_alone: an automatic choice keeps the agreed one); ``own`` is
-    ``(summaries, starts, codecs)`` for the commit to check.
+    that plan, for the commit to check.
     """
     if local.key == cache.key:
         return {n: b[0] for n, b in cache.boxes.items()}, cache.codecs, None
@@ -271,7 +271,7 @@ def plan_locally(local: Described, cache: PlanCache, options: SaveOptions) -> tu
             continue
         codecs[name] = decide_alone(name, dtype_from_json(s["dtype"]), s["codec"],
                                     options.codec_threads or default_threads(), cache.codecs.get(name))
-    return starts, codecs, (summaries, starts, codecs)
+    return starts, codecs, OwnPlan(summaries, starts, codecs)
 
 
 @dataclass
@@ -296,7 +296,7 @@ class Reconciled:
 
 
 def reconcile(cache: PlanCache, tables: list, owns: list) -> Reconciled:
-    """Rank 0, pure: the plan the version commits with, given each rank's rows and ``own`` plan (or None).
+    """Rank 0, pure: the plan the version commits with, given each rank's rows and OwnPlan (or None).
 
     When every rank used the cached plan it stands.  Otherwise the plan is
     redone from every rank's current summary: it must be valid (names, dtypes,
@@ -306,10 +306,10 @@ def reconcile(cache: PlanCache, tables: list, owns: list) -> Reconciled:
     """
     if all(o is None for o in owns):
         return Reconciled(tables, cache.variables, cache.codecs)
-    summaries = [cache.summaries[r] if o is None else o[0] for r, o in enumerate(owns)]
-    used_starts = [{n: b[0] for n, b in cache.all_boxes[r].items()} if o is None else o[1]
+    summaries = [cache.summaries[r] if o is None else o.summaries for r, o in enumerate(owns)]
+    used_starts = [{n: b[0] for n, b in cache.all_boxes[r].items()} if o is None else o.starts
                    for r, o in enumerate(owns)]
-    used_codecs = [cache.codecs if o is None else o[2] for o in owns]
+    used_codecs = [cache.codecs if o is None else o.codecs for o in owns]
     variables, boxes, replicas = plan_save(summaries)
     for mine in replicas:  # without shared regions no two ranks' blocks overlap: each rank wrote its own
         for name, (_, shared) in mine.items():
