@@ -2,7 +2,7 @@
 
 ::
 
-    describe   save_stages.describe_state      this rank's summaries, arrays, values (no MPI)
+    describe   save_stages.describe_state      -> messages.Described: summaries, arrays, values (no MPI)
     plan       save_plan                        agreed before writing (one allreduce on a cache hit),
                                                 or checked at the commit (no MPI: asynchronous full saves,
                                                 repeated blocking full file-per-rank saves)
@@ -14,8 +14,10 @@
     stage      zero-copy (blocking) | staging.stage into the pool (asynchronous; device -> host for CuPy)
     transform  transform                        cut into chunks -> codec -> checksum
     transport  transport.TRANSPORTS (blocking) | background.BackgroundWrite (asynchronous, file-per-rank)
-    commit     commit_on_root + commit.commit_version   (every rank's rows gathered to rank 0; a repeated
-                                                blocking file-per-rank save: 2 collectives in all)
+    commit     commit_on_root + commit.commit_version   (every rank's messages.WrittenPart gathered to
+                                                rank 0, its messages.CommitReport broadcast, and
+                                                :func:`save_result` made from it; a repeated blocking
+                                                file-per-rank save: 2 collectives in all)
 
 :func:`save_version` is the blocking save (``hpcckpt.save`` and a
 Checkpointer without engine); the asynchronous / multi-level engine
