@@ -78,7 +78,7 @@ from hpcckpt.loading.directory import (HOLDS, NEEDS, WHOLE, centre, chunk_roles,
 from hpcckpt.loading.read_plan import encode_requests, rank_reads, target_boxes  # noqa: E402
 from hpcckpt.core.regions import tiling_problem  # noqa: E402
 from hpcckpt.saving.plan import Ballot  # noqa: E402
-from hpcckpt.saving.stages import describe_state, plan_variables  # noqa: E402
+from hpcckpt.saving.stages import describe_state, measure_codecs, plan_variables  # noqa: E402
 from hpcckpt.state import Block  # noqa: E402
 
 EDGE = 4  # elements per rank and axis on the save
@@ -161,22 +161,23 @@ def save_case(p: int, nvars: int, sample: list[int]) -> tuple[dict, object, list
     def state(r):
         return {n: Block(local, offset=tuple(starts[r].tolist()), global_shape=shape) for n in names(nvars)}
 
-    describe = [timed(lambda: describe_state(state(r), r, p, options, measure=True, step=1))[0] for r in sample]
-    one = describe_state(state(0), 0, p, options, measure=True, step=1)
-    template = one["summaries"]
+    describe = [timed(lambda: measure_codecs(describe_state(state(r), r, p, options, step=1), options))[0]
+                for r in sample]
+    one = describe_state(state(0), 0, p, options, step=1)
+    template = measure_codecs(one, options)
     summaries = []
     for r in range(p):
         s0, s1 = starts[r].tolist(), stops[r].tolist()
         summaries.append({n: {**v, "start": s0, "stop": s1} for n, v in template.items()})
     t_plan, (variables, boxes, codecs, _replicas) = timed(lambda: plan_variables(summaries, options))
     m_plan = traced(lambda: plan_variables(summaries, options))
-    payload = (True, None, one["digest"])
+    payload = (True, None, one.digest)
     gather_bytes = p * psize((None, summaries[-1], payload))  # what rank 0 receives
-    payloads = [(True, None, "".join(list(one["digest"]))) for _ in range(p)]  # distinct objects, as received
+    payloads = [(True, None, "".join(list(one.digest))) for _ in range(p)]  # distinct objects, as received
     bcast_bytes = psize((None, None, payloads, variables, codecs, 0)) + psize(boxes[-1])
-    hit_bytes = p * psize((None, True, None, None, one["digest"]))  # the old cache-hit allgather, every rank
+    hit_bytes = p * psize((None, True, None, None, one.digest))  # the old cache-hit allgather, every rank
     root_part = (f"/scratch/run/step-{1:012d}", "file-per-rank", None, None)  # what rank 0 hands out on a hit
-    ballot = Ballot(False, True, one["digest"], one["digest"], root_part, None)
+    ballot = Ballot(False, True, one.digest, one.digest, root_part, None)
     hit_reduce_bytes = max(1, (p - 1).bit_length()) * psize(ballot)  # rank 0: one ballot per level of the tree
     rows = chunk_rows(p, nvars, starts, stops)
     t_build, (meta, _, nchunks) = timed(lambda: metadata_from_rows(variables, rows, codecs, {}, p, 1, {}))

@@ -17,7 +17,7 @@ from hpcckpt.root.files import FileTracker, rollback
 from hpcckpt.loading.load import load_version, version_metadata
 from hpcckpt.root.pacing import Pacer
 from hpcckpt.options import SaveOptions, SaveResult
-from hpcckpt.saving.pipeline import save_version
+from hpcckpt.saving.pipeline import Series, save_version
 from hpcckpt.saving.plan import PlanCache
 from hpcckpt.transport import io_history
 
@@ -298,8 +298,8 @@ class Checkpointer:
         t0 = time.perf_counter()
         # rank 0 clears leftovers and names the version inside the save's first collective
         result = save_version(state, lambda: os.path.join(self.root, self._prepare(check_step(step))), self.comm,
-                              opts, step=step, io_root=self.root, cache=self._plan_cache, chain_base=self.chain_base,
-                              files=self._capture(opts) if self.files.patterns else None, names=self._names)
+                              opts, step=step, files=self._capture(opts) if self.files.patterns else None,
+                              series=Series(self.root, self._plan_cache, self._names, self.chain_base))
         self.chain_base = result.path
         self.files.committed(os.path.basename(result.path))
         self._last_result = result

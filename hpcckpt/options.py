@@ -1,7 +1,8 @@
 """The options of a save and what a save reports: SaveOptions (all validation in one place) and SaveResult.
 
 Pure: no MPI, no I/O.  Every kind of save (blocking, incremental,
-asynchronous, multi-level) takes the same SaveOptions and returns a SaveResult.
+asynchronous, multi-level) takes the same SaveOptions and returns a SaveResult,
+made in one place from what the commit reported (saving/pipeline.save_result).
 """
 
 from __future__ import annotations

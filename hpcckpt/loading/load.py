@@ -41,9 +41,9 @@ from hpcckpt.stateful import deliver, flatten, materialize, unflatten
 from hpcckpt.storage import POSIX, Storage
 
 
-def load_version(state, directory: str, comm, strict: bool = True, timer: PhaseTimer | None = None,
-                 expect_step: int | None = None, storage: Storage = POSIX, cast: bool = False,
-                 metadata: tuple | None = None, shared_directory: bool = False, before_reads=None) -> dict:
+def load_version(state, directory: str, comm, strict: bool = True, expect_step: int | None = None,
+                 storage: Storage = POSIX, cast: bool = False, metadata: tuple | None = None,
+                 shared_directory: bool = False, before_reads=None) -> dict:
     """Fill the Blocks of ``state`` in place from ``directory``; return the restored state dict.
 
     ``state``: a dict, a Stateful object or a callable (hpcckpt.stateful),
@@ -75,7 +75,7 @@ def load_version(state, directory: str, comm, strict: bool = True, timer: PhaseT
     same CheckpointError on every rank (a node-local restore brings the files
     the reads need onto each node: hpcckpt.levels.fetch).
     """
-    timer = timer or PhaseTimer()
+    timer = PhaseTimer()
     what = f"load of {directory!r}"
     own = metadata is None and shared_directory and storage.shared_files and reads_metadata_itself(comm.Get_size())
     with timer.phase("metadata"):

@@ -63,11 +63,11 @@ from hpcckpt.core.names import parse_version_name, rank_file
 from hpcckpt.options import SaveOptions, SaveResult
 from hpcckpt.saving.precopy import PreCopy
 from hpcckpt.saving.precopy_plan import PrecopyConfig
-from hpcckpt.saving.pipeline import commit_on_root, describe, is_incremental, select, with_per_rank
+from hpcckpt.saving.messages import OwnPlan, VersionToCommit, WrittenPart
+from hpcckpt.saving.pipeline import commit_on_root, describe, is_incremental, save_result, select
 from hpcckpt.saving.plan import PlanCache, agree_plan, plan_locally, settle
 from hpcckpt.saving.selection import Selection
 from hpcckpt.saving.staging import DEFAULT_STAGING_BYTES, SlotQueue, StagingPool, stage, staged_bytes
-from hpcckpt.core.stats import phase_record, slowest
 
 
 #: The engine's own options (Checkpointer keyword arguments); the levels' come from their registry.
@@ -128,7 +128,7 @@ class Pending:
     options: SaveOptions
     selection: Selection  # what was selected (its items dropped: the writer holds the staged copies)
     key: str | None  # this rank's layout key, adopted with a reconciled plan
-    own: tuple | None = None  # (summaries, box starts, codecs) this rank used when its layout changed
+    own: OwnPlan | None = None  # the plan this rank made alone when its layout changed
     details: dict | None = None  # what the ranks must agree on (mpi/agreement.py), when not agreed in the plan stage
     per_rank: dict | None = None  # this rank's PerRank values (JSON form), collected by the commit
     started: float = field(default_factory=time.perf_counter)
@@ -215,20 +215,19 @@ class Engine:
                 precopied=precopied, probed=probed)
         if precopied:
             self.precopy.drop_unused(directory, selection.refs)
-        codecs = self.plan_cache.codecs if own is None else own[2]
+        codecs = self.plan_cache.codecs if own is None else own.codecs
         writer = self._writer(directory, selection, codecs, local, opts)
         self._stage(selection, writer, opts, timer, error)
         due = self.node.levels.due(self.count) if self.node is not None else {}
-        self.pending = Pending(step, name, directory, local["values"] if local else None, writer, due,
+        self.pending = Pending(step, name, directory, local.values if local else None, writer, due,
                                timer.seconds.get("stage", 0.0), opts, selection.with_items([]),
-                               local["key"] if local else None, own,
-                               None if agreed or local is None else local["details"],
-                               local["per_rank"] if local else None)
+                               local.key if local else None, own,
+                               None if agreed or local is None else local.details,
+                               local.per_rank if local else None)
         if not self.asynchronous:
             result = self.complete()
         else:
-            result = SaveResult(path=self._path(name), step=step, timings=dict(timer.seconds), pending=True,
-                                levels=(), kind=selection.kind)
+            result = save_result(self._path(name), step, selection, timer.seconds)
         self.ckpt.pacer.record_save(step, time.perf_counter() - t0)
         return result
 
@@ -304,7 +303,7 @@ class Engine:
         if self.pool is None:  # page-locked when the state holds GPU arrays (fast device-to-host copies)
             self.pool = StagingPool(self.staging_bytes, pinned=any(is_device_array(i[2]) for i in selection.items))
         return BackgroundWrite(directory, rank_file(self.rank), self.pool, SlotQueue(),
-                               EncodedPieces.for_save(codecs or {}, local["summaries"] if local else {},
+                               EncodedPieces.for_save(codecs or {}, local.summaries if local else {},
                                                       opts.codec_threads),
                                opts.fsync, max(64, opts.chunk_bytes), selection.digests)
 
@@ -363,14 +362,15 @@ class Engine:
         failure = None if w.error is None else describe_failure(w.error)
         stats = {"seconds": {**timer.seconds, "stage": p.stage_seconds}, "timeline": timer.timeline,
                  "bytes": w.written.nbytes}
-        msgs = comm.gather((failure, w.file_bytes, p.selection.commit_part(w.written.rows), stats, p.name, p.own,
-                            p.details, p.per_rank, p.selection.replicas), root=0)
+        mine = WrittenPart(stats, p.selection.commit_part(w.written.rows), p.per_rank, p.selection.replicas,
+                           version=p.name, own=p.own, details=p.details, file_bytes=w.file_bytes)
+        msgs = comm.gather((failure, mine), root=0)
         committed = None
         try:
             settled = self._settle(msgs) if self.rank == 0 else None
             levels = sizes = None
             if self.node is not None:
-                verdict = comm.bcast(settled if isinstance(settled, dict) else [m[1] for m in msgs]
+                verdict = comm.bcast(settled if isinstance(settled, dict) else [part.file_bytes for _, part in msgs]
                                      if self.rank == 0 else None, root=0)
                 if isinstance(verdict, dict):
                     raise collective_error(what, verdict, comm.Get_size())
@@ -380,70 +380,60 @@ class Engine:
             out = settled
             if self.rank == 0 and not isinstance(out, dict):
                 try:
-                    committed = self._commit_root(p, settled, levels, [m[3] for m in msgs],
-                                                  with_per_rank(p.values, [m[7] for m in msgs]))
-                    out = (committed.small(), slowest(phase_record([m[3] for m in msgs])),
-                           committed.raw if self.node is not None else None,
-                           (settled.variables, settled.all_boxes, settled.codecs) if settled.changed else None)
+                    committed = self._commit_root(p, settled, levels, [part for _, part in msgs])
+                    out = committed.report(settled.replanned, with_metadata=self.node is not None)
                 except Exception as exc:  # noqa: BLE001 - reaches every rank in the broadcast
                     out = {0: describe_failure(exc)}
-            out = comm.bcast(out, root=0)
-            if isinstance(out, dict):
-                raise collective_error(what, out, comm.Get_size())
-            (nbytes, nchunks, summary, chain), phases, raw, replanned = out
+            report = comm.bcast(out, root=0)
+            if isinstance(report, dict):
+                raise collective_error(what, report, comm.Get_size())
             if self.node is not None:
-                self.node.commit_nodes(p.directory, raw, p.options.fsync, what)
+                self.node.commit_nodes(p.directory, report.metadata, p.options.fsync, what)
         except CheckpointError:
             self.plan_cache.invalidate()  # the next save plans collectively again (and clears the leftovers)
             self._discard(p.name)
             raise
-        if replanned is not None:  # some rank's layout changed: everyone adopts the reconciled plan
-            self.plan_cache.adopt(p.key, replanned, self.rank, settled if self.rank == 0 else None)
-        if chain is not None:
-            chain_cache.remember(*chain)
+        if report.replanned is not None:  # some rank's layout changed: everyone adopts the reconciled plan
+            self.plan_cache.adopt(p.key, report.replanned, self.rank, settled if self.rank == 0 else None)
+        if report.chain is not None:
+            chain_cache.remember(*report.chain)
         if self.precopy is not None:
             self.precopy.committed(p.selection.info, p.options)
         self.ckpt.chain_base = p.directory
         self._names.add(p.name)
-        info = p.selection.info
-        result = SaveResult(path=self._path(p.name), step=p.step, bytes_written=nbytes, nchunks=nchunks,
-                            timings={**phases, **({"levels": timer.seconds["levels"]} if "levels" in timer.seconds
-                                                  else {}), "commit": time.perf_counter() - t0},
-                            kind=p.selection.kind,
-                            levels=self.node.reached(p.due) if self.node is not None else ("root",),
-                            incremental=None if info is None else {**info, **summary},
-                            this_rank={"bytes": w.written.nbytes, "timings": {**timer.seconds, "stage": p.stage_seconds}})
+        result = save_result(self._path(p.name), p.step, p.selection, {**timer.seconds, "stage": p.stage_seconds},
+                             report, mine, time.perf_counter() - t0,
+                             levels=self.node.reached(p.due) if self.node is not None else ("root",))
         self.last_result = result
         self.count += 1
         if self.rank == 0:
             logger.info("committed %s (%s, %s): %d bytes in %d chunks", p.name, result.kind,
-                        ",".join(result.levels), nbytes, nchunks)
+                        ",".join(result.levels), report.nbytes, report.nchunks)
         if self.node is not None:
             self.node.retain()
             if p.due.get("flush"):
                 local_cost = p.stage_seconds + timer.seconds.get("write", 0.0) + timer.seconds.get("levels", 0.0)
-                self.node.start_flush(p.name, p.step, raw, committed.references if committed else (), sizes,
+                self.node.start_flush(p.name, p.step, report.metadata, committed.references if committed else (),
+                                      sizes,
                                       p.options.fsync, local_cost)
             else:
                 self.node.poll_flush(block=False)
         return result
 
     def _settle(self, msgs):
-        """Rank 0: the failures (a dict by rank), or the plan the commit writes (save_plan.Reconciled)."""
-        bad = {r: m[0] for r, m in enumerate(msgs) if m[0] is not None}
+        """Rank 0: the failures (a dict by rank), or the plan the commit writes (save_plan.Reconciled);
+        ``msgs``: every rank's ``(failure, WrittenPart)``."""
+        bad = {r: failure for r, (failure, _) in enumerate(msgs) if failure is not None}
         if bad:
             return bad
-        settled, failure = attempt(lambda: settle(self.plan_cache, [m[2] for m in msgs], [m[5] for m in msgs],
-                                                  [m[6] for m in msgs], [m[4] for m in msgs], [m[8] for m in msgs]))
+        settled, failure = attempt(lambda: settle(self.plan_cache, [part for _, part in msgs]))
         return {0: failure} if failure is not None else settled
 
-    def _commit_root(self, p: Pending, settled, levels, stats: list, values: dict):
+    def _commit_root(self, p: Pending, settled, levels, parts: list):
         """Rank 0: write the metadata (root version, or rank 0's node-local version) and apply root retention."""
-        extra = {"strategy": "file-per-rank", "asynchronous": self.asynchronous, "stats": phase_record(stats)}
-        if levels is not None:
-            extra["levels"] = levels
-        committed = commit_on_root(p.directory, settled.variables, settled.codecs, settled.tables, values,
-                                   self.comm.Get_size(), p.step, extra, p.options.fsync, p.selection.info)
+        version = VersionToCommit(p.directory, p.step, {"strategy": "file-per-rank", "asynchronous": self.asynchronous},
+                                  p.selection.info, p.options.fsync, levels=levels)
+        committed = commit_on_root(version, settled, p.values, parts)
         flushing = self.node.flushing if self.node is not None else None  # never a version being flushed
         best_effort(f"retention under {self.ckpt.root!r}", lambda: self._retirement.retire(
             [e for e in removable(list_versions(self.ckpt.root), self.ckpt.keep) if e.name != flushing]))

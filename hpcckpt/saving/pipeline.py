@@ -2,7 +2,7 @@
 
 ::
 
-    describe   save_stages.describe_state      this rank's summaries, arrays, values (no MPI)
+    describe   save_stages.describe_state      -> messages.Described: summaries, arrays, values (no MPI)
     plan       save_plan                        agreed before writing (one allreduce on a cache hit),
                                                 or checked at the commit (no MPI: asynchronous full saves,
                                                 repeated blocking full file-per-rank saves)
@@ -14,8 +14,10 @@
     stage      zero-copy (blocking) | staging.stage into the pool (asynchronous; device -> host for CuPy)
     transform  transform                        cut into chunks -> codec -> checksum
     transport  transport.TRANSPORTS (blocking) | background.BackgroundWrite (asynchronous, file-per-rank)
-    commit     commit_on_root + commit.commit_version   (every rank's rows gathered to rank 0; a repeated
-                                                blocking file-per-rank save: 2 collectives in all)
+    commit     commit_on_root + commit.commit_version   (every rank's messages.WrittenPart gathered to
+                                                rank 0, its messages.CommitReport broadcast, and
+                                                :func:`save_result` made from it; a repeated blocking
+                                                file-per-rank save: 2 collectives in all)
 
 :func:`save_version` is the blocking save (``hpcckpt.save`` and a
 Checkpointer without engine); the asynchronous / multi-level engine
@@ -29,7 +31,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from hpcckpt.incremental import chain_cache
 from hpcckpt.root.catalog import KnownNames, check_step
@@ -45,7 +47,8 @@ from hpcckpt.core.log import logger
 from hpcckpt.core.monitor import PhaseTimer
 from hpcckpt.core.names import DATA_DIR, METADATA_FILE, rank_file
 from hpcckpt.options import SaveOptions, SaveResult
-from hpcckpt.saving.plan import PlanCache, agree_plan, check_at_commit, plan_locally, reconcile
+from hpcckpt.saving.messages import CommitReport, Described, VersionToCommit, WrittenPart
+from hpcckpt.saving.plan import PlanCache, Reconciled, agree_plan, check_at_commit, plan_locally, reconcile
 from hpcckpt.saving.stages import create_version_directory, describe_state
 from hpcckpt.saving.selection import Selection, select_changed, select_full
 from hpcckpt.stateful import resolve as resolve_state
@@ -57,7 +60,7 @@ from hpcckpt.transport.auto import choose_strategy
 from hpcckpt.transport.topology import node_layout, ranks_per_node_setting
 
 
-def describe(state, comm, options: SaveOptions, step=None) -> dict:
+def describe(state, comm, options: SaveOptions, step=None) -> Described:
     """The describe stage on this rank (no MPI); a bad HPCCKPT_RANKS_PER_NODE fails here, on every rank alike.
 
     The state is resolved here, once per save, for every kind of save
@@ -72,55 +75,66 @@ def is_incremental(options: SaveOptions) -> bool:
     return options.incremental or options.base is not None
 
 
-def select(comm, what: str, local: dict, cache: PlanCache, options: SaveOptions, index, starts=None,
+def select(comm, what: str, local: Described, cache: PlanCache, options: SaveOptions, index, starts=None,
            per_rank_files: bool = False, precopied: dict | None = None, probed: frozenset | None = None) -> Selection:
     """The select stage: every array (full saves; ``starts`` default to the cached boxes) or the changed blocks
     (``precopied``: blocks already written into this version by pre-copy, ``probed``: keys its probes saw,
     selection.select_changed)."""
     if is_incremental(options):
-        return select_changed(comm, what, local["arrays"], cache.boxes, cache.variables, cache.codecs, options,
-                              index, per_rank_files, cache.replicas, precopied, probed)
+        return select_changed(comm, what, local.arrays, cache, options, index, per_rank_files, precopied, probed)
     if starts is not None:  # a plan made locally (asynchronous saves): never one with replicated Blocks
-        return select_full(local["arrays"], starts)
-    return select_full(local["arrays"], {n: b[0] for n, b in cache.boxes.items()}, cache.replicas)
+        return select_full(local.arrays, starts)
+    return select_full(local.arrays, {n: b[0] for n, b in cache.boxes.items()}, cache.replicas)
 
 
-def save_version(state, directory, comm, options: SaveOptions | dict, step: int | None = None, extra: dict | None = None,
-                 io_root: str | None = None, cache: PlanCache | None = None, chain_base: str | None = None,
-                 storage: Storage = POSIX, files=None, names: KnownNames | None = None) -> SaveResult:
+@dataclass(frozen=True)
+class Series:
+    """The saves a Checkpointer makes one after another under its root: what a blocking save reuses and updates.
+
+    ``root``: where bandwidth measurements for ``strategy="auto"`` are kept
+    and, for an incremental save, where the newest version is looked up as
+    its base; ``cache``: the PlanCache kept across the saves; ``names``: the
+    catalog.KnownNames (rank 0 fills them when it names a version; every rank
+    receives them with the plan); ``chain_base``: the version an incremental
+    save builds on when it still exists (the last saved or restored one).
+    """
+
+    root: str | None = None
+    cache: PlanCache = field(default_factory=PlanCache)
+    names: KnownNames | None = None
+    chain_base: str | None = None
+
+
+def save_version(state, directory, comm, options: SaveOptions | dict, step: int | None = None,
+                 storage: Storage = POSIX, files=None, series: Series | None = None) -> SaveResult:
     """Collectively write ``state`` into a new version directory and commit it (a blocking save).
 
     ``directory``: the path, or a callable that rank 0 runs to choose it (a
     Checkpointer clears leftovers and names the version there, inside the
-    plan stage's allreduce).  ``io_root``: where bandwidth measurements for
-    ``strategy="auto"`` are kept and, for an incremental save, where the
-    newest version is looked up as its base (a Checkpointer's root).
-    ``cache``: a PlanCache kept across saves.  ``names``: a Checkpointer's
-    catalog.KnownNames (rank 0 fills them when it names a version; every rank
-    receives them with the plan).  With both, a repeated full save of the same
-    options with ``strategy="file-per-rank"`` (no tracked files, no replicated
-    Blocks) plans locally and is checked at its commit: two collectives, the
-    commit's gather and broadcast (:func:`_save_checked_at_commit`).
-    Otherwise the plan is agreed before the data moves: on a cache hit one
-    allreduce, then the commit's gather + broadcast (an incremental save adds
-    its select stage's allgather, or its two alltoalls from
-    dedup_owners.OWNERS_FROM_RANKS ranks on).
-    ``chain_base``: the version an incremental save builds on when it still
-    exists (a Checkpointer's last saved or restored one).  ``storage``: where
-    the version is written (hpcckpt.storage); one without ``shared_files``
-    takes the file-per-rank transport only.  ``options``: SaveOptions, or the
-    keyword arguments to make them from, validated inside the plan stage (an
-    invalid option on one rank is the same CheckpointError on every rank).
-    Every rank must pass the same step, options, names, kinds and replicated
-    values (mpi/agreement.py; checked in the plan stage's allreduce, or at the
-    commit).
+    plan stage's allreduce).  ``series``: a Checkpointer's :class:`Series`
+    (None: a save on its own, with a plan cache of its own).  With a series,
+    a repeated full save of the same options with ``strategy="file-per-rank"``
+    (no tracked files, no replicated Blocks) plans locally and is checked at
+    its commit: two collectives, the commit's gather and broadcast
+    (:func:`_save_checked_at_commit`).  Otherwise the plan is agreed before
+    the data moves: on a cache hit one allreduce, then the commit's gather +
+    broadcast (an incremental save adds its select stage's allgather, or its
+    two alltoalls from dedup_owners.OWNERS_FROM_RANKS ranks on).
+    ``storage``: where the version is written (hpcckpt.storage); one without
+    ``shared_files`` takes the file-per-rank transport only.  ``options``:
+    SaveOptions, or the keyword arguments to make them from, validated inside
+    the plan stage (an invalid option on one rank is the same CheckpointError
+    on every rank).  Every rank must pass the same step, options, names, kinds
+    and replicated values (mpi/agreement.py; checked in the plan stage's
+    allreduce, or at the commit).
     ``files``: called as ``files(directory)`` on every rank after its data are
     written, returns this rank's records of the tracked output files
     (hpcckpt.root.files); rank 0 commits them as ``extra["files"]``.
     """
     rank, size = comm.Get_rank(), comm.Get_size()
     timer = PhaseTimer()
-    cache = cache if cache is not None else PlanCache()
+    series = series if series is not None else Series()
+    cache, names = series.cache, series.names
     options, failure = _options(options)  # a failure is agreed in the plan stage, below
     incremental = failure is None and is_incremental(options)
     with timer.phase("plan"):
@@ -129,7 +143,7 @@ def save_version(state, directory, comm, options: SaveOptions | dict, step: int 
         else:
             local = None
     if cache.checked_at_commit and names is not None and names.revisions is not None:  # agreed on every rank
-        result = _save_checked_at_commit(comm, local, failure, options, step, extra, cache, names, timer)
+        result = _save_checked_at_commit(comm, local, failure, options, step, series, timer)
         if result is not None:
             return result
         # some rank asked for other options, or a changed layout did not reconcile: plan collectively after all
@@ -137,8 +151,7 @@ def save_version(state, directory, comm, options: SaveOptions | dict, step: int 
     with timer.phase("plan"):
         root_part = None
         if rank == 0 and failure is None:
-            root_part, failure = attempt(lambda: _start_on_root(directory, size, options, cache, local, io_root,
-                                                                chain_base, storage, names))
+            root_part, failure = attempt(lambda: _start_on_root(directory, size, options, local, storage, series))
         try:
             root, held, hit = agree_plan(comm, name_of, local, failure, options, cache, root_part,
                                          frozenset(chain_cache.held()) if incremental else None,
@@ -159,16 +172,17 @@ def save_version(state, directory, comm, options: SaveOptions | dict, step: int 
             selection = select(comm, what, local, cache, options, index)
         written, records, failure, stats = _write(ctx, TRANSPORTS[strategy], cache.codecs, local, selection,
                                                   options, timer, files)
+        version = VersionToCommit(path, step, {"strategy": strategy}, selection.info, options.fsync, storage,
+                                  synced=strategy == "file-per-rank", tracked=files is not None)
         with timer.phase("commit"):
-            def on_root(msgs):
-                check_replicas([m[3] for m in msgs])
-                return _commit_rows(path, msgs, cache.variables, cache.codecs, [m[1] for m in msgs], local, size,
-                                    step, {**(extra or {}), "strategy": strategy}, options, selection, storage,
-                                    files is not None)
+            def on_root(parts):
+                check_replicas([p.replicas for p in parts])
+                plan = Reconciled([p.part for p in parts], cache.variables, cache.codecs)
+                return commit_on_root(version, plan, local.values, parts).report()
 
-            mine = (stats, selection.commit_part(written.rows) if written is not None else None, local["per_rank"],
-                    selection.replicas, records)
-            outcome = root_phase(comm, what, failure, mine, on_root)
+            mine = WrittenPart(stats, selection.commit_part(written.rows) if written is not None else None,
+                               local.per_rank, selection.replicas, records)
+            report = root_phase(comm, what, failure, mine, on_root)
     except CheckpointError:
         cache.invalidate()
         if names is not None:
@@ -181,15 +195,15 @@ def save_version(state, directory, comm, options: SaveOptions | dict, step: int 
                                and storage is POSIX and options.strategy == "file-per-rank"
                                and not cache.has_replicated)
     cache.options = options
-    return _saved(path, step, outcome, selection, options, strategy, stats, timer, rank, size, io_root, names)
+    return _saved(comm, series, version, report, selection, options, mine, timer)
 
 
-def _save_checked_at_commit(comm, local: dict | None, failure, options: SaveOptions | None, step, extra,
-                            cache: PlanCache, names: KnownNames, timer: PhaseTimer) -> SaveResult | None:
+def _save_checked_at_commit(comm, local: Described | None, failure, options: SaveOptions | None, step,
+                            series: Series, timer: PhaseTimer) -> SaveResult | None:
     """A blocking save planned locally against the cached plan and checked at its commit: two collectives.
 
-    Every rank names the version from ``names`` (catalog.KnownNames, no
-    listing), creates its directory if no rank did yet, plans with
+    Every rank names the version from the series' names (catalog.KnownNames,
+    no listing), creates its directory if no rank did yet, plans with
     save_plan.plan_locally and writes its file; the commit's gather brings
     rank 0 what the plan stage's allreduce would have checked (failures, the
     ranks' digests, one version name: save_plan.check_at_commit), rank 0
@@ -203,7 +217,8 @@ def _save_checked_at_commit(comm, local: dict | None, failure, options: SaveOpti
     changed layout does not reconcile, the directory is removed and None
     returned on every rank: the caller plans collectively after all.
     """
-    rank, size = comm.Get_rank(), comm.Get_size()
+    rank = comm.Get_rank()
+    cache, names = series.cache, series.names
     other = failure is None and options != cache.options  # this rank asks for another kind of save
     path = own = None
     selection = Selection([])
@@ -217,44 +232,46 @@ def _save_checked_at_commit(comm, local: dict | None, failure, options: SaveOpti
     if failure is None and not other:
         ctx = TransportContext(comm=comm, directory=path, layout=None, max_writers=options.max_writers,
                                fsync=options.fsync)
-        codecs = cache.codecs if own is None else own[2]
+        codecs = cache.codecs if own is None else own.codecs
         written, records, failure, stats = _write(ctx, TRANSPORTS["file-per-rank"], codecs, local, selection,
                                                   options, timer, None)
     what = f"save of {path!r}" if path else "save of a new version"
+    version = None if options is None else VersionToCommit(path, step, {"strategy": "file-per-rank"},
+                                                           selection.info, options.fsync, synced=True)
     reconciled = []  # rank 0: the plan it committed with
     with timer.phase("commit"):
-        def on_root(msgs):
-            if any(m[5] for m in msgs):
+        def on_root(parts):
+            if any(p.other_options for p in parts):
                 return None
-            check_at_commit([m[4] for m in msgs], [m[6] for m in msgs], [{}] * len(msgs))
-            settled, unreconciled = attempt(lambda: reconcile(cache, [m[1] for m in msgs], [m[3] for m in msgs]))
+            check_at_commit(parts)
+            settled, unreconciled = attempt(lambda: reconcile(cache, [p.part for p in parts],
+                                                              [p.own for p in parts]))
             if unreconciled is not None:
                 return None
             reconciled.append(settled)
-            return _commit_rows(path, msgs, settled.variables, settled.codecs, settled.tables, local, size, step,
-                                {**(extra or {}), "strategy": "file-per-rank"}, options, selection, POSIX, False), \
-                ((settled.variables, settled.all_boxes, settled.codecs) if settled.changed else None)
+            return commit_on_root(version, settled, local.values, parts).report(settled.replanned)
 
-        mine = (stats, selection.commit_part(written.rows) if written is not None else None, local and
-                local["per_rank"], own, local and local["details"], other, path and os.path.basename(path))
+        mine = WrittenPart(stats, selection.commit_part(written.rows) if written is not None else None,
+                           None if local is None else local.per_rank, selection.replicas,
+                           version=path and os.path.basename(path), own=own,
+                           details=None if local is None else local.details, other_options=other)
         try:
-            outcome = root_phase(comm, what, failure, mine, on_root)
+            report = root_phase(comm, what, failure, mine, on_root)
         except CheckpointError:
             cache.invalidate()
             names.forget()
             _drop_here(path, rank)
             raise
-    if outcome is None:
+    if report is None:
         cache.invalidate()
         _drop_here(path, rank)
         return None
-    outcome, replanned = outcome
-    if replanned is not None:  # some rank's layout changed: every rank adopts the reconciled plan
-        cache.adopt(local["key"], replanned, rank, reconciled[0] if rank == 0 else None)
-    return _saved(path, step, outcome, selection, options, "file-per-rank", stats, timer, rank, size, None, names)
+    if report.replanned is not None:  # some rank's layout changed: every rank adopts the reconciled plan
+        cache.adopt(local.key, report.replanned, rank, reconciled[0] if rank == 0 else None)
+    return _saved(comm, series, version, report, selection, options, mine, timer)
 
 
-def _plan_here(local: dict, cache: PlanCache, options: SaveOptions, names: KnownNames, step) -> tuple:
+def _plan_here(local: Described, cache: PlanCache, options: SaveOptions, names: KnownNames, step) -> tuple:
     """This rank's plan of a save checked at the commit: ``(version directory, selection, own plan or None)``;
     creates the directory and its ``data/`` unless another rank already did (no MPI).  A directory that holds
     a committed version is refused (never the case while this job holds the root's lock), and then left alone:
@@ -264,7 +281,7 @@ def _plan_here(local: dict, cache: PlanCache, options: SaveOptions, names: Known
     if os.path.lexists(os.path.join(path, METADATA_FILE)):
         raise CheckpointError(f"{path} already holds a committed version: the root changed behind this job")
     os.makedirs(os.path.join(path, DATA_DIR), exist_ok=True)
-    return path, select_full(local["arrays"], starts), own
+    return path, select_full(local.arrays, starts), own
 
 
 def _drop_here(path: str | None, rank: int) -> None:
@@ -284,11 +301,11 @@ def _drop_here(path: str | None, rank: int) -> None:
             pass
 
 
-def _write(ctx: TransportContext, transport, codecs: dict, local: dict, selection: Selection, options: SaveOptions,
-           timer: PhaseTimer, files) -> tuple:
+def _write(ctx: TransportContext, transport, codecs: dict, local: Described, selection: Selection,
+           options: SaveOptions, timer: PhaseTimer, files) -> tuple:
     """The transform and transport stages on this rank: ``(written, tracked-file records, failure, stats)``."""
     with timer.phase("write"):
-        encoder = EncodedPieces.for_save(codecs, local["summaries"], options.codec_threads)
+        encoder = EncodedPieces.for_save(codecs, local.summaries, options.codec_threads)
         pieces = encoded_pieces(raw_pieces(selection.items, options.chunk_bytes), encoder, timer,
                                 checksum_here=not transport.hashes_while_writing, digests=selection.digests)
         written, failure = attempt(lambda: transport.write(ctx, pieces))
@@ -313,38 +330,50 @@ def sync_written(ctx: TransportContext, written) -> None:
         storage.sync_directory(parent_directory(ctx.directory))
 
 
-def _commit_rows(path: str, msgs: list, variables: dict, codecs: dict, tables: list, local: dict, size: int, step,
-                 extra: dict, options: SaveOptions, selection: Selection, storage: Storage, tracked: bool) -> tuple:
-    """Rank 0, the commit of a blocking save from every rank's message ``(stats, part, per-rank values, ...,
-    tracked-file records)``: what every rank receives (Committed.small, the slowest phases, the straggler)."""
-    record = phase_record([m[0] for m in msgs])
-    values = with_per_rank(local["values"], [m[2] for m in msgs])
-    files = {"files": manifest([r for m in msgs for r in m[4]])} if tracked else {}
-    done = commit_on_root(path, variables, codecs, tables, values, size, step,
-                          {**extra, "stats": record, **files}, options.fsync, selection.info, storage,
-                          synced=extra["strategy"] == "file-per-rank")
-    return done.small() + (slowest(record), str(straggler(record)))  # small: broadcast to every rank
-
-
-def _saved(path: str, step, outcome: tuple, selection: Selection, options: SaveOptions, strategy: str, stats: dict,
-           timer: PhaseTimer, rank: int, size: int, io_root, names: KnownNames | None) -> SaveResult:
-    """Every rank, after a commit: the SaveResult (rank 0 records the bandwidth for ``auto`` and logs)."""
-    nbytes, nchunks, summary, chain, phases, straggler_text = outcome
-    if chain is not None:
-        chain_cache.remember(*chain)
-    if names is not None:
-        names.add(os.path.basename(path))
-    if rank == 0:
-        write_seconds = phases.get("write", 0.0)
+def _saved(comm, series: Series, version: VersionToCommit, report: CommitReport, selection: Selection,
+           options: SaveOptions, mine: WrittenPart, timer: PhaseTimer) -> SaveResult:
+    """Every rank, after the commit of a blocking save: the SaveResult (rank 0 records the bandwidth for
+    ``auto`` and logs)."""
+    if report.chain is not None:
+        chain_cache.remember(*report.chain)
+    if series.names is not None:
+        series.names.add(os.path.basename(version.directory))
+    strategy = version.extra["strategy"]
+    if comm.Get_rank() == 0:
+        write_seconds = report.phases.get("write", 0.0)
         if options.strategy == "auto":  # its only reader: a fixed strategy's save skips the write of the file
-            io_history.record(io_root, strategy, size, nbytes, write_seconds)
-        logger.info("saved %s (%s): %d bytes in %d chunks, %s, write %.3f s (%.2f GB/s); %s", path,
-                    selection.kind, nbytes, nchunks, strategy, write_seconds,
-                    nbytes / max(write_seconds, 1e-9) / 1e9, straggler_text)
-    return SaveResult(path=path, step=step, bytes_written=nbytes, nchunks=nchunks,
-                      timings={**phases, "commit": timer.seconds["commit"]}, strategy=strategy, kind=selection.kind,
-                      incremental=None if selection.info is None else {**selection.info, **summary},
-                      this_rank={"bytes": stats["bytes"], "timings": dict(timer.seconds)})
+            io_history.record(series.root, strategy, comm.Get_size(), report.nbytes, write_seconds)
+        logger.info("saved %s (%s): %d bytes in %d chunks, %s, write %.3f s (%.2f GB/s); %s", version.directory,
+                    selection.kind, report.nbytes, report.nchunks, strategy, write_seconds,
+                    report.nbytes / max(write_seconds, 1e-9) / 1e9, report.straggler)
+    return save_result(version.directory, version.step, selection, dict(timer.seconds), report, mine,
+                       timer.seconds["commit"], strategy)
+
+
+def save_result(path: str, step, selection: Selection, seconds: dict, committed: CommitReport | None = None,
+                mine: WrittenPart | None = None, commit_seconds: float = 0.0, strategy: str = "file-per-rank",
+                levels: tuple = ("root",)) -> SaveResult:
+    """The SaveResult of every kind of save, on every rank, from what it wrote and what the commit reported.
+
+    ``seconds``: this rank's phases; ``committed``: the commit's report, or
+    None for an asynchronous save whose data are still being written (then
+    nothing is committed: no bytes, no chunks, no levels, and its timings are
+    this rank's foreground phases); ``mine``: this rank's part of the commit;
+    ``commit_seconds``: this rank's commit.  The timings of a committed save
+    are the slowest rank's phases plus this rank's own ``levels`` (when
+    ``seconds`` has them) and ``commit``.
+    """
+    if committed is None:
+        timings, this_rank, levels, incremental = dict(seconds), {}, (), None
+    else:
+        timings = {**committed.phases, **({"levels": seconds["levels"]} if "levels" in seconds else {}),
+                   "commit": commit_seconds}
+        this_rank = {"bytes": mine.stats["bytes"], "timings": dict(seconds)}
+        incremental = None if selection.info is None else {**selection.info, **committed.summary}
+    return SaveResult(path=path, step=step, bytes_written=committed.nbytes if committed else 0,
+                      nchunks=committed.nchunks if committed else 0, timings=timings, strategy=strategy,
+                      kind=selection.kind, levels=levels, pending=committed is None, incremental=incremental,
+                      this_rank=this_rank)
 
 
 def check_replicas(per_rank: list) -> None:
@@ -362,8 +391,8 @@ def _options(options) -> tuple:
     return attempt(lambda: SaveOptions.from_kwargs(**options))
 
 
-def _start_on_root(directory, nranks: int, options: SaveOptions, cache: PlanCache, local: dict, io_root, chain_base,
-                   storage: Storage, names: KnownNames | None) -> tuple:
+def _start_on_root(directory, nranks: int, options: SaveOptions, local: Described, storage: Storage,
+                   series: Series) -> tuple:
     """Rank 0's part of the plan stage: ``(version directory, strategy or None, base key or None, bandwidth
     history or None, the known version names or None)``.
 
@@ -381,11 +410,11 @@ def _start_on_root(directory, nranks: int, options: SaveOptions, cache: PlanCach
     if is_incremental(options):
         if storage is not POSIX:
             raise CheckpointError("incremental saves build on versions in POSIX storage only")
-        base = chain_cache.resolve_base(path, chain_cache.chosen_base(options.base, chain_base), io_root)
-    history = io_history.read(io_root) if options.strategy == "auto" and storage.shared_files else None
-    strategy = _auto(nranks, options, cache, history, storage) if local["key"] == cache.key else None
+        base = chain_cache.resolve_base(path, chain_cache.chosen_base(options.base, series.chain_base), series.root)
+    history = io_history.read(series.root) if options.strategy == "auto" and storage.shared_files else None
+    strategy = _auto(nranks, options, series.cache, history, storage) if local.key == series.cache.key else None
     create_version_directory(path, storage)  # last: nothing to clean up when the checks above fail
-    return path, strategy, base, history, None if names is None else names.revisions
+    return path, strategy, base, history, None if series.names is None else series.names.revisions
 
 
 def _auto(nranks: int, options: SaveOptions, cache: PlanCache, history, storage: Storage) -> str:
@@ -435,45 +464,54 @@ def with_per_rank(values: dict, per_rank: list) -> dict:
 @dataclass
 class Committed:
     """Rank 0's account of a commit: the metadata bytes, the stored bytes and chunks, the incremental figures
-    (None for a plain full save), ``chain`` (the new version's index key and index, for the next save) and
-    the sibling versions it points into."""
+    (None for a plain full save), ``chain`` (the new version's index key and index, for the next save), the
+    sibling versions it points into and ``stats``, the ranks' phase record stored with the version."""
 
     raw: bytes
     nbytes: int
     nchunks: int
     summary: dict | None
     chain: tuple | None
-    references: frozenset = frozenset()
+    references: frozenset
+    stats: dict
 
-    def small(self) -> tuple:
-        """What every rank needs of it (the metadata bytes stay on rank 0)."""
-        return self.nbytes, self.nchunks, self.summary, self.chain
+    def report(self, replanned: tuple | None = None, with_metadata: bool = False) -> CommitReport:
+        """What every rank learns of it (the metadata bytes stay on rank 0 unless ``with_metadata``)."""
+        return CommitReport(self.nbytes, self.nchunks, self.summary, self.chain, slowest(self.stats),
+                            str(straggler(self.stats)), replanned, self.raw if with_metadata else None)
 
 
-def commit_on_root(directory: str, variables: dict, codecs: dict, parts: list, values, nranks: int, step,
-                   extra: dict, fsync: bool, info: dict | None, storage: Storage = POSIX,
-                   synced: bool = False) -> Committed:
-    """Rank 0, the commit stage: the version's Metadata from every rank's part, committed at ``directory``.
+def commit_on_root(version: VersionToCommit, plan: Reconciled, values: dict, parts: list[WrittenPart]) -> Committed:
+    """Rank 0, the commit stage of every save: the version's Metadata from every rank's part, committed.
 
-    ``parts``: each rank's :meth:`Selection.commit_part`; ``info``: the
-    incremental policy's outcome (None for a plain full save).  An
-    incremental version whose base disappeared during the save is refused.
-    ``synced``: the writers fsynced ``data/`` and the parent already
-    (:func:`sync_written`; commit.commit_version).
+    ``plan``: the variables, codecs and each rank's rows (Selection.commit_part) the version commits with;
+    ``values``: the replicated values (Described.values), to which each rank's PerRank values are added;
+    ``parts``: every rank's :class:`WrittenPart`, by rank.  The version's ``extra`` is ``version.extra``,
+    then the ranks' ``stats``, the tracked ``files`` and the ``levels``, then an incremental save's figures.
+    An incremental version whose base disappeared during the save is refused.
     """
-    references = frozenset()
-    if info is None:
-        meta, nbytes, nchunks = metadata_from_rows(variables, parts, codecs, values, nranks, step, extra)
+    stats = phase_record([p.stats for p in parts])
+    values = with_per_rank(values, [p.per_rank for p in parts])
+    extra = {**version.extra, "stats": stats}
+    if version.tracked:
+        extra["files"] = manifest([r for p in parts for r in p.files])
+    if version.levels is not None:
+        extra["levels"] = version.levels
+    nranks, references = len(parts), frozenset()
+    if version.info is None:
+        meta, nbytes, nchunks = metadata_from_rows(plan.variables, plan.tables, plan.codecs, values, nranks,
+                                                   version.step, extra)
         summary = None
     else:
-        dtypes = {n: dtype_from_json(v.dtype) for n, v in variables.items()}
-        meta, nbytes, nchunks, summary = incremental_metadata(variables, dtypes, codecs, parts, values, nranks,
-                                                              step, {**extra, "incremental": dict(info)})
-        parent = os.path.dirname(os.path.realpath(directory))
+        dtypes = {n: dtype_from_json(v.dtype) for n, v in plan.variables.items()}
+        meta, nbytes, nchunks, summary = incremental_metadata(plan.variables, dtypes, plan.codecs, plan.tables,
+                                                              values, nranks, version.step,
+                                                              {**extra, "incremental": dict(version.info)})
+        parent = os.path.dirname(os.path.realpath(version.directory))
         references = frozenset(referenced_versions(meta.files))
         for ref in references:
             if not os.path.isfile(os.path.join(parent, ref, METADATA_FILE)):
                 raise CheckpointError(f"the base version {ref} was removed during the save")
-    raw = commit_version(directory, meta, fsync, storage, synced)
-    return Committed(raw, nbytes, nchunks, summary, chain_cache.committed(directory, meta) if info else None,
-                     references)
+    raw = commit_version(version.directory, meta, version.fsync, version.storage, version.synced)
+    chain = chain_cache.committed(version.directory, meta) if version.info else None
+    return Committed(raw, nbytes, nchunks, summary, chain, references, stats)

@@ -38,6 +38,7 @@ from hpcckpt.core.encoding import dtype_from_json
 from hpcckpt.errors import CheckpointError, TemplateMismatchError
 from hpcckpt.options import SaveOptions
 from hpcckpt.core.planning import plan_save
+from hpcckpt.saving.messages import Described, OwnPlan, WrittenPart
 from hpcckpt.saving.stages import measure_codecs, plan_variables
 
 
@@ -88,7 +89,7 @@ class PlanCache:
         self.summaries, self.all_boxes = (settled.summaries, all_boxes) if settled is not None else (None, None)
 
 
-def replan(comm, what: str, local: dict | None, failure, options: SaveOptions, cache: PlanCache) -> None:
+def replan(comm, what: str, local: Described | None, failure, options: SaveOptions, cache: PlanCache) -> None:
     """Plan on rank 0 from every rank's summary (a layout changed, or the first save); fills ``cache``.
 
     Collectives: gather of the summaries, broadcast of the verdict with the
@@ -99,7 +100,7 @@ def replan(comm, what: str, local: dict | None, failure, options: SaveOptions, c
     _plan(comm, what, local, failure, options, cache)
 
 
-def _plan(comm, what, local: dict | None, failure, options: SaveOptions, cache: PlanCache, payload=None,
+def _plan(comm, what, local: Described | None, failure, options: SaveOptions, cache: PlanCache, payload=None,
           root_part=None) -> tuple:
     """The new plan of :func:`replan` and :func:`plan_at_once`: ``(rank 0's part, every rank's payload)``.
 
@@ -122,7 +123,7 @@ def _plan(comm, what, local: dict | None, failure, options: SaveOptions, cache: 
     cache.boxes, cache.replicas = comm.scatter(list(zip(plan[1], plan[4])) if plan else None, root=0)
     cache.summaries = [m[1] for m in msgs] if plan else None
     cache.all_boxes = plan[1] if plan else None
-    cache.key = local["key"]
+    cache.key = local.key
     return root, payloads
 
 
@@ -174,7 +175,7 @@ def merge_reports(a, b, combine=None):
     return b if a is None else a if b is None else combine(a, b)
 
 
-def agree_plan(comm, what, local: dict | None, failure, options: SaveOptions, cache: PlanCache,
+def agree_plan(comm, what, local: Described | None, failure, options: SaveOptions, cache: PlanCache,
                root_part=None, report=None, combine=None) -> tuple:
     """Collective: the plan every rank writes with; ``(rank 0's part, the ranks' reports combined, cache hit)``.
 
@@ -204,15 +205,15 @@ def agree_plan(comm, what, local: dict | None, failure, options: SaveOptions, ca
     """
     if not cache.expect_hit:
         return plan_at_once(comm, what, local, failure, options, cache, root_part, report, combine)
-    digest = local["digest"] if local is not None else None
-    mine = Ballot(failure is not None, failure is None and local is not None and local["key"] == cache.key,
+    digest = local.digest if local is not None else None
+    mine = Ballot(failure is not None, failure is None and local is not None and local.key == cache.key,
                   digest, digest, root_part if comm.Get_rank() == 0 else None, report)
     agreed = comm.allreduce(mine, op=lambda a, b: merge_ballots(a, b, combine))
     name = what(agreed.root) if callable(what) else what
     try:
         if agreed.failed:  # the error path: one allgather to name every failed rank and why
             raise_if_failed(comm, name, comm.allgather(failure))
-        check_digests(comm, name, [agreed.low, agreed.high], local["details"] if local is not None else None)
+        check_digests(comm, name, [agreed.low, agreed.high], local.details if local is not None else None)
         if not agreed.unchanged:
             cache.invalidate()
             replan(comm, name, local, None, options, cache)
@@ -223,7 +224,7 @@ def agree_plan(comm, what, local: dict | None, failure, options: SaveOptions, ca
     return agreed.root, agreed.report, agreed.unchanged
 
 
-def plan_at_once(comm, what, local: dict | None, failure, options: SaveOptions, cache: PlanCache,
+def plan_at_once(comm, what, local: Described | None, failure, options: SaveOptions, cache: PlanCache,
                  root_part=None, report=None, combine=None) -> tuple:
     """Collective: a new plan without asking first whether the cached one holds; as :func:`agree_plan` returns.
 
@@ -234,11 +235,11 @@ def plan_at_once(comm, what, local: dict | None, failure, options: SaveOptions, 
     again (``expect_hit``).
     """
     fresh = cache.key is None
-    payload = (local is not None and local["key"] == cache.key, report, local["digest"] if local is not None else None)
+    payload = (local is not None and local.key == cache.key, report, local.digest if local is not None else None)
     try:
         root, payloads = _plan(comm, what, local, failure, options, cache, payload, root_part)
         check_digests(comm, what(root) if callable(what) else what, [p[2] for p in payloads],
-                      local["details"] if local is not None else None)
+                      local.details if local is not None else None)
     except CheckpointError:
         cache.invalidate()
         raise
@@ -246,7 +247,7 @@ def plan_at_once(comm, what, local: dict | None, failure, options: SaveOptions, 
     return root, functools.reduce(lambda a, b: merge_reports(a, b, combine), [p[1] for p in payloads]), False
 
 
-def plan_locally(local: dict, cache: PlanCache, options: SaveOptions) -> tuple[dict, dict, tuple | None]:
+def plan_locally(local: Described, cache: PlanCache, options: SaveOptions) -> tuple[dict, dict, OwnPlan | None]:
     """No MPI: ``(box starts, codecs, own)`` of an asynchronous save planned against the cached plan.
 
     With this rank's layout unchanged the cached plan stands (``own`` is None).
@@ -254,9 +255,9 @@ def plan_locally(local: dict, cache: PlanCache, options: SaveOptions) -> tuple[d
     a Ragged keeps its cached row offset (the commit shifts it, see
     :func:`reconcile`), and each variable's codec is decided by this rank
     alone (codecs.pipeline.decide_alone: an automatic choice keeps the agreed one); ``own`` is
-    ``(summaries, starts, codecs)`` for the commit to check.
+    that plan, for the commit to check.
     """
-    if local["key"] == cache.key:
+    if local.key == cache.key:
         return {n: b[0] for n, b in cache.boxes.items()}, cache.codecs, None
     summaries = measure_codecs(local, options)
     starts, codecs = {}, {}
@@ -270,7 +271,7 @@ def plan_locally(local: dict, cache: PlanCache, options: SaveOptions) -> tuple[d
             continue
         codecs[name] = decide_alone(name, dtype_from_json(s["dtype"]), s["codec"],
                                     options.codec_threads or default_threads(), cache.codecs.get(name))
-    return starts, codecs, (summaries, starts, codecs)
+    return starts, codecs, OwnPlan(summaries, starts, codecs)
 
 
 @dataclass
@@ -287,9 +288,15 @@ class Reconciled:
     def changed(self) -> bool:
         return self.all_boxes is not None
 
+    @property
+    def replanned(self) -> tuple | None:
+        """What every rank adopts of a re-planned layout (PlanCache.adopt): ``(variables, every rank's boxes,
+        codecs)``, or None when the cached plan stands."""
+        return (self.variables, self.all_boxes, self.codecs) if self.changed else None
+
 
 def reconcile(cache: PlanCache, tables: list, owns: list) -> Reconciled:
-    """Rank 0, pure: the plan the version commits with, given each rank's rows and ``own`` plan (or None).
+    """Rank 0, pure: the plan the version commits with, given each rank's rows and OwnPlan (or None).
 
     When every rank used the cached plan it stands.  Otherwise the plan is
     redone from every rank's current summary: it must be valid (names, dtypes,
@@ -299,10 +306,10 @@ def reconcile(cache: PlanCache, tables: list, owns: list) -> Reconciled:
     """
     if all(o is None for o in owns):
         return Reconciled(tables, cache.variables, cache.codecs)
-    summaries = [cache.summaries[r] if o is None else o[0] for r, o in enumerate(owns)]
-    used_starts = [{n: b[0] for n, b in cache.all_boxes[r].items()} if o is None else o[1]
+    summaries = [cache.summaries[r] if o is None else o.summaries for r, o in enumerate(owns)]
+    used_starts = [{n: b[0] for n, b in cache.all_boxes[r].items()} if o is None else o.starts
                    for r, o in enumerate(owns)]
-    used_codecs = [cache.codecs if o is None else o[2] for o in owns]
+    used_codecs = [cache.codecs if o is None else o.codecs for o in owns]
     variables, boxes, replicas = plan_save(summaries)
     for mine in replicas:  # without shared regions no two ranks' blocks overlap: each rank wrote its own
         for name, (_, shared) in mine.items():
@@ -329,26 +336,27 @@ def reconcile(cache: PlanCache, tables: list, owns: list) -> Reconciled:
     return Reconciled(fixed, variables, codecs, boxes, summaries)
 
 
-def check_at_commit(details: list, names: list, replicas: list) -> None:
+def check_at_commit(parts: list[WrittenPart]) -> None:
     """Rank 0, pure: what the plan stage's allreduce checks for an agreed plan, checked instead when the commit
     gathers the parts of a save planned locally (:func:`plan_locally`); CheckpointError if any differs.
 
-    ``details``: each rank's entries (mpi/agreement.py: step, options, names,
-    kinds, replicated values; None from a rank whose plan was agreed);
-    ``names``: each rank's version name (one, or the ranks passed different
-    steps); ``replicas``: each rank's digests of the regions of replicated
-    Blocks it shares (agreement.replica_mismatch).
+    From each rank's part: its ``details`` (mpi/agreement.py: step, options,
+    names, kinds, replicated values; None from a rank whose plan was agreed),
+    its ``version`` name (one, or the ranks passed different steps) and its
+    ``replicas``, the digests of the regions of replicated Blocks it shares
+    (agreement.replica_mismatch).
     """
-    differ = mismatch(details) or replica_mismatch(replicas)
+    differ = mismatch([p.details for p in parts]) or replica_mismatch([p.replicas for p in parts])
     if differ is not None:
         raise differ
-    if len(set(names)) != 1:
-        raise CheckpointError(f"the ranks saved different versions {sorted(set(names))} (different steps?)")
+    names = {p.version for p in parts}
+    if len(names) != 1:
+        raise CheckpointError(f"the ranks saved different versions {sorted(names)} (different steps?)")
 
 
-def settle(cache: PlanCache, parts: list, owns: list, details: list, names: list, replicas: list) -> Reconciled:
+def settle(cache: PlanCache, parts: list[WrittenPart]) -> Reconciled:
     """Rank 0, pure: :func:`check_at_commit`, then the plan the version commits with (:func:`reconcile` of the
-    ranks' ``owns``; ``parts`` that are dicts are an incremental save's, whose plan was agreed before the data
-    moved)."""
-    check_at_commit(details, names, replicas)
-    return reconcile(cache, parts, [None] * len(parts) if isinstance(parts[0], dict) else owns)
+    ranks' own plans; rows in dicts are an incremental save's, whose plan was agreed before the data moved)."""
+    check_at_commit(parts)
+    tables = [p.part for p in parts]
+    return reconcile(cache, tables, [None] * len(parts) if isinstance(tables[0], dict) else [p.own for p in parts])

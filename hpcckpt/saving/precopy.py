@@ -248,15 +248,15 @@ class PreCopy:
         engine, cache = self.engine, self.engine.plan_cache
         # described with the last save's options, so that an unchanged layout has the cached plan's key
         local = describe(state, engine.comm, self.options, step)
-        if local["key"] != cache.key:
+        if local.key != cache.key:
             raise ValueError("the layout changed since the last save")
         options = dataclasses.replace(self.options, block_bytes=self.plan.block_bytes)
         starts = {n: b[0] for n, b in cache.boxes.items()}
-        parts = written_parts(local["arrays"], starts, cache.replicas)
+        parts = written_parts(local.arrays, starts, cache.replicas)
         name = precopy_file(self.rank, self.started)  # never reused in a run: an abandoned round may still write
         self.started += 1
         writer = BackgroundWrite(self.spool, name, engine.pool, SlotQueue(),
-                                 EncodedPieces.for_save(cache.codecs or {}, local["summaries"], options.codec_threads),
+                                 EncodedPieces.for_save(cache.codecs or {}, local.summaries, options.codec_threads),
                                  options.fsync, max(64, options.chunk_bytes), {}) if self.plan.copies else None
         background = not any(is_device_array(arr) for _, _, arr in parts)
         job = Round(progress, parts, cache, options.block_bytes, chain_cache.index_of(engine.ckpt.chain_base),

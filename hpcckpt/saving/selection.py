@@ -34,6 +34,7 @@ from hpcckpt.core.encoding import dtype_from_json
 from hpcckpt.incremental.rules import HASH_ALGORITHM, ChainIndex, choose_kind, duplicates, hash_pieces
 from hpcckpt.core.names import rank_file
 from hpcckpt.options import SaveOptions
+from hpcckpt.saving.plan import PlanCache
 
 
 @dataclass
@@ -126,11 +127,13 @@ def region_digest(arr) -> str:
     return h.hexdigest()
 
 
-def select_changed(comm, what: str, arrays: dict, boxes: dict, variables: dict, codecs: dict,
-                   options: SaveOptions, index: ChainIndex | None, per_rank_files: bool = False,
-                   replicas: dict | None = None, precopied: dict | None = None,
+def select_changed(comm, what: str, arrays: dict, plan: PlanCache, options: SaveOptions, index: ChainIndex | None,
+                   per_rank_files: bool = False, precopied: dict | None = None,
                    probed: frozenset | None = None) -> Selection:
     """Collective: the blocks of this rank that the chain does not hold, and what the others point at.
+
+    ``plan``: the agreed plan: this rank's boxes, the variables, their codecs and
+    this rank's parts of replicated Blocks.
 
     One allgather (every rank's changed and total bytes, and the keys of its
     new blocks for deduplication), plus one more when the policy turns a
@@ -150,11 +153,11 @@ def select_changed(comm, what: str, arrays: dict, boxes: dict, variables: dict, 
     if per_rank_files and index is not None:
         index = index.restricted(rank_file(rank))
     dedup = options.dedup and not per_rank_files
-    dtypes = {n: dtype_from_json(v.dtype) for n, v in variables.items()}
-    replicas = replicas or {}
-    starts = {n: b[0] for n, b in boxes.items()}
-    entries, failure = attempt(lambda: hash_pieces(written_parts(arrays, starts, replicas), variables, dtypes,
-                                                   codecs, options.block_bytes, index))
+    dtypes = {n: dtype_from_json(v.dtype) for n, v in plan.variables.items()}
+    replicas = plan.replicas or {}
+    starts = {n: b[0] for n, b in plan.boxes.items()}
+    entries, failure = attempt(lambda: hash_pieces(written_parts(arrays, starts, replicas), plan.variables, dtypes,
+                                                   plan.codecs, options.block_bytes, index))
     entries = entries or []
     seen = probed or frozenset()
     counts = (sum(e[5] for e in entries), sum(e[5] for e in entries if e[6] is None),

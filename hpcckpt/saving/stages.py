@@ -14,42 +14,34 @@ from hpcckpt.core.devices import as_local_array
 from hpcckpt.codecs.pipeline import codec_summary, decide_codecs
 from hpcckpt.core.encoding import encode_value
 from hpcckpt.options import SaveOptions
+from hpcckpt.saving.messages import Described
 from hpcckpt.core.planning import plan_save
 from hpcckpt.state import PerRank, split_state, summarize_for_save
 from hpcckpt.storage import POSIX, Storage
 
 
-def describe_state(state, rank: int, nranks: int, options: SaveOptions, measure: bool = False, step=None) -> dict:
-    """This rank's part of a save, read from ``state`` now; no MPI.
+def describe_state(state, rank: int, nranks: int, options: SaveOptions, step=None) -> Described:
+    """This rank's part of a save, read from ``state`` now (messages.Described); no MPI.
 
-    ``summaries``: what it holds, for the planner (with ``measure``, each
-    variable's codec summary too, which for ``codec="auto"`` samples the data:
-    see :func:`measure_codecs`); ``specs``: each variable's codec spec (JSON);
-    ``arrays``: its buffers (host or device arrays, or None); ``values`` (rank
-    0): the replicated values in their JSON form; ``per_rank``: this rank's
-    PerRank values in their JSON form (collected at the commit);
-    ``distributed``: the Block/Ragged objects; ``key``: the layout the plan
-    cache compares (:func:`layout_key`); ``details`` and ``digest``: what
-    every rank must agree on (mpi/agreement.py: the step, the options, names and
-    kinds, the replicated values; computed on every rank).
+    The layout key is taken here, before any codec summary is measured
+    (:func:`measure_codecs` samples the data for ``codec="auto"``, which
+    changes every save); the agreement entries and their digest are computed
+    on every rank, the replicated values kept on rank 0 only.
     """
     distributed, replicated = split_state(state)
     per_rank = {name: encode_value(v.value, repr(name)) for name, v in replicated.items() if isinstance(v, PerRank)}
     values = {name: encode_value(v, repr(name)) for name, v in replicated.items() if not isinstance(v, PerRank)}
     summaries = {name: summarize_for_save(name, value) for name, value in distributed.items()}
     specs = {name: spec_to_json(getattr(value, "codec", None)) for name, value in distributed.items()}
-    local = {"summaries": summaries, "distributed": distributed, "specs": specs,
-             "arrays": {name: None if value.local is None else as_local_array(value.local)
-                        for name, value in distributed.items()},
-             "values": values if rank == 0 else None, "per_rank": per_rank,
-             "key": layout_key(nranks, options, summaries, specs)}
     kinds = {name: "replicated-block" if s.get("replicated") else s["kind"] for name, s in summaries.items()}
     kinds.update({name: "per-rank" if name in per_rank else "value" for name in replicated})
-    local["details"] = agreement.entry_digests(step, options, kinds, values)
-    local["digest"] = agreement.total(local["details"])
-    if measure:
-        measure_codecs(local, options)
-    return local
+    details = agreement.entry_digests(step, options, kinds, values)
+    return Described(summaries=summaries, distributed=distributed, specs=specs,
+                     arrays={name: None if value.local is None else as_local_array(value.local)
+                             for name, value in distributed.items()},
+                     values=values if rank == 0 else None, per_rank=per_rank,
+                     key=layout_key(nranks, options, summaries, specs), details=details,
+                     digest=agreement.total(details))
 
 
 def layout_key(nranks: int, options: SaveOptions, summaries: dict, specs: dict) -> str:
@@ -61,11 +53,10 @@ def layout_key(nranks: int, options: SaveOptions, summaries: dict, specs: dict) 
                  sorted(specs.items())))
 
 
-def measure_codecs(local: dict, options: SaveOptions) -> dict:
-    """Add each variable's codec summary to the summaries of :func:`describe_state`; the summaries."""
-    for name, value in local["distributed"].items():
-        local["summaries"][name]["codec"] = codec_summary(value, local["summaries"][name], options.codec)
-    return local["summaries"]
+def measure_codecs(described: Described, options: SaveOptions) -> dict:
+    """The summaries of :func:`describe_state` with each variable's codec summary added (a new dict each)."""
+    return {name: {**summary, "codec": codec_summary(described.distributed[name], summary, options.codec)}
+            for name, summary in described.summaries.items()}
 
 
 def plan_variables(summaries: list[dict], options: SaveOptions) -> tuple:
