@@ -1,4 +1,4 @@
-"""Ranks checked against each other (issue 13): every rank passes the same step, names, kinds, replicated values
+"""Ranks checked against each other: every rank passes the same step, names, kinds, replicated values
 and options, or every rank raises the same CheckpointError naming what differs and two ranks, and nothing is
 committed; values that differ per rank are hpcckpt.PerRank.
 

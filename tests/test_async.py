@@ -1,4 +1,4 @@
-"""Asynchronous saves (issue 7): the staging pool, and collective behaviour under mpiexec (pytest-mpi).
+"""Asynchronous saves: the staging pool, and collective behaviour under mpiexec (pytest-mpi).
 
 Run the MPI part with ``mpiexec -n N python tests/mpi_pytest.py --with-mpi -m mpi tests/test_async.py``.
 The background writer is slowed down (a sleep before each write) so that a save

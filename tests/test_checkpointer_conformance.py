@@ -1,4 +1,4 @@
-"""hpcckpt.testing.CheckpointerTests run for every kind of save (issue 18): blocking, incremental,
+"""hpcckpt.testing.CheckpointerTests run for every kind of save: blocking, incremental,
 asynchronous, asynchronous + incremental, multi-level, and multi-level + asynchronous + incremental."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A hypothesis state machine over save / crash / gc / compact / retention / restore (issue 18).
+"""A hypothesis state machine over save / crash / gc / compact / retention / restore.
 
 For each kind of save (blocking, incremental, asynchronous, asynchronous +
 incremental) hypothesis drives one Checkpointer through random sequences of:

@@ -771,7 +771,7 @@ def test_output_into_a_closed_pipe_exits_0_without_a_traceback(tmp_path):
     assert pipe.returncode == 0 and "Traceback" not in pipe.stderr, (pipe.returncode, pipe.stderr)
 
 
-# --------------------------------------------------------------------------- one output style (issue 13)
+# --------------------------------------------------------------------------- one output style
 
 TIME = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\dZ"  # hpcckpt.core.humanize.format_time: UTC
 

@@ -150,7 +150,7 @@ def test_kill_random_rank_after_random_delay(tmp_path, seed):
     restart(root, rng.choice([1, 2, 3, 4]), latest)
 
 
-#: The combination of issue 18: asynchronous incremental saves onto node-local levels (partner copies, flushes).
+#: Asynchronous incremental saves onto node-local levels (partner copies, flushes).
 COMBINED = {"asynchronous": True, "incremental": True, "block_bytes": 4096, "local_dir": True}
 
 

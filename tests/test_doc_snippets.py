@@ -1,4 +1,4 @@
-"""The Python snippets of the README and the docs run as they are written (issue 13).
+"""The Python snippets of the README and the docs run as they are written.
 
 * README.md's "Using it" snippet and docs/async.md's copy of its loop: run
   under ``mpiexec -n 2`` with a prelude that gives them the arrays they name
@@ -31,7 +31,7 @@ from mpitools import run_mpi
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MARKED = re.compile(r"^<!-- test: (serial|mpi)(?:; needs: ([\w.]+))? -->\n```python\n(.*?)^```", re.S | re.M)
 
-#: Features other parts of issue 13 add; a snippet that needs one is skipped (saying so) until it is here.
+#: Optional features a snippet may need; a snippet whose feature is missing is skipped, saying so.
 NEEDS = {"replicated": lambda: "replicated" in inspect.signature(hpcckpt.Block.__init__).parameters}
 
 

@@ -1,4 +1,4 @@
-"""Halos and edge ghosts (issue 13; docs/halos.md): the two ways to save a padded local array, restored exactly.
+"""Halos and edge ghosts (docs/halos.md): the two ways to save a padded local array, restored exactly.
 
 Under mpiexec (marker mpi), a 2-D process grid with a one-cell halo:
 

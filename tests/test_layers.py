@@ -4,7 +4,7 @@ imported from another module.
 Layers, lowest first: pure core (errors, names, regions, encoding, ...), codecs, the metadata format,
 collectives, storage, catalog, transports/reader/commit, options and the save stages, save/load, levels,
 the asynchronous engine, checkpointer/api, cli.  A cycle or a reach into another module's private names
-is what made the three save pipelines impossible to combine (issue 18).
+is what made the three save pipelines impossible to combine.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""hpcckpt.testing.LevelTests for the built-in redundancy levels (issue 18); run under mpiexec -n 2, 3, 4."""
+"""hpcckpt.testing.LevelTests for the built-in redundancy levels; run under mpiexec -n 2, 3, 4."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The load plan across ranks (issue 20): the chunk directory of Block-only checkpoints and the allgather way
+"""The load plan across ranks: the chunk directory of Block-only checkpoints and the allgather way
 of Ragged ones give exact data on any rank count, bad templates fail on every rank, and the collectives are
 counted.
 

@@ -1,6 +1,6 @@
 """The metadata checksum (seal): no byte of a committed metadata.json can change unnoticed.
 
-Issue 12 found 11 of 300 random bit flips in metadata.json silently changing what
+Without a seal, random bit flips in metadata.json can silently change what
 a restore returns; these tests flip every byte position and cut the file at every
 length, and require a CorruptCheckpointError each time, then check the read paths
 (open, load, Checkpointer.restore) treat a damaged metadata file like damaged data.

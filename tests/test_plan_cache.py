@@ -1,5 +1,5 @@
 """The blocking save's plan cache: a repeated file-per-rank save makes two collectives (planned locally, checked at
-the commit; issue 20), one whose plan is agreed first three (issue 18), and any change of layout replans or is
+the commit), one whose plan is agreed first three, and any change of layout replans or is
 reconciled at the commit and still restores exactly."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The persistent-memory tier (issue 17): the two-slot image file, SIGKILL during updates, restore and fallback.
+"""The persistent-memory tier: the two-slot image file, SIGKILL during updates, restore and fallback.
 
 Serial tests run with pytest; the MPI part (``-m mpi``) under ``mpiexec -n 2, 3, 4``:
 ``mpiexec -n N python tests/mpi_pytest.py --with-mpi -m mpi tests/test_pmem.py``.

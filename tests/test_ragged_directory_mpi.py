@@ -1,4 +1,4 @@
-"""Ragged loads both ways (issue 20): through the chunk directory, each rank's rows from one MPI_Scan
+"""Ragged loads both ways: through the chunk directory, each rank's rows from one MPI_Scan
 (load_plan.scan_rows), wherever rank 0 broadcasts the metadata, and the gathered way where each rank reads it
 (hpcckpt.load on a few ranks); exact rows, the same TemplateMismatchError for bad row requests on every rank,
 one CheckpointError for one rank's failure.

@@ -205,7 +205,7 @@ def test_volume(extent):
     assert volume(extent) == int(np.prod(extent))
 
 
-# ---- overlapping boxes: replicated Blocks and overlapping load templates (issue 13)
+# ---- overlapping boxes: replicated Blocks and overlapping load templates
 
 @SETTINGS
 @given(st.data())

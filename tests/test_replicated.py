@@ -1,4 +1,4 @@
-"""Blocks replicated over part of the process grid, overlapping load templates, messages that name where (issue 13).
+"""Blocks replicated over part of the process grid, overlapping load templates, messages that name where.
 
 Under mpiexec (marker mpi): a Veros-like accumulator decomposed in y and
 identical on every x-rank, an array every rank holds whole and a plain Block,

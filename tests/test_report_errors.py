@@ -1,4 +1,4 @@
-"""Errors reach the user once (issue 13): ``hpcckpt.report_errors`` around an MPI program, run as real mpiexec
+"""Errors reach the user once: ``hpcckpt.report_errors`` around an MPI program, run as real mpiexec
 jobs: a CheckpointError is one line on stderr and exit status 1 on every rank; an exception on one rank is its
 traceback, prefixed with the rank, and an MPI_Abort, so that no rank hangs."""
 

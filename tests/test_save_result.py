@@ -1,4 +1,4 @@
-"""SaveResult means the same for every kind of save (issue 18): global bytes, the slowest rank's phases,
+"""SaveResult means the same for every kind of save: global bytes, the slowest rank's phases,
 full or incremental, the levels reached, and pending for an asynchronous save until it commits."""
 
 from __future__ import annotations

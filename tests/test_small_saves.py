@@ -1,4 +1,4 @@
-"""Small, frequent saves on one process (issue 20): what a repeated Checkpointer.save costs in collectives (two: it
+"""Small, frequent saves on one process: what a repeated Checkpointer.save costs in collectives (two: it
 plans locally from the cache and is checked at its commit) and in
 side work (retention's deletions on a thread, the failure history's heartbeat written at most every
 HEARTBEAT_SECONDS), that none of it changes what is committed or restored, and the plan stage's Ballot (the

@@ -1,4 +1,4 @@
-"""State read at save time (issue 13): Stateful objects, callables, getter Blocks, nested dicts (hpcckpt.stateful).
+"""State read at save time: Stateful objects, callables, getter Blocks, nested dicts (hpcckpt.stateful).
 
 The conformance suite (hpcckpt.testing.CheckpointerTests) checks the ping-pong
 swap and nested state for every kind of save; here: the one-call API, bad

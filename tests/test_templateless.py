@@ -1,4 +1,4 @@
-"""Restore without a template, restore results for codes that rebind arrays, read-only templates (issue 13).
+"""Restore without a template, restore results for codes that rebind arrays, read-only templates.
 
 ``hpcckpt.load(None, path)`` and ``Checkpointer.restore()`` with nothing
 registered return every variable by its stored name: a Block variable as

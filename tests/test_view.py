@@ -1,4 +1,4 @@
-"""``hpcckpt.open`` as h5py does it (issue 13): ``view["u"]`` is a lazy array whose numpy basic indexing reads only
+"""``hpcckpt.open`` as h5py does it: ``view["u"]`` is a lazy array whose numpy basic indexing reads only
 the chunks the selection needs; a Checkpointer root opens its newest committed version."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Collective calls made on a subset of the ranks (issue 13): read-only queries work on any subset; in debug mode
+"""Collective calls made on a subset of the ranks: read-only queries work on any subset; in debug mode
 ranks in different hpcckpt calls get one CheckpointError naming both, and a collective call made on a subset ends
 the job within the timeout, with one line naming the call, instead of hanging forever."""
 

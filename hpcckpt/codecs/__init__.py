@@ -14,7 +14,7 @@ object of a whitelisted kind, or its config dict.  See docs/compression.md.
 from hpcckpt.codecs.core import AUTO, NAMES, Codec, from_config, resolve, spec_to_json
 from hpcckpt.codecs.blosc2_codec import Blosc2
 from hpcckpt.codecs.lossy import Lossy
-from hpcckpt.codecs.sz3 import SZ3  # SZ3 and ZFP families (issue 19): pysz / zfpy are imported when used
+from hpcckpt.codecs.sz3 import SZ3  # SZ3 and ZFP families: pysz / zfpy are imported when used
 from hpcckpt.codecs.zfp import ZFP
 from hpcckpt.codecs.auto_lossy import AutoLossy  # the lossy codec per variable, picked at save time at the user's bound
 

@@ -3,7 +3,7 @@
 A load plans with two sets of boxes that grow with the rank count: the chunks
 of each stored variable and the target boxes of the ranks that load it.  A
 rank must find the few chunks its box touches, and for each of those the few
-ranks that share it, without scanning every chunk or every rank (issue 20: a
+ranks that share it, without scanning every chunk or every rank (a
 rank's load planning costs O(the chunks it touches), not O(all chunks)).
 
 Two layouts, chosen from the boxes themselves:

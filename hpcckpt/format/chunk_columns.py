@@ -2,7 +2,7 @@
 
 A chunk table of many rows costs more to parse as JSON arrays (``json.loads``
 builds one Python object per number, then they become arrays again) than the
-1 s per million chunks issue 20 allows; as one block of little-endian uint64
+1 s per million chunks a reader may spend; as one block of little-endian uint64
 columns it is decoded by ``numpy.frombuffer``.  The block is deflated (zlib
 level 1: 14.6 bytes per chunk against 50 for the JSON columns) and stored as a
 base64 string *inside* metadata.json, so the metadata's own checksum covers it
