@@ -111,7 +111,8 @@ class Checkpointer:
         self._registered = None  # the state of register(): read at every save/restore given none
         self._break_lock = bool(break_lock)
         self._unlock = None  # set once the writer lock is held (every rank alike); releases it
-        agree(self.comm, f"creating {self.root!r}", lambda: on_root(self.comm, lambda: self.storage.make_directories(self.root)))
+        agree(self.comm, f"creating {self.root!r}",
+              lambda: on_root(self.comm, lambda: self.storage.make_directories(self.root)))
         self.pacer = agree(self.comm, f"starting the checkpoint policy under {self.root!r}", lambda: Pacer(
             self.comm, self.root, policy=policy, mtbf=mtbf, deadline=deadline, handle_signals=handle_signals,
             track_failures=track_failures, storage=self.storage))

@@ -132,7 +132,8 @@ class Pacer:
         remove the halt file this run honoured (rank 0: the next run of the same command continues)."""
         self.signals.uninstall()
         if self.final_reason == "halt" and self.comm.Get_rank() == 0:
-            best_effort(f"removing the halt file {halt.halt_path(self.root)!r}", lambda: halt.withdraw(self.root, self.storage))
+            best_effort(f"removing the halt file {halt.halt_path(self.root)!r}",
+                        lambda: halt.withdraw(self.root, self.storage))
         if self.history is not None:  # rank 0
             self.history.clean_end(time.time(), self.final_reason or "completed", persist=False)
             self._persist("recording the clean end")

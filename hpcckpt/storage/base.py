@@ -168,12 +168,13 @@ class Storage(ABC):
     # ------------------------------------------------------------- root
     @abstractmethod
     def stat(self, path: str, follow: bool = False) -> Stat | None:
-        """What is at ``path`` (a :class:`Stat`), or None when nothing is (nor a directory on the way to it).
+        """What is at ``path`` (a :class:`Stat`), or None when nothing is.
 
         ``follow=False`` looks at a symbolic link itself, ``follow=True`` at
-        what it points to (None for a dangling one).  Any other failure to look
-        (no permission, I/O error) is an OSError.  Never opens the object, so a
-        FIFO or a device is looked at without blocking.
+        what it points to (None for a dangling one).  NotADirectoryError when
+        something on the way to ``path`` is not a directory; any other failure
+        to look (no permission, I/O error) is an OSError too.  Never opens the
+        object, so a FIFO or a device is looked at without blocking.
         """
 
     def is_file(self, path: str) -> bool:

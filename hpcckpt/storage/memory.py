@@ -176,7 +176,12 @@ class MemoryStorage(Storage):
             return Stat(FILE, len(self.files[p]), (self.ids[p],))
         if p in self.dirs:
             return Stat(DIRECTORY, 0, (self.ids[p],))
-        return None  # no links here: ``follow`` changes nothing
+        parent = posixpath.dirname(p)
+        while parent not in self.dirs:  # no links here: ``follow`` changes nothing
+            if parent in self.files:
+                raise NotADirectoryError(20, "Not a directory", path)
+            parent = posixpath.dirname(parent)
+        return None
 
     def realpath(self, path: str) -> str:
         return self._norm(path)

@@ -376,7 +376,7 @@ class PosixStorage(Storage):
     def stat(self, path: str, follow: bool = False) -> Stat | None:
         try:
             st = os.stat(path) if follow else os.lstat(path)
-        except (FileNotFoundError, NotADirectoryError):
+        except FileNotFoundError:
             return None
         kind = _KINDS.get(stat.S_IFMT(st.st_mode), "other")
         return Stat(kind, st.st_size, (st.st_dev, st.st_ino), st.st_mtime_ns,

@@ -169,7 +169,10 @@ class StorageTests:
         assert (st.kind, st.size) == (FILE, 5) and storage.is_file(path) and not storage.is_directory(path)
         assert storage.stat(directory).kind == DIRECTORY and storage.is_directory(directory)
         assert storage.stat(os.path.join(directory, "absent")) is None
-        assert storage.stat(os.path.join(path, "below-a-file")) is None
+        assert storage.stat(os.path.join(directory, "absent", "below")) is None
+        with pytest.raises(NotADirectoryError):
+            storage.stat(os.path.join(path, "below-a-file"))
+        assert not storage.is_file(os.path.join(path, "below-a-file"))
         assert not storage.is_file(os.path.join(directory, "absent"))
         storage.atomic_write(path, b"other", fsync=False)  # the same size, another object
         assert storage.stat(path).identity != st.identity and storage.stat(path).size == 5
@@ -306,7 +309,8 @@ class StorageTests:
         entries = list_versions(root, storage)
         assert [(e.step, e.committed) for e in entries] == [(1, True), (2, True), (3, True), (4, False)]
         assert resolve_version(root, storage)[0] == paths[3]
-        assert sorted(gc(root, keep=1, storage=storage)) == ["step-000000000002", "step-000000000004"]  # 1 is referenced
+        removed = gc(root, keep=1, storage=storage)
+        assert sorted(removed) == ["step-000000000002", "step-000000000004"]  # step 1 is referenced: kept
         assert [e.step for e in current(list_versions(root, storage))] == [1, 3]
         assert len(compact(root, keep=1, storage=storage)) == 1
         assert gc(root, keep=1, storage=storage) == ["step-000000000001"]
