@@ -19,6 +19,7 @@ from hpcckpt.root.pacing import Pacer
 from hpcckpt.options import SaveOptions, SaveResult
 from hpcckpt.saving.pipeline import Series, save_version
 from hpcckpt.saving.plan import PlanCache
+from hpcckpt.storage import POSIX, Storage
 from hpcckpt.transport import io_history
 
 
@@ -81,6 +82,11 @@ class Checkpointer:
     ``last_result`` (the SaveResult of the newest committed save).
     """
 
+    #: Where the root lives: the root directory, its versions' listing, retention, the writer lock, the halt
+    #: file and the failure and bandwidth histories go through it.  POSIX directories; the versions themselves
+    #: are written and read by the save and load paths, in their own default storage, POSIX as well.
+    storage: Storage = POSIX
+
     def __init__(self, root, comm=None, keep: int | None = None, *, policy=None, mtbf: float | None = None,
                  deadline: float | None = None, handle_signals: bool | None = None,
                  track_failures: bool = True, break_lock: bool = False, files=None, **options):
@@ -107,10 +113,11 @@ class Checkpointer:
         self._registered = None  # the state of register(): read at every save/restore given none
         self._break_lock = bool(break_lock)
         self._unlock = None  # set once the writer lock is held (every rank alike); releases it
-        agree(self.comm, f"creating {self.root!r}", lambda: on_root(self.comm, lambda: os.makedirs(self.root, exist_ok=True)))
+        agree(self.comm, f"creating {self.root!r}",
+              lambda: on_root(self.comm, lambda: self.storage.make_directories(self.root)))
         self.pacer = agree(self.comm, f"starting the checkpoint policy under {self.root!r}", lambda: Pacer(
             self.comm, self.root, policy=policy, mtbf=mtbf, deadline=deadline, handle_signals=handle_signals,
-            track_failures=track_failures))
+            track_failures=track_failures, storage=self.storage))
         self.engine = None
         if engine_options.wanted:
             from hpcckpt.saving.asynchronous import Engine
@@ -177,7 +184,8 @@ class Checkpointer:
         self.files = FileTracker.following(config["files"])  # shared files only: rank 0 records them
         # the lock is rank 0's; the other ranks only mark that it was taken, so the next save agrees on it
         self._unlock = weakref.finalize(self, rootlock.release, None) if config["locked"] else None
-        self.pacer = Pacer(comm, self.root, handle_signals=config["handle_signals"])  # not rank 0: no history
+        self.pacer = Pacer(comm, self.root, handle_signals=config["handle_signals"],  # not rank 0: no history
+                           storage=self.storage)
         return self
 
     def _restore_listing(self, step: int | None) -> tuple[list, dict]:
@@ -191,7 +199,7 @@ class Checkpointer:
                 return live, {}
 
         def list_and_read():
-            live = current(list_versions(self.root))
+            live = current(list_versions(self.root, self.storage))
             wanted = [e for e in live if step is None or e.step == step]
             if not wanted:
                 return live, {}
@@ -206,7 +214,7 @@ class Checkpointer:
         try:
             if self.engine is not None:
                 return retained(self.engine.committed_here(), self.keep)
-            return retained(list_versions(self.root), self.keep)
+            return retained(list_versions(self.root, self.storage), self.keep)
         except OSError as exc:
             raise CheckpointError(f"listing {self.root!r} failed on rank {self.comm.Get_rank()}: "
                                   f"{type(exc).__name__}: {exc}") from exc
@@ -327,7 +335,8 @@ class Checkpointer:
         if self._unlock is not None:
             return
         lock = agree(self.comm, what, lambda: on_root(self.comm, lambda: rootlock.acquire(self.root,
-                                                                                         self._break_lock)))
+                                                                                         self._break_lock,
+                                                                                         self.storage)))
         self._unlock = weakref.finalize(self, rootlock.release, lock)
 
     @_shielded
@@ -369,13 +378,13 @@ class Checkpointer:
         """Rank 0, after a save: the root's versions retention may consider, committed ones and those whose names
         are taken (uncommitted: retired before, a deletion that failed).  Not a newer uncommitted directory: the
         other ranks may have started the next save, planned locally, and be writing into it."""
-        return [e for e in list_versions(self.root) if e.committed or self._names.taken(e.name)]
+        return [e for e in list_versions(self.root, self.storage) if e.committed or self._names.taken(e.name)]
 
     def _prepare(self, step: int) -> str:
         """Clear leftovers of interrupted saves (rank 0) and pick the new version's directory name; the names
         listed are handed to every rank with the plan (KnownNames: what later saves name their versions from)."""
         self._retirement.wait()  # the last retention's deletions are done: the listing sees the root settled
-        entries = list_versions(self.root)
+        entries = list_versions(self.root, self.storage)
         leftovers = [e for e in entries if not e.committed]
         removed = set(remove_versions(leftovers))
         # one listing: the entries less the leftovers just removed (a leftover that resisted keeps its name taken)

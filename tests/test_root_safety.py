@@ -298,6 +298,33 @@ def test_unwritable_failure_history_is_one_warning_not_an_error(tmp_path, monkey
     assert [e.step for e in list_versions(tmp_path) if e.committed] == [1, 2]
 
 
+def test_a_checkpointers_root_is_reached_through_its_storage(tmp_path):
+    """The root directory, the listing, retention, the writer lock, the halt file and the failure history of a
+    Checkpointer go through ``Checkpointer.storage`` (a root can live in another Storage)."""
+    from hpcckpt.storage import PosixStorage, Storage
+
+    class Recording(PosixStorage):
+        def __init__(self):
+            self.calls = set()
+
+        def __getattribute__(self, name):
+            if name in Storage.__dict__ and not name.startswith("_"):
+                object.__getattribute__(self, "calls").add(name)
+            return super().__getattribute__(name)
+
+    class Mine(Checkpointer):
+        storage = Recording()
+
+    root = tmp_path / "root"
+    with Mine(root, keep=1, handle_signals=False) as ck:
+        for step in (1, 2):
+            ck.save({"a": Block(np.arange(N) * 1.0)}, step)
+        assert not ck.should_save(3)
+    assert {"make_directories", "listdir", "stat", "is_file", "create", "sync", "names_handle", "remove_file",
+            "remove_tree", "exists", "read_file", "atomic_write"} <= Mine.storage.calls
+    assert [e.step for e in list_versions(root)] == [2] and not (root / rootlock.LOCK_FILE).exists()
+
+
 # ------------------------------------------------------------ under mpiexec
 @pytest.fixture
 def comm():
@@ -314,9 +341,17 @@ def _inject(monkeypatch, where):
     if where == "history":
         monkeypatch.setattr(FailureHistory, "save", full)
     elif where == "io":
+        from hpcckpt.storage import POSIX
         from hpcckpt.transport import io_history
 
-        monkeypatch.setattr(io_history, "atomic_write", full)
+        write = POSIX.atomic_write
+
+        def full_for_the_bandwidth_file(path, *args, **kwargs):
+            if os.path.basename(path) == io_history.FILE_NAME:
+                full()
+            return write(path, *args, **kwargs)
+
+        monkeypatch.setattr(POSIX, "atomic_write", full_for_the_bandwidth_file)
     else:
         import hpcckpt.saving.asynchronous
         import hpcckpt.checkpointer

@@ -66,21 +66,20 @@ def test_retention_leaves_no_committed_extra_version_and_deletes_the_rest_before
 
 
 def test_a_retention_deletion_that_fails_is_a_warning_and_the_version_stays_uncommitted(tmp_path, monkeypatch):
-    from hpcckpt.root import catalog
+    from hpcckpt.storage import POSIX
 
     root = tmp_path / "root"
     with hpcckpt.Checkpointer(root, keep=1, strategy="file-per-rank", track_failures=False) as ck:
         ck.save(_state(0), 0)
-        real = catalog.shutil.rmtree
 
         def refuse(path, *a, **k):
             raise PermissionError(13, "Permission denied", str(path))
 
-        monkeypatch.setattr(catalog.shutil, "rmtree", refuse)
+        monkeypatch.setattr(POSIX, "remove_tree", refuse)
         with pytest.warns(UserWarning, match="could not remove"):
             ck.save(_state(1), 1)
             ck._retirement.wait()
-        monkeypatch.setattr(catalog.shutil, "rmtree", real)
+        monkeypatch.undo()
         assert not (root / "step-000000000000" / "metadata.json").exists()  # uncommitted: never restored
         assert ck.steps() == [1]
         ck.save(_state(2), 2)  # clears the leftover first

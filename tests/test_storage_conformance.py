@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from hpcckpt.storage import POSIX, MemoryStorage
 from hpcckpt.testing import StorageTests
 
@@ -9,6 +11,12 @@ from hpcckpt.testing import StorageTests
 class TestPosix(StorageTests):
     def make(self, tmp_path):
         return POSIX, str(tmp_path)
+
+    def plant(self, storage, path, kind, target=None):
+        if kind == "link":
+            os.symlink(target, path)
+        else:
+            os.mkfifo(path)
 
 
 class TestMemory(StorageTests):

@@ -13,7 +13,8 @@ version depends on are exactly the ``@NAME`` prefixes of its ``files`` list.
   self-contained version; later ones point at the kept copies), after which
   the others are unreferenced and ``gc`` removes them.  Each rewrite is crash
   safe: the copied chunks are written and fsynced into a new file first, then
-  the metadata is replaced atomically.
+  the metadata is replaced atomically.  Every file is reached through the
+  root's Storage (POSIX by default).
 """
 
 from __future__ import annotations
@@ -26,9 +27,13 @@ from hpcckpt.core.checksum import checksum
 from hpcckpt.errors import CorruptCheckpointError
 from hpcckpt.format.metadata import ChunkTable
 from hpcckpt.core.names import compacted_file, split_reference
+from hpcckpt.storage import POSIX, Storage
 
-def compact(root: str, keep: int | None = None, dry_run: bool = False, fsync: bool = True) -> list[str]:
-    """Make the newest ``keep`` committed versions (all when None) independent of every other version.
+
+def compact(root: str, keep: int | None = None, dry_run: bool = False, fsync: bool = True,
+            storage: Storage = POSIX) -> list[str]:
+    """Make the newest ``keep`` committed versions (all when None) of ``root`` in ``storage`` independent of
+    every other version.
 
     Returns one line per version rewritten.  Single process (the ``hpcckpt gc
     --compact`` command); do not run it while a job saves into ``root``.
@@ -38,25 +43,25 @@ def compact(root: str, keep: int | None = None, dry_run: bool = False, fsync: bo
     from hpcckpt.storage.metadata_file import read_metadata
     from hpcckpt.loading.reader import allocate
     from hpcckpt.storage.commit import commit_version
-    from hpcckpt.storage.opening import create_new, open_regular
-    from hpcckpt.storage.posix import confined_path, read_exact, write_all
 
-    live = current(list_versions(root))
+    live = current(list_versions(root, storage))
     kept = live[-keep:] if keep else live
     names = {e.name for e in kept}
     available: dict = {}  # content key -> location in a kept version processed already
     report = []
     for e in kept:
-        meta = read_metadata(e.path)
+        meta = read_metadata(e.path, storage)
         outside = sorted(r for r in {split_reference(f)[0] for f in meta.files if split_reference(f)} - names)
         if not outside:
             available.update(ChainIndex.from_metadata(meta, e.name).locations)
             continue
         new_files = list(meta.files)
         index = {f: i for i, f in enumerate(new_files)}
-        target_name = _free_name(e.path)
+        target_name = _free_name(storage, e.path)
         target = None
+        written = 0  # bytes appended to ``target`` so far: the offset of the next chunk copied
         copied = retargeted = 0
+        done = False
         try:
             for var in meta.variables.values():
                 c = var.chunks
@@ -74,34 +79,26 @@ def compact(root: str, keep: int | None = None, dry_run: bool = False, fsync: bo
                         retargeted += 1
                     else:
                         data = allocate((int(c.nbytes[k]),), np.uint8, var.name)
-                        src = confined_path(e.path, meta.files[int(c.file[k])])
-                        try:
-                            fd = open_regular(src)
-                        except FileNotFoundError:
-                            raise CorruptCheckpointError(f"data file {src} is missing") from None
-                        try:
-                            read_exact(fd, int(c.offset[k]), data, src)
-                        finally:
-                            os.close(fd)
+                        src = storage.resolve(e.path, meta.files[int(c.file[k])])
+                        _read_chunk(storage, src, int(c.offset[k]), data)
                         if checksum(data) != c.checksum[k]:
                             raise CorruptCheckpointError(f"{src}: a chunk of {var.name!r} at offset "
                                                          f"{int(c.offset[k])} fails its checksum")
                         if target is None and not dry_run:
-                            target = create_new(os.path.join(e.path, target_name))
-                        fname, off = target_name, (os.lseek(target, 0, os.SEEK_CUR) if target is not None else 0)
+                            target = storage.create(os.path.join(e.path, target_name))
+                        fname, off = target_name, written
                         if target is not None:
-                            write_all(target, data)
+                            written += storage.append(target, data)
                         copied += int(c.nbytes[k])
                     if fname not in index:
                         index[fname] = len(new_files)
                         new_files.append(fname)
                     file_col[k], offset_col[k] = index[fname], off
                 var.chunks = ChunkTable(file_col, offset_col, c.nbytes, c.checksum, c.start, c.count, c.hash)
-            if target is not None and fsync:
-                os.fsync(target)
+            done = True
         finally:
             if target is not None:
-                os.close(target)
+                storage.close(target, fsync=fsync and done)  # durable before the metadata names it
         used = sorted({int(i) for v in meta.variables.values() for i in v.chunks.file.tolist()})
         remap = {old: new for new, old in enumerate(used)}
         meta.files = [new_files[i] for i in used]
@@ -118,15 +115,29 @@ def compact(root: str, keep: int | None = None, dry_run: bool = False, fsync: bo
         report.append(f"{e.name}: copied {copied} bytes, repointed {retargeted} chunks "
                       f"(no longer references {', '.join(outside)})")
         if not dry_run:
-            commit_version(e.path, meta, fsync)
+            commit_version(e.path, meta, fsync, storage)
         available.update(ChainIndex.from_metadata(meta, e.name).locations)
     return report
 
 
-def _free_name(version_path: str) -> str:
-    """The first compaction file name not yet used in the version at ``version_path``."""
+def _read_chunk(storage: Storage, path: str, offset: int, data) -> None:
+    """Fill ``data`` from the data file ``path`` at ``offset``; CorruptCheckpointError when the file is missing
+    or ends first."""
+    try:
+        handle, _ = storage.open_read(path)
+    except FileNotFoundError:
+        raise CorruptCheckpointError(f"data file {path} is missing") from None
+    try:
+        storage.read_segments(handle, offset, data, path, [(data.nbytes, None)])
+    finally:
+        storage.close_read(handle)
+
+
+def _free_name(storage: Storage, version_path: str) -> str:
+    """The first compaction file name not yet taken (by anything, a dangling link included) in the version at
+    ``version_path``."""
     n = 0
-    while os.path.exists(os.path.join(version_path, compacted_file(n))):
+    while storage.exists(os.path.join(version_path, compacted_file(n))):
         n += 1
     return compacted_file(n)
 

@@ -30,8 +30,9 @@ Events and their rules:
   or stopped after a wall-time / signal checkpoint); it becomes a right-censored
   observation with exposure ``time - start``.
 
-Every write goes to a temporary file in the same directory, is fsync'ed, and
-replaces the file with ``os.replace`` (atomic on POSIX).  A missing file is an
+The file is read and written through a Storage (POSIX by default).  Every
+write replaces the file atomically (``Storage.atomic_write``: on POSIX a
+temporary file in the same directory, fsync'ed, then renamed over it).  A missing file is an
 empty history; an unreadable file (or a FIFO, device or directory in its place,
 or one over 64 MiB) produces a ``RuntimeWarning`` and an in-memory history that
 this run does not write; a malformed file produces a ``RuntimeWarning``
@@ -49,7 +50,7 @@ from dataclasses import asdict, dataclass, field
 from typing import List, Optional, Tuple
 
 from hpcckpt.errors import CheckpointError
-from hpcckpt.storage.posix import atomic_write, read_bounded
+from hpcckpt.storage import POSIX, Storage
 
 __all__ = ["FailureHistory", "RunRecord", "HISTORY_FILENAME"]
 
@@ -125,13 +126,15 @@ def _check_time(t, name="time") -> float:
 class FailureHistory:
     """The runs of one job (or one checkpoint root), loaded from and saved to JSON.
 
-    Use :meth:`load` to open ``<directory>/failure_history.json``; with
-    ``directory=None`` the history lives in memory only (tests, simulator).
+    Use :meth:`load` to open ``<directory>/failure_history.json`` (in
+    ``storage``); with ``directory=None`` the history lives in memory only
+    (tests, simulator).
     """
 
     directory: Optional[str] = None
     runs: List[RunRecord] = field(default_factory=list)
     filename: str = HISTORY_FILENAME
+    storage: Storage = field(default=POSIX, repr=False, compare=False)
 
     # ----------------------------------------------------------------- I/O
     @property
@@ -140,15 +143,17 @@ class FailureHistory:
 
     @classmethod
     def load(cls, directory: Optional[str], filename: str = HISTORY_FILENAME,
-             read_only: bool = False) -> "FailureHistory":
-        """Read the history under ``directory``; missing -> empty, malformed -> warning + empty (and set aside
-        as ``.bad``, unless ``read_only``: a listing tool changes nothing under a root)."""
-        h = cls(directory=directory, filename=filename)
+             read_only: bool = False, storage: Storage = POSIX) -> "FailureHistory":
+        """Read the history under ``directory`` in ``storage``; missing -> empty, malformed -> warning + empty
+        (and set aside as ``.bad``, unless ``read_only``: a listing tool changes nothing under a root)."""
+        h = cls(directory=directory, filename=filename, storage=storage)
         path = h.path
-        if path is None or not os.path.exists(path):
+        if path is None:
             return h
         try:
-            text = read_bounded(path, MAX_HISTORY_BYTES)  # never blocks (a FIFO in its place is refused)
+            text = storage.read_file(path, MAX_HISTORY_BYTES)  # never blocks (a FIFO in its place is refused)
+        except FileNotFoundError:  # none yet (a link to nothing included)
+            return h
         except (OSError, CheckpointError) as exc:  # unreadable now (EACCES, EIO, too long): keep it, work in memory
             warnings.warn(f"hpcckpt: cannot read the failure history {path} ({exc}); not updating it this run",
                           RuntimeWarning, stacklevel=2)
@@ -177,19 +182,19 @@ class FailureHistory:
             if read_only:
                 return h
             try:
-                os.replace(path, path + ".bad")  # keep the evidence next to the fresh history
+                storage.replace(path, path + ".bad")  # keep the evidence next to the fresh history
             except OSError as move_error:
                 warnings.warn(f"hpcckpt: could not set {path} aside: {move_error}", RuntimeWarning, stacklevel=2)
         return h
 
     def save(self) -> None:
-        """Write the history atomically (temp file + fsync + os.replace); no-op in memory."""
+        """Write the history atomically and durably (Storage.atomic_write); no-op in memory."""
         path = self.path
         if path is None:
             return
-        os.makedirs(self.directory, exist_ok=True)
+        self.storage.make_directories(self.directory)
         payload = {"format": _FORMAT, "version": _VERSION, "runs": [asdict(r) for r in self.runs]}
-        atomic_write(path, json.dumps(payload, indent=1, allow_nan=False).encode())
+        self.storage.atomic_write(path, json.dumps(payload, indent=1, allow_nan=False).encode())
 
     # -------------------------------------------------------------- events
     @property

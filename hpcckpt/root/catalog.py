@@ -10,6 +10,10 @@ it).  One writer per root at a time (one job); readers may run any time.
 A version directory must lie directly inside the root: an entry whose real path
 (symbolic links resolved) is elsewhere -- a link out of the root -- is not a
 version, the same confinement ``@`` references get.
+
+Every access goes through the root's Storage (POSIX by default): each
+:class:`VersionEntry` carries the storage it was listed from, so retention
+and garbage collection remove it there.
 """
 
 from __future__ import annotations
@@ -17,27 +21,27 @@ from __future__ import annotations
 import json
 import os
 import queue
-import shutil
-import stat
 import threading
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from hpcckpt.errors import CheckpointError
 from hpcckpt.format.metadata import MAX_METADATA_BYTES
 from hpcckpt.core.names import MAX_VERSION_STEP, METADATA_FILE, parse_version_name, split_reference, version_name
-from hpcckpt.storage.posix import read_bounded
+from hpcckpt.storage import POSIX, Storage
+from hpcckpt.storage.base import DIRECTORY, LINK
 
 
 @dataclass(frozen=True)
 class VersionEntry:
-    """One version directory under a root."""
+    """One version directory under a root (``storage``: where it lives)."""
 
     name: str
     path: str
     step: int
     revision: int
     committed: bool
+    storage: Storage = field(default=POSIX, compare=False, repr=False)
 
     @property
     def order(self) -> tuple[int, int]:
@@ -51,39 +55,41 @@ def check_step(step) -> int:
     return step
 
 
-def list_versions(root: str) -> list[VersionEntry]:
-    """All version directories under ``root``, oldest first (an absent root has none).
+def list_versions(root: str, storage: Storage = POSIX) -> list[VersionEntry]:
+    """All version directories under ``root`` in ``storage``, oldest first (an absent root has none).
 
     An entry whose real path is not directly inside the real root is skipped.
     """
     try:
-        names = os.listdir(root)
+        names = storage.listdir(root)
     except FileNotFoundError:
         return []
-    real_root = os.path.realpath(root)
+    real_root = storage.realpath(root)
     out = []
     for name in names:
         parsed = parse_version_name(name)
         path = os.path.join(root, name)
-        if parsed and _directly_inside(path, real_root):
+        if parsed and _directly_inside(storage, path, real_root):
             out.append(VersionEntry(name, path, parsed.step, parsed.revision,
-                                    os.path.isfile(os.path.join(path, METADATA_FILE))))
+                                    storage.is_file(os.path.join(path, METADATA_FILE)), storage))
     return sorted(out, key=lambda e: e.order)
 
 
-def _directly_inside(path: str, real_root: str) -> bool:
+def _directly_inside(storage: Storage, path: str, real_root: str) -> bool:
     """Whether the entry ``path`` of a root is a directory whose real path lies directly inside ``real_root``.
 
-    A plain directory (one lstat) is real_root/its name; only a symbolic link
-    needs resolving (realpath walks every component: 5-20 lstats, at every
-    save's retention)."""
+    A plain directory (one stat, not following a link) is real_root/its name;
+    only a symbolic link needs resolving (realpath walks every component: 5-20
+    stats, at every save's retention)."""
     try:
-        mode = os.lstat(path).st_mode
+        st = storage.stat(path)
     except OSError:
         return False
-    if stat.S_ISDIR(mode):
+    if st is None:
+        return False
+    if st.kind == DIRECTORY:
         return True
-    return stat.S_ISLNK(mode) and os.path.isdir(path) and os.path.dirname(os.path.realpath(path)) == real_root
+    return st.kind == LINK and storage.is_directory(path) and os.path.dirname(storage.realpath(path)) == real_root
 
 
 def current(entries: list[VersionEntry]) -> list[VersionEntry]:
@@ -95,12 +101,12 @@ def current(entries: list[VersionEntry]) -> list[VersionEntry]:
     return [by_step[s] for s in sorted(by_step)]
 
 
-def resolve_version(path: str) -> tuple[str, VersionEntry | None]:
+def resolve_version(path: str, storage: Storage = POSIX) -> tuple[str, VersionEntry | None]:
     """The version directory ``path`` names: ``(path, None)`` when it holds a ``metadata.json`` (or is not a
     root with a committed version), else ``(newest committed version, its entry)`` when it is a root."""
-    if os.path.isfile(os.path.join(path, METADATA_FILE)):
+    if storage.is_file(os.path.join(path, METADATA_FILE)):
         return path, None
-    live = current(list_versions(path))
+    live = current(list_versions(path, storage))
     if live:
         return live[-1].path, live[-1]
     return path, None  # read_metadata names the missing metadata.json
@@ -185,7 +191,7 @@ def retained(entries: list[VersionEntry], keep: int | None) -> list[VersionEntry
 
 
 def remove_versions(entries: list[VersionEntry]) -> list[str]:
-    """Delete the given version directories; warn (do not fail) for any that resist.
+    """Delete the given version directories (each from its own storage); warn (do not fail) for any that resist.
 
     Crash safety: every version is first uncommitted (:func:`uncommit_versions`),
     and only then are the directories deleted (:func:`delete_directories`).  A
@@ -203,7 +209,7 @@ def uncommit_versions(entries: list[VersionEntry]) -> list[VersionEntry]:
     done = []
     for e in sorted(entries, key=lambda e: e.order, reverse=True):
         try:
-            os.unlink(os.path.join(e.path, METADATA_FILE))
+            e.storage.remove_file(os.path.join(e.path, METADATA_FILE))
         except FileNotFoundError:
             pass
         except OSError as exc:
@@ -214,22 +220,19 @@ def uncommit_versions(entries: list[VersionEntry]) -> list[VersionEntry]:
 
 
 def delete_directories(entries: list[VersionEntry]) -> list[str]:
-    """Delete the directories of uncommitted versions; the names deleted (warns for one that resists)."""
+    """Delete the directories of uncommitted versions; the names deleted (warns for one that resists).
+
+    A file deleted meanwhile (by retention's thread, or a ``hpcckpt gc`` run
+    beside it) is what was wanted (Storage.remove_tree).
+    """
     removed = []
     for e in entries:
         try:
-            shutil.rmtree(e.path, onerror=already_gone)
+            e.storage.remove_tree(e.path)
             removed.append(e.name)
         except OSError as exc:
             warnings.warn(f"hpcckpt: could not remove {e.path}: {exc}", stacklevel=2)
     return removed
-
-
-def already_gone(function, path, exc_info) -> None:
-    """``shutil.rmtree``'s error handler: a file or directory deleted meanwhile (by retention's thread, or a
-    ``hpcckpt gc`` run beside it) is what was wanted; any other error propagates."""
-    if not issubclass(exc_info[0], FileNotFoundError):
-        raise exc_info[1]
 
 
 class Retirement:
@@ -278,27 +281,31 @@ def _delete_queued(work: queue.SimpleQueue) -> None:
         delete_directories(entries)
 
 
-def gc(root: str, keep: int | None = None) -> list[str]:
+def gc(root: str, keep: int | None = None, storage: Storage = POSIX) -> list[str]:
     """Remove uncommitted leftovers and superseded revisions (and, with ``keep``, older versions)."""
     if keep is not None and keep < 1:
         raise CheckpointError(f"keep must be at least 1, got {keep}")
-    return remove_versions(removable(list_versions(root), keep))
+    return remove_versions(removable(list_versions(root, storage), keep))
 
 
-#: metadata.json path -> ((inode, mtime, size), names it references): retention runs after every save.
+#: (storage, metadata.json path) -> ((identity, mtime, size), names it references): retention runs after every
+#: save.
 _REFS_CACHE: dict = {}
 
 
-def referenced(version_path: str) -> set[str]:
+def referenced(version_path: str, storage: Storage = POSIX) -> set[str]:
     """Names of the sibling versions whose data ``version_path`` references (empty when unreadable): its
     chunks' and its tracked output files' (``extra["files"]``, hpcckpt.root.file_manifest)."""
     path = os.path.join(version_path, METADATA_FILE)
+    key = (id(storage), path)
     try:
-        st = os.stat(path)
-        stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
-        if _REFS_CACHE.get(path, (None,))[0] == stamp:
-            return _REFS_CACHE[path][1]
-        raw = read_bounded(path, MAX_METADATA_BYTES)
+        st = storage.stat(path, follow=True)
+        if st is None:
+            return set()
+        stamp = (st.identity, st.modified, st.size)
+        if _REFS_CACHE.get(key, (None,))[0] == stamp:
+            return _REFS_CACHE[key][1]
+        raw = storage.read_file(path, MAX_METADATA_BYTES)
     except (OSError, CheckpointError):  # unreadable or damaged: it is not a committed version to protect
         return set()
     names: set[str] = set()
@@ -316,7 +323,7 @@ def referenced(version_path: str) -> set[str]:
                 names.add(ref[0])
     if len(_REFS_CACHE) > 4096:
         _REFS_CACHE.clear()
-    _REFS_CACHE[path] = (stamp, names)
+    _REFS_CACHE[key] = (stamp, names)
     return names
 
 
@@ -333,7 +340,8 @@ def protected(entries, kept: set[str]) -> set[str]:
     out = set(kept)
     todo = [n for n in kept if n in by_name]
     while todo:
-        for ref in referenced(by_name[todo.pop()].path):
+        entry = by_name[todo.pop()]
+        for ref in referenced(entry.path, entry.storage):
             if ref not in out:
                 out.add(ref)
                 if ref in by_name:

@@ -10,7 +10,8 @@ closes after honouring it, so the next run of the same command continues;
 a job that dies before that leaves it in place and its rerun halts again.
 
 Any file at that path asks for a halt (``touch`` works); its first line, if
-any, is the reason shown to the user.
+any, is the reason shown to the user.  The file is reached through the
+root's Storage (POSIX by default).
 """
 
 from __future__ import annotations
@@ -18,8 +19,7 @@ from __future__ import annotations
 import os
 
 from hpcckpt.errors import CheckpointError
-from hpcckpt.storage.opening import open_regular
-from hpcckpt.storage.posix import atomic_write
+from hpcckpt.storage import POSIX, Storage
 
 HALT_NAME = ".hpcckpt-halt"
 #: The longest reason carried to the ranks and printed.
@@ -30,39 +30,33 @@ def halt_path(root: str) -> str:
     return os.path.join(os.fspath(root), HALT_NAME)
 
 
-def requested(root: str) -> str | None:
+def requested(root: str, storage: Storage = POSIX) -> str | None:
     """The reason of a halt request under ``root`` ('' when it gives none), or None when there is none."""
     path = halt_path(root)
-    if not os.path.lexists(path):
+    if not storage.exists(path):
         return None
-    try:
-        fd = open_regular(path)  # a FIFO or device there is still a request, and must not block the decision
+    try:  # never blocks: a FIFO or device there is still a request, and must not hold up the decision
+        head = storage.read_head(path, 4 * MAX_REASON)
     except (OSError, CheckpointError):  # unreadable, a directory, a FIFO: its presence is what counts
         return ""
-    try:
-        head = os.read(fd, 4 * MAX_REASON)
-    except OSError:
-        return ""
-    finally:
-        os.close(fd)
     first = head.decode("utf-8", errors="replace").split("\n", 1)[0]
     return first.strip()[:MAX_REASON]
 
 
-def request(root: str, reason: str = "") -> str:
+def request(root: str, reason: str = "", storage: Storage = POSIX) -> str:
     """Write the halt file under the existing directory ``root`` (atomically); returns its path."""
     root = os.fspath(root)
-    if not os.path.isdir(root):
+    if not storage.is_directory(root):
         raise FileNotFoundError(2, "no such checkpoint root", root)
     path = halt_path(root)
-    atomic_write(path, (" ".join(reason.split()) + "\n").encode(), fsync=False)
+    storage.atomic_write(path, (" ".join(reason.split()) + "\n").encode(), fsync=False)
     return path
 
 
-def withdraw(root: str) -> bool:
+def withdraw(root: str, storage: Storage = POSIX) -> bool:
     """Remove the halt file under ``root``; whether there was one."""
     try:
-        os.remove(halt_path(root))
+        storage.remove_file(halt_path(root))
     except FileNotFoundError:
         return False
     return True

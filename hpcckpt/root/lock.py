@@ -12,7 +12,10 @@ and removed by ``close()`` (or at interpreter exit).  Its body is JSON::
      "slurm_job_id": "123" or null, "slurm_restart_count": 0 or null, "start": 1700000000.0}
 
 Where the file system supports it, the holder also keeps an exclusive
-``flock`` on the file, which the kernel drops when the process dies.
+``flock`` on the file, which the kernel drops when the process dies.  That is
+the one POSIX-only part: every other access goes through the root's Storage
+(POSIX by default); on another Storage the exclusively created file alone is
+the lock, and a holder on this host is judged by its pid only.
 
 A lock that exists is *stale*, and is taken over with a warning, when
 (:func:`stale_reason`):
@@ -45,11 +48,9 @@ another job is put back.
 from __future__ import annotations
 
 import errno
-import fcntl
 import json
 import os
 import socket
-import stat
 import time
 import warnings
 from dataclasses import dataclass
@@ -57,8 +58,9 @@ from typing import Callable
 
 from hpcckpt.errors import CheckpointError
 from hpcckpt.core.humanize import format_time
-from hpcckpt.storage.opening import create_new, file_kind, open_regular
-from hpcckpt.storage.posix import read_bounded
+from hpcckpt.storage import POSIX, PosixStorage, Storage
+from hpcckpt.storage.base import DIRECTORY, FILE, LINK
+from hpcckpt.storage.posix import flock_exclusive, flock_free
 
 LOCK_FILE = ".hpcckpt-lock"
 _FORMAT = "hpcckpt-lock"
@@ -76,19 +78,21 @@ _MAYBE_BEING_WRITTEN = (_EMPTY, _NOT_JSON)
 
 @dataclass
 class RootLock:
-    """Rank 0's hold on a root: the open lock file (keeping the flock) and the body it wrote."""
+    """Rank 0's hold on a root: the open lock file (a handle of ``storage.create``, keeping the flock on POSIX;
+    None once released) and the body it wrote."""
 
     path: str
-    fd: int
+    handle: object
     body: bytes
+    storage: Storage = POSIX
 
 
 @dataclass(frozen=True)
 class LockFile:
     """What lay at a root's lock path when it was looked at (:func:`_inspect`).
 
-    ``identity``: ``(st_dev, st_ino, file type, st_size)`` of the object itself
-    (a link is not followed), which tells it from a lock created later at the
+    ``identity``: ``(Stat.identity, kind, size)`` of the object itself (a
+    link is not followed), which tells it from a lock created later at the
     same path.  ``raw``: the body of a regular file that could be read, else
     None.  ``holder``: the checked body of a valid lock, else ``{}``.
     ``problem``: why it is not a lock hpcckpt can have written (None for a
@@ -100,6 +104,7 @@ class LockFile:
     raw: bytes | None
     holder: dict
     problem: str | None
+    storage: Storage = POSIX
 
     def describe(self) -> str:
         """Its holder, or why it has none, for messages."""
@@ -178,7 +183,7 @@ def describe(holder: dict) -> str:
     return f"pid {holder.get('pid')} on host {holder.get('hostname')}{job}{since}"
 
 
-def acquire(root: str, force: bool = False) -> RootLock:
+def acquire(root: str, force: bool = False, storage: Storage = POSIX) -> RootLock:
     """Take the writer lock of ``root`` (rank 0, at the first save); CheckpointError if another job holds it.
 
     ``force``: take over any lock but a provably alive holder's
@@ -192,9 +197,9 @@ def acquire(root: str, force: bool = False) -> RootLock:
     me = this_process()
     for attempt in range(_ATTEMPTS):
         try:
-            fd = create_new(path)
+            handle = storage.create(path)
         except FileExistsError:
-            lock = _inspect(path)
+            lock = _inspect(storage, path)
             if lock is None:
                 continue  # released meanwhile: try again
             if lock.problem is not None:
@@ -205,7 +210,7 @@ def acquire(root: str, force: bool = False) -> RootLock:
                     raise CheckpointError(_invalid_message(root, lock)) from None
                 why = "break_lock=True was given"
             else:
-                flock_free = _flock_free(path)
+                flock_free = _flock_free(storage, path)
                 why = stale_reason(lock.holder, me, _pid_alive, flock_free)
                 if why is None:
                     live = alive_here(lock.holder, me, _pid_alive, flock_free)
@@ -220,25 +225,25 @@ def acquire(root: str, force: bool = False) -> RootLock:
             raise CheckpointError(f"cannot save under {root!r}: the lock {LOCK_FILE} cannot be created there "
                                   f"({exc.strerror}; a read-only or non-writable root can only be restored from)"
                                   ) from None
-        return _fill(path, fd, me)
+        return _fill(storage, path, handle, me)
     raise CheckpointError(f"cannot take the lock {path}: other processes keep taking it at the same time")
 
 
 def release(lock: RootLock | None) -> None:
     """Drop the lock: remove the file if it is still ours (not taken over meanwhile), close it."""
-    if lock is None or lock.fd < 0:
+    if lock is None or lock.handle is None:
         return
     try:
-        if os.stat(lock.path).st_ino == os.fstat(lock.fd).st_ino:
-            os.unlink(lock.path)
+        if lock.storage.names_handle(lock.path, lock.handle):
+            lock.storage.remove_file(lock.path)
     except OSError:
         pass  # gone already, or the root went away: nothing left to release
     finally:
-        os.close(lock.fd)
-        lock.fd = -1
+        lock.storage.close(lock.handle, fsync=False)
+        lock.handle = None
 
 
-def remove_lock(root: str, force: bool = False) -> LockFile | None:
+def remove_lock(root: str, force: bool = False, storage: Storage = POSIX) -> LockFile | None:
     """Remove the lock of ``root`` (its holder is known to be gone): what was removed, or None when there was none.
 
     A lock hpcckpt cannot read is removed too (a symbolic link itself, not
@@ -249,10 +254,10 @@ def remove_lock(root: str, force: bool = False) -> LockFile | None:
     path = os.path.join(os.fspath(root), LOCK_FILE)
     me = this_process()
     for _ in range(_ATTEMPTS):
-        lock = _inspect(path)
+        lock = _inspect(storage, path)
         if lock is None:
             return None
-        if not force and lock.problem is None and alive_here(lock.holder, me, _pid_alive, _flock_free(path)):
+        if not force and lock.problem is None and alive_here(lock.holder, me, _pid_alive, _flock_free(storage, path)):
             raise CheckpointError(
                 f"{describe(lock.holder)} holds {path} and is running on this host: that job may still be "
                 f"writing {os.fspath(root)!r}, and a second job writing it as well would damage the versions of "
@@ -263,10 +268,10 @@ def remove_lock(root: str, force: bool = False) -> LockFile | None:
     raise CheckpointError(f"cannot remove the lock {path}: other processes keep taking it at the same time")
 
 
-def break_lock(root: str, force: bool = False) -> dict | None:
+def break_lock(root: str, force: bool = False, storage: Storage = POSIX) -> dict | None:
     """Remove the lock of ``root`` as :func:`remove_lock` does; the holder's body, ``{}`` for a lock that named
     none, or None when there was no lock."""
-    lock = remove_lock(root, force)
+    lock = remove_lock(root, force, storage)
     return None if lock is None else lock.holder
 
 
@@ -290,60 +295,57 @@ def _invalid_message(root: str, lock: LockFile) -> str:
     return head + "If no job writes this root, remove it with `hpcckpt unlock ROOT` or pass break_lock=True"
 
 
-def _fill(path: str, fd: int, me: dict) -> RootLock:
+def _fill(storage: Storage, path: str, handle, me: dict) -> RootLock:
     """Write the body into the new lock file (after taking its flock, so a reader never sees a free flock)."""
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            pass  # a file system without flock: the O_EXCL file alone is the lock
+        if isinstance(storage, PosixStorage):  # the POSIX-only part (module docstring): a handle is a descriptor
+            flock_exclusive(handle)  # not taken (a file system without flock): the O_EXCL file alone is the lock
         body = json.dumps(me).encode()
-        os.write(fd, body)
-        os.fsync(fd)
+        storage.append(handle, body)
+        storage.sync(handle)
     except OSError as exc:
-        os.close(fd)
+        storage.close(handle, fsync=False)
         try:
-            os.unlink(path)
+            storage.remove_file(path)
         except OSError:
             pass
         raise CheckpointError(f"cannot write the lock {path}: {exc.strerror}") from None
-    return RootLock(path, fd, body)
+    return RootLock(path, handle, body, storage)
 
 
-def _inspect(path: str) -> LockFile | None:
+def _inspect(storage: Storage, path: str) -> LockFile | None:
     """What lies at ``path`` (None: nothing), looked at without following a link or blocking on a FIFO.
 
-    Only a regular file of at most 64 KiB is read (through ``read_bounded``,
+    Only a regular file of at most 64 KiB is read (through ``storage.read_file``,
     which refuses anything else should the file be replaced meanwhile).
     """
     try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return None
+        st = storage.stat(path)
     except OSError as exc:
         raise CheckpointError(f"cannot look at the lock {path}: {exc.strerror}") from None
-    kind = stat.S_IFMT(st.st_mode)
-    identity = (st.st_dev, st.st_ino, kind, st.st_size)
+    if st is None:
+        return None
+    identity = (st.identity, st.kind, st.size)
     raw, problem = None, None
-    if kind == stat.S_IFLNK:
-        problem = f"a symbolic link (to {_link_target(path)})"
-    elif kind == stat.S_IFDIR:
-        problem = "an empty directory" if _is_empty_dir(path) else _FULL_DIR
-    elif kind != stat.S_IFREG:
-        problem = file_kind(st.st_mode)
-    elif st.st_size > _MAX_BYTES:
-        problem = f"a file of {st.st_size} bytes, longer than any lock ({_MAX_BYTES} bytes at most)"
+    if st.kind == LINK:
+        problem = f"a symbolic link (to {_link_target(st.target)})"
+    elif st.kind == DIRECTORY:
+        problem = "an empty directory" if _is_empty_dir(storage, path) else _FULL_DIR
+    elif st.kind != FILE:
+        problem = st.describe()
+    elif st.size > _MAX_BYTES:
+        problem = f"a file of {st.size} bytes, longer than any lock ({_MAX_BYTES} bytes at most)"
     else:
         try:
-            raw = read_bounded(path, _MAX_BYTES)
+            raw = storage.read_file(path, _MAX_BYTES)
         except FileNotFoundError:
             return None
         except CheckpointError as exc:
             problem = f"unreadable ({exc})"
     if raw is None:
-        return LockFile(path, identity, None, {}, problem)
+        return LockFile(path, identity, None, {}, problem, storage)
     holder, problem = _parse(raw)
-    return LockFile(path, identity, raw, holder, problem)
+    return LockFile(path, identity, raw, holder, problem, storage)
 
 
 def _parse(raw: bytes) -> tuple[dict, str | None]:
@@ -371,18 +373,15 @@ def _short(value) -> str:
     return f"a {value.bit_length()}-bit number" if type(value) is int else f"of type {type(value).__name__}"
 
 
-def _link_target(path: str) -> str:
-    try:
-        target = os.readlink(path)
-    except OSError:
+def _link_target(target: str | None) -> str:
+    if target is None:
         return "an unreadable target"
     return repr(target if len(target) <= 200 else target[:200] + "...")
 
 
-def _is_empty_dir(path: str) -> bool:
+def _is_empty_dir(storage: Storage, path: str) -> bool:
     try:
-        with os.scandir(path) as entries:
-            return next(entries, None) is None
+        return not storage.listdir(path)
     except OSError:
         return False
 
@@ -397,19 +396,12 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def _flock_free(path: str) -> bool:
-    """Whether nobody holds the flock of the lock file (False where flock is not supported or the file is gone)."""
-    try:
-        fd = open_regular(path, follow=False)
-    except (OSError, CheckpointError):
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
-    return True
+def _flock_free(storage: Storage, path: str) -> bool:
+    """Whether nobody holds the flock of the lock file (False where flock is not supported or the file is gone).
+
+    POSIX only (module docstring): no other Storage has a flock to test.
+    """
+    return isinstance(storage, PosixStorage) and flock_free(path)
 
 
 def _remove_if_unchanged(lock: LockFile) -> bool:
@@ -422,35 +414,35 @@ def _remove_if_unchanged(lock: LockFile) -> bool:
     if it is still the object that was judged (same identity and body), else
     put back with a hard link, which never replaces a lock taken meanwhile.
     """
-    path = lock.path
-    if lock.identity[2] == stat.S_IFDIR:
-        return _remove_empty_dir(path)
+    path, storage = lock.path, lock.storage
+    if lock.identity[1] == DIRECTORY:
+        return _remove_empty_dir(storage, path)
     aside = f"{path}.stale-{socket.gethostname()}-{os.getpid()}"
     try:
-        os.rename(path, aside)
+        storage.replace(path, aside)
     except FileNotFoundError:
         return False  # another taker removed it first
     except OSError as exc:
         raise CheckpointError(f"cannot remove the lock {path}: {exc.strerror}") from None
-    moved = _inspect(aside)
+    moved = _inspect(storage, aside)
     if moved is None:
         return False
     same = (moved.identity, moved.raw) == (lock.identity, lock.raw)
     try:
         if not same:  # a fresh lock: put it back (unless yet another one appeared meanwhile)
             try:
-                os.link(aside, path, follow_symlinks=False)
+                storage.link(aside, path)
             except FileExistsError:
                 pass
-        os.unlink(aside)
+        storage.remove_file(aside)
     except OSError as exc:
         raise CheckpointError(f"cannot remove the lock {path} (moved aside to {aside}): {exc.strerror}") from None
     return same
 
 
-def _remove_empty_dir(path: str) -> bool:
+def _remove_empty_dir(storage: Storage, path: str) -> bool:
     try:
-        os.rmdir(path)
+        storage.remove_directory(path)
     except (FileNotFoundError, NotADirectoryError):
         return False  # gone, or replaced by a lock file meanwhile: look again
     except OSError as exc:

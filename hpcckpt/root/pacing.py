@@ -28,6 +28,7 @@ from hpcckpt.root import halt
 from hpcckpt.mpi.collective import best_effort
 from hpcckpt.policy import FailureHistory, Learned, Schedule, SignalFlag, end_time_from_env
 from hpcckpt.policy.policies import Policy
+from hpcckpt.storage import POSIX, Storage
 
 #: Codes of the decision allreduce (MAX wins): a signal beats a halt file beats a deadline beats the interval.
 _NONE, _INTERVAL, _DEADLINE, _HALT, _SIGNAL = 0, 1, 2, 3, 4
@@ -46,15 +47,17 @@ class Pacer:
     ``deadline``: epoch seconds (default SLURM_JOB_END_TIME), ``handle_signals``:
     install SIGUSR1/SIGTERM/SIGINT handlers now (True), at the first decision or
     save (None) or never (False); ``track_failures``: keep the failure history
-    under ``root``.  After a final decision, ``final_reason`` is 'signal', 'halt'
+    under ``root``; ``storage``: where ``root`` lives (its halt file and failure
+    history are read and written there).  After a final decision, ``final_reason`` is 'signal', 'halt'
     or 'deadline' and ``stop_reason`` says it for people, the same on every rank.
     """
 
     def __init__(self, comm, root: str, policy: Policy | None = None, mtbf: float | None = None,
                  deadline: float | None = None, handle_signals: bool | None = None,
-                 track_failures: bool = True):
+                 track_failures: bool = True, storage: Storage = POSIX):
         self.comm = comm
         self.root = root
+        self.storage = storage
         self.signals = SignalFlag()
         self.handle_signals = handle_signals
         self.final_reason: str | None = None
@@ -67,7 +70,7 @@ class Pacer:
             self.signals.install()
         if comm.Get_rank() == 0:
             if track_failures:
-                self.history = FailureHistory.load(root)
+                self.history = FailureHistory.load(root, storage=storage)
                 from hpcckpt.slurm import detect  # lazily: `python -m hpcckpt.slurm` must not find it imported
 
                 job = detect()  # SLURM job id and restart count, None outside SLURM
@@ -92,7 +95,7 @@ class Pacer:
         progress = 0.0
         if self.schedule is not None:  # rank 0
             try:
-                reason = halt.requested(self.root)
+                reason = halt.requested(self.root, self.storage)
                 if reason is not None:
                     mine = max(mine, (_HALT, 0, reason))
                 now = time.time()
@@ -129,7 +132,8 @@ class Pacer:
         remove the halt file this run honoured (rank 0: the next run of the same command continues)."""
         self.signals.uninstall()
         if self.final_reason == "halt" and self.comm.Get_rank() == 0:
-            best_effort(f"removing the halt file {halt.halt_path(self.root)!r}", lambda: halt.withdraw(self.root))
+            best_effort(f"removing the halt file {halt.halt_path(self.root)!r}",
+                        lambda: halt.withdraw(self.root, self.storage))
         if self.history is not None:  # rank 0
             self.history.clean_end(time.time(), self.final_reason or "completed", persist=False)
             self._persist("recording the clean end")

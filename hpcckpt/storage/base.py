@@ -8,6 +8,38 @@ version directory, its ``data/`` files, its ``metadata.json``), as
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+#: The kinds :meth:`Storage.stat` reports (``Stat.kind``).
+FILE, DIRECTORY, LINK = "file", "directory", "link"
+#: Every kind, in the words a message uses for it ("is a FIFO").
+KIND_WORDS = {FILE: "a regular file", DIRECTORY: "a directory", LINK: "a symbolic link", "fifo": "a FIFO",
+              "socket": "a socket", "character device": "a character device", "block device": "a block device",
+              "other": "not a plain file"}
+
+
+@dataclass(frozen=True)
+class Stat:
+    """What :meth:`Storage.stat` found at a path.
+
+    ``kind``: a key of KIND_WORDS.  ``size``: bytes (of a file; whatever the
+    backend reports for anything else).  ``identity``: tells this object from
+    another one later put at the same path (POSIX: device and inode; an object
+    store: its version tag), comparable only within one process.  ``modified``:
+    changes when the object is rewritten in place (POSIX: mtime in ns).
+    ``target``: for a symbolic link looked at without following it, what it
+    points to (None when unreadable or not a link).
+    """
+
+    kind: str
+    size: int
+    identity: tuple
+    modified: int = 0
+    target: str | None = None
+
+    def describe(self) -> str:
+        """What it is, in words: 'a FIFO', 'a directory', ..."""
+        return KIND_WORDS.get(self.kind, KIND_WORDS["other"])
 
 
 class Storage(ABC):
@@ -49,6 +81,22 @@ class Storage(ABC):
       transports that write one file from many ranks (aggregated,
       shared-file, through MPI-IO or pwrite) can use it; with False only
       file-per-rank runs.
+
+    Call order of a Checkpointer root's bookkeeping (rank 0 only; see the
+    methods under "root" below for what each guarantees):
+
+    * the root itself: ``make_directories(root)``; its versions:
+      ``listdir(root)``, ``stat(entry)`` and ``realpath`` (an entry that is a
+      link out of the root is no version), ``is_file(metadata path)``.
+    * retention: ``remove_file(metadata path)`` (uncommit, newest first),
+      then ``remove_tree(version)``.
+    * the writer lock: ``create(lock)``, ``append``, ``sync`` (kept open
+      while held), ``names_handle`` + ``remove_file`` + ``close`` to release;
+      a lock found there: ``stat``, ``read_file``, ``listdir`` (a directory),
+      ``replace`` aside, ``link`` back, ``remove_file``, ``remove_directory``.
+    * the halt file: ``exists``, ``read_head``, ``atomic_write``, ``remove_file``.
+    * the failure and bandwidth histories: ``read_file``, ``atomic_write``,
+      ``replace`` (a malformed file set aside).
 
     A new backend subclasses this and passes ``hpcckpt.testing.StorageTests``.
     """
@@ -116,6 +164,87 @@ class Storage(ABC):
     @abstractmethod
     def remove(self, path: str) -> None:
         """Remove the file or the whole directory tree at ``path`` (nothing when absent)."""
+
+    # ------------------------------------------------------------- root
+    @abstractmethod
+    def stat(self, path: str, follow: bool = False) -> Stat | None:
+        """What is at ``path`` (a :class:`Stat`), or None when nothing is.
+
+        ``follow=False`` looks at a symbolic link itself, ``follow=True`` at
+        what it points to (None for a dangling one).  NotADirectoryError when
+        something on the way to ``path`` is not a directory; any other failure
+        to look (no permission, I/O error) is an OSError too.  Never opens the
+        object, so a FIFO or a device is looked at without blocking.
+        """
+
+    def is_file(self, path: str) -> bool:
+        """Whether ``path`` is a regular file, links followed (False for anything that cannot be looked at)."""
+        return self._kind(path) == FILE
+
+    def is_directory(self, path: str) -> bool:
+        """Whether ``path`` is a directory, links followed (False for anything that cannot be looked at)."""
+        return self._kind(path) == DIRECTORY
+
+    def _kind(self, path: str) -> str | None:
+        try:
+            st = self.stat(path, follow=True)
+        except OSError:
+            return None
+        return None if st is None else st.kind
+
+    @abstractmethod
+    def realpath(self, path: str) -> str:
+        """The canonical absolute form of ``path``: symbolic links resolved (where the backend has any),
+        ``.`` and ``..`` removed; whether anything is there does not matter."""
+
+    @abstractmethod
+    def make_directories(self, path: str) -> None:
+        """Make the directory ``path`` and any missing parents; nothing when it is a directory already,
+        FileExistsError when something else has that name."""
+
+    @abstractmethod
+    def replace(self, source: str, target: str) -> None:
+        """Rename ``source`` (any kind, a link itself and not its target) to ``target`` in one step, replacing
+        a file at ``target``: readers see the old ``target`` or the new one, never neither.
+        FileNotFoundError when ``source`` is absent."""
+
+    @abstractmethod
+    def link(self, source: str, target: str) -> None:
+        """Give the object at ``source`` (a link itself, not followed) the second name ``target``, never
+        replacing anything: FileExistsError when ``target`` is taken, FileNotFoundError when ``source`` is
+        absent.  (A backend without hard links may copy the bytes; ``source`` stays as it was.)"""
+
+    @abstractmethod
+    def remove_file(self, path: str) -> None:
+        """Remove the one name ``path`` (a file, a link itself, a FIFO: anything but a directory).
+        FileNotFoundError when absent, IsADirectoryError (or another OSError) for a directory, which stays."""
+
+    @abstractmethod
+    def remove_directory(self, path: str) -> None:
+        """Remove the empty directory ``path`` (never a link to one).  FileNotFoundError when absent,
+        NotADirectoryError for anything else, OSError with errno ENOTEMPTY when it holds anything."""
+
+    @abstractmethod
+    def remove_tree(self, path: str) -> None:
+        """Remove the directory ``path`` and everything under it; links inside are removed, never followed.
+        Nothing when absent, and an entry another remover deleted meanwhile is no error; an OSError for
+        anything that resists and for ``path`` itself being a link (only a real directory tree is removed)."""
+
+    @abstractmethod
+    def read_head(self, path: str, nbytes: int) -> bytes:
+        """Up to ``nbytes`` from the start of the regular file ``path`` (fewer when it is shorter, the rest never
+        read).  Never blocks: a FIFO, device or directory there is a CorruptCheckpointError naming what it is;
+        FileNotFoundError when absent; CheckpointError for any other failure."""
+
+    @abstractmethod
+    def sync(self, handle) -> None:
+        """Make the bytes appended to ``handle`` (of :meth:`create`) durable, keeping it open (nothing to do
+        where ``durable`` is False)."""
+
+    @abstractmethod
+    def names_handle(self, path: str, handle) -> bool:
+        """Whether ``path`` still names the very file ``handle`` (of :meth:`create`, still open) writes, not
+        another object put there since (False when nothing is there)."""
 
 
 def hash_segments(view: memoryview, segments) -> None:

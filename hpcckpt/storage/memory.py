@@ -8,13 +8,18 @@ sibling versions.
 
 from __future__ import annotations
 
+import errno
+import itertools
 import os
 import posixpath
 
 from hpcckpt.errors import CheckpointError, CorruptCheckpointError
 from hpcckpt.format.metadata import check_relative_path
 from hpcckpt.core.names import DATA_DIR, METADATA_FILE, split_reference
-from hpcckpt.storage.base import Storage, hash_segments
+from hpcckpt.storage.base import DIRECTORY, FILE, Stat, Storage, hash_segments
+
+#: Identities of memory objects: unique across every MemoryStorage of the process (Stat.identity).
+_SERIAL = itertools.count(1)
 
 
 class _Appender:
@@ -33,6 +38,7 @@ class MemoryStorage(Storage):
     def __init__(self):
         self.files: dict[str, bytearray] = {}
         self.dirs: set[str] = {"/"}
+        self.ids: dict[str, int] = {"/": next(_SERIAL)}  # path -> identity of the object there (Stat.identity)
 
     @staticmethod
     def _norm(path: str) -> str:
@@ -43,7 +49,18 @@ class MemoryStorage(Storage):
             if path in self.files:
                 raise NotADirectoryError(path)
             self.dirs.add(path)
+            self.ids[path] = next(_SERIAL)
             path = posixpath.dirname(path)
+
+    def _put(self, path: str, data: bytearray) -> bytearray:
+        """Make ``data`` the new file ``path`` (a new object: a new identity)."""
+        self.files[path] = data
+        self.ids[path] = next(_SERIAL)
+        return data
+
+    def _parent_is_directory(self, path: str, original: str) -> None:
+        if posixpath.dirname(path) not in self.dirs:
+            raise FileNotFoundError(2, "No such file or directory", original)
 
     # ----------------------------------------------------------------- save
     def make_version(self, directory: str) -> None:
@@ -56,10 +73,8 @@ class MemoryStorage(Storage):
         p = self._norm(path)
         if self.exists(p):
             raise FileExistsError(path)
-        if posixpath.dirname(p) not in self.dirs:
-            raise FileNotFoundError(path)
-        self.files[p] = bytearray()
-        return _Appender(p, self.files[p])
+        self._parent_is_directory(p, path)
+        return _Appender(p, self._put(p, bytearray()))
 
     def append(self, handle: _Appender, buffer, hasher=None) -> int:
         view = memoryview(buffer).cast("B") if memoryview(buffer).ndim != 1 or memoryview(buffer).format != "B" \
@@ -74,11 +89,10 @@ class MemoryStorage(Storage):
 
     def atomic_write(self, path: str, data: bytes, fsync: bool = True) -> None:
         p = self._norm(path)
-        if posixpath.dirname(p) not in self.dirs:
-            raise FileNotFoundError(path)
+        self._parent_is_directory(p, path)
         if p in self.dirs:
             raise IsADirectoryError(path)
-        self.files[p] = bytearray(data)  # one assignment: readers see the old bytes or the new
+        self._put(p, bytearray(data))  # one assignment: readers see the old bytes or the new
 
     def sync_directory(self, path: str) -> None:
         if self._norm(path) not in self.dirs:
@@ -150,5 +164,113 @@ class MemoryStorage(Storage):
             raise CheckpointError("refusing to remove the whole memory storage")
         prefix = p + "/"
         for q in [q for q in self.files if q == p or q.startswith(prefix)]:
-            del self.files[q]
-        self.dirs -= {q for q in self.dirs if q == p or q.startswith(prefix)}
+            del self.files[q], self.ids[q]
+        for q in [q for q in self.dirs if q == p or q.startswith(prefix)]:
+            self.dirs.discard(q)
+            del self.ids[q]
+
+    # ------------------------------------------------------------- root
+    def stat(self, path: str, follow: bool = False) -> Stat | None:
+        p = self._norm(path)
+        if p in self.files:
+            return Stat(FILE, len(self.files[p]), (self.ids[p],))
+        if p in self.dirs:
+            return Stat(DIRECTORY, 0, (self.ids[p],))
+        parent = posixpath.dirname(p)
+        while parent not in self.dirs:  # no links here: ``follow`` changes nothing
+            if parent in self.files:
+                raise NotADirectoryError(20, "Not a directory", path)
+            parent = posixpath.dirname(parent)
+        return None
+
+    def realpath(self, path: str) -> str:
+        return self._norm(path)
+
+    def make_directories(self, path: str) -> None:
+        p = self._norm(path)
+        if p in self.files:
+            raise FileExistsError(17, "File exists", path)
+        self._makedirs(p)
+
+    def replace(self, source: str, target: str) -> None:
+        src, dst = self._norm(source), self._norm(target)
+        if src == dst and self.exists(src):
+            return
+        if src in self.files:
+            self._parent_is_directory(dst, target)
+            if dst in self.dirs:
+                raise IsADirectoryError(21, "Is a directory", target)
+            self.files[dst], self.ids[dst] = self.files.pop(src), self.ids.pop(src)
+        elif src in self.dirs:
+            self._replace_directory(src, dst, target)
+        else:
+            raise FileNotFoundError(2, "No such file or directory", source)
+
+    def _replace_directory(self, src: str, dst: str, target: str) -> None:
+        if src == "/" or dst.startswith(src + "/"):
+            raise OSError(errno.EINVAL, "Invalid argument", target)
+        self._parent_is_directory(dst, target)
+        if dst in self.files:
+            raise NotADirectoryError(20, "Not a directory", target)
+        if dst in self.dirs:
+            if self.listdir(dst):
+                raise OSError(errno.ENOTEMPTY, "Directory not empty", target)
+            self.remove_directory(dst)
+
+        def moved(q: str) -> str:
+            return dst + q[len(src):]
+
+        for q in [q for q in self.files if q.startswith(src + "/")]:
+            self.files[moved(q)], self.ids[moved(q)] = self.files.pop(q), self.ids.pop(q)
+        for q in [q for q in self.dirs if q == src or q.startswith(src + "/")]:
+            self.dirs.discard(q)
+            self.dirs.add(moved(q))
+            self.ids[moved(q)] = self.ids.pop(q)
+
+    def link(self, source: str, target: str) -> None:
+        src, dst = self._norm(source), self._norm(target)
+        if src in self.dirs:
+            raise PermissionError(errno.EPERM, "Operation not permitted", source)
+        if src not in self.files:
+            raise FileNotFoundError(2, "No such file or directory", source)
+        if self.exists(dst):
+            raise FileExistsError(17, "File exists", target)
+        self._parent_is_directory(dst, target)
+        self.files[dst], self.ids[dst] = self.files[src], self.ids[src]  # one object, two names
+
+    def remove_file(self, path: str) -> None:
+        p = self._norm(path)
+        if p in self.dirs:
+            raise IsADirectoryError(21, "Is a directory", path)
+        if p not in self.files:
+            raise FileNotFoundError(2, "No such file or directory", path)
+        del self.files[p], self.ids[p]
+
+    def remove_directory(self, path: str) -> None:
+        p = self._norm(path)
+        if p in self.files:
+            raise NotADirectoryError(20, "Not a directory", path)
+        if p not in self.dirs:
+            raise FileNotFoundError(2, "No such file or directory", path)
+        if self.listdir(p):
+            raise OSError(errno.ENOTEMPTY, "Directory not empty", path)
+        if p == "/":
+            raise CheckpointError("refusing to remove the whole memory storage")
+        self.dirs.discard(p)
+        del self.ids[p]
+
+    def remove_tree(self, path: str) -> None:
+        p = self._norm(path)
+        if p in self.files:
+            raise NotADirectoryError(20, "Not a directory", path)
+        self.remove(p)
+
+    def read_head(self, path: str, nbytes: int) -> bytes:
+        data, _ = self.open_read(path)
+        return bytes(data[:nbytes])
+
+    def sync(self, handle: _Appender) -> None:
+        pass
+
+    def names_handle(self, path: str, handle: _Appender) -> bool:
+        return self.files.get(self._norm(path)) is handle.data

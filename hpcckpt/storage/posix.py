@@ -16,7 +16,7 @@ from hpcckpt.core.checksum import PIECE
 from hpcckpt.errors import CheckpointError, CorruptCheckpointError
 from hpcckpt.format.metadata import check_relative_path
 from hpcckpt.core.names import DATA_DIR, METADATA_FILE, split_reference
-from hpcckpt.storage.base import Storage
+from hpcckpt.storage.base import DIRECTORY, FILE, LINK, Stat, Storage
 from hpcckpt.storage.opening import create_new, create_replacing, open_for_sync, open_regular
 
 #: Largest single os.write/os.preadv call (Linux moves at most ~2 GiB per call anyway).
@@ -247,6 +247,73 @@ def sizes(directory: str, names: Iterable[str]) -> list[int]:
     return out
 
 
+#: Stat.kind of each file type.
+_KINDS = {stat.S_IFREG: FILE, stat.S_IFDIR: DIRECTORY, stat.S_IFLNK: LINK, stat.S_IFIFO: "fifo",
+          stat.S_IFSOCK: "socket", stat.S_IFCHR: "character device", stat.S_IFBLK: "block device"}
+
+
+def read_head(path: str, nbytes: int) -> bytes:
+    """Up to ``nbytes`` from the start of the regular file ``path`` (opened without blocking, see opening.py)."""
+    fd = open_regular(path)
+    try:
+        chunks, total = [], 0
+        while total < nbytes:
+            piece = os.read(fd, nbytes - total)
+            if not piece:
+                break
+            chunks.append(piece)
+            total += len(piece)
+    except OSError as exc:
+        raise CheckpointError(f"cannot read {path}: {exc.strerror}") from None
+    finally:
+        os.close(fd)
+    return b"".join(chunks)
+
+
+def remove_tree(path: str) -> None:
+    """``shutil.rmtree`` of ``path``, where an entry deleted meanwhile (by retention's thread, or a ``hpcckpt gc``
+    run beside it) is what was wanted; any other error propagates (a link at ``path`` itself is one)."""
+    import shutil  # here: shutil (with bz2 and lzma) is 2-12 ms of a restart's import, which never removes
+
+    shutil.rmtree(path, onerror=_already_gone)
+
+
+def _already_gone(function, path, exc_info) -> None:
+    if not issubclass(exc_info[0], FileNotFoundError):
+        raise exc_info[1]
+
+
+def flock_exclusive(fd: int) -> bool:
+    """Take the exclusive ``flock`` of the open file ``fd`` without waiting; whether it was taken (False where
+    another process holds it or the file system has no flock).
+
+    POSIX only, and not part of Storage: the kernel drops a flock when its
+    process dies, which is how the writer lock (hpcckpt.root.lock) tells a
+    holder whose pid was reused from a live one; an object store has no such
+    thing and its locks go without.
+    """
+    import fcntl
+
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return False
+    return True
+
+
+def flock_free(path: str) -> bool:
+    """Whether nobody holds the ``flock`` of the regular file ``path`` (False where flock is not supported, the
+    file is gone or is something else: a link at ``path`` itself is not followed)."""
+    try:
+        fd = open_regular(path, follow=False)
+    except (OSError, CheckpointError):
+        return False
+    try:
+        return flock_exclusive(fd)
+    finally:
+        os.close(fd)
+
+
 class PosixStorage(Storage):
     """POSIX directories: the default Storage (the functions above, behind the interface of storage/base.py)."""
 
@@ -304,6 +371,58 @@ class PosixStorage(Storage):
             shutil.rmtree(path)
         elif os.path.lexists(path):
             os.unlink(path)
+
+    # ------------------------------------------------------------- root
+    def stat(self, path: str, follow: bool = False) -> Stat | None:
+        try:
+            st = os.stat(path) if follow else os.lstat(path)
+        except FileNotFoundError:
+            return None
+        kind = _KINDS.get(stat.S_IFMT(st.st_mode), "other")
+        return Stat(kind, st.st_size, (st.st_dev, st.st_ino), st.st_mtime_ns,
+                    _link_target(path) if kind == LINK else None)
+
+    def realpath(self, path: str) -> str:
+        return os.path.realpath(path)
+
+    def make_directories(self, path: str) -> None:
+        os.makedirs(path, exist_ok=True)
+
+    def replace(self, source: str, target: str) -> None:
+        os.replace(source, target)
+
+    def link(self, source: str, target: str) -> None:
+        os.link(source, target, follow_symlinks=False)
+
+    def remove_file(self, path: str) -> None:
+        os.unlink(path)
+
+    def remove_directory(self, path: str) -> None:
+        os.rmdir(path)
+
+    def remove_tree(self, path: str) -> None:
+        remove_tree(path)
+
+    def read_head(self, path: str, nbytes: int) -> bytes:
+        return read_head(path, nbytes)
+
+    def sync(self, handle: int) -> None:
+        os.fsync(handle)
+
+    def names_handle(self, path: str, handle: int) -> bool:
+        try:
+            st = os.stat(path)
+        except (FileNotFoundError, NotADirectoryError):
+            return False
+        mine = os.fstat(handle)
+        return (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino)
+
+
+def _link_target(path: str) -> str | None:
+    try:
+        return os.readlink(path)
+    except OSError:
+        return None
 
 
 #: The default storage of every save and load.

@@ -8,6 +8,7 @@ a save in a cProfile of 200 back-to-back 64 KiB saves on one rank).  The file is
 advisory: a missing, malformed or unreadable file (a FIFO or a directory in its
 place included: it is opened without blocking) is treated as empty, and a
 failed write is one warning on rank 0, never an error (``collective.best_effort``).
+The file is read and written through the root's Storage (POSIX by default).
 """
 
 from __future__ import annotations
@@ -16,11 +17,11 @@ import json
 import math
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from hpcckpt.mpi.collective import best_effort
 from hpcckpt.errors import CheckpointError
-from hpcckpt.storage.posix import atomic_write, read_bounded
+from hpcckpt.storage import POSIX, Storage
 
 FILE_NAME = ".hpcckpt-io.json"
 KEEP = 50
@@ -30,29 +31,31 @@ WRITE_SECONDS = 30.0
 
 @dataclass
 class Held:
-    """A root's measurements as this process knows them (the file's, then its own), and when it last wrote."""
+    """A root's measurements as this process knows them (the file's, then its own), when it last wrote, and the
+    storage the root lives in."""
 
     rows: list
     written: float
     unwritten: bool = False
+    storage: Storage = field(default=POSIX, repr=False)
 
 
 #: root -> its measurements, from the first record until flush(forget=True) (Checkpointer.close).
 _HELD: dict[str, Held] = {}
 
 
-def read(root: str | None) -> list[dict]:
+def read(root: str | None, storage: Storage = POSIX) -> list[dict]:
     """The measurements recorded under ``root``: this process's own when it holds some, else the file's."""
     if root is None:
         return []
     held = _HELD.get(root)
-    return list(held.rows) if held is not None else read_file(root)
+    return list(held.rows) if held is not None else read_file(root, storage)
 
 
-def read_file(root: str) -> list[dict]:
-    """The measurements in ``root``'s file (none when it is missing or not valid)."""
+def read_file(root: str, storage: Storage = POSIX) -> list[dict]:
+    """The measurements in ``root``'s file in ``storage`` (none when it is missing or not valid)."""
     try:
-        doc = json.loads(read_bounded(os.path.join(root, FILE_NAME), 1 << 20))
+        doc = json.loads(storage.read_file(os.path.join(root, FILE_NAME), 1 << 20))
         rows = doc["saves"]
     except (OSError, CheckpointError, ValueError, KeyError, TypeError, RecursionError):
         return []
@@ -65,12 +68,15 @@ def _valid(row: dict) -> bool:
                     for k in ("bytes_per_rank", "gbps")))
 
 
-def record(root: str | None, strategy: str, nranks: int, total_bytes: int, seconds: float) -> None:
-    """Append one measurement; the file is rewritten when WRITE_SECONDS have passed since this process last
-    wrote it (at once the first time)."""
+def record(root: str | None, strategy: str, nranks: int, total_bytes: int, seconds: float,
+           storage: Storage = POSIX) -> None:
+    """Append one measurement; the file (in ``storage``) is rewritten when WRITE_SECONDS have passed since this
+    process last wrote it (at once the first time)."""
     if root is None or seconds <= 0 or total_bytes <= 0:
         return
-    held = _HELD.setdefault(root, Held(read_file(root), -math.inf))
+    held = _HELD.get(root)
+    if held is None:
+        held = _HELD[root] = Held(read_file(root, storage), -math.inf, storage=storage)
     row = {"strategy": strategy, "nranks": nranks, "bytes_per_rank": total_bytes / nranks,
            "gbps": total_bytes / seconds / 1e9}
     held.rows = held.rows[-(KEEP - 1):] + [row]
@@ -87,5 +93,5 @@ def flush(root: str, forget: bool = False) -> None:
         return
     held.written, held.unwritten = time.monotonic(), False
     best_effort(f"recording the bandwidth of a save in {os.path.join(root, FILE_NAME)}",
-                lambda: atomic_write(os.path.join(root, FILE_NAME), json.dumps({"saves": held.rows}).encode(),
-                                     fsync=False))
+                lambda: held.storage.atomic_write(os.path.join(root, FILE_NAME),
+                                                  json.dumps({"saves": held.rows}).encode(), fsync=False))
