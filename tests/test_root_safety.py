@@ -1,4 +1,4 @@
-"""Issue 12 (integrity) on a Checkpointer root: errors that reach one rank, two jobs on one root (the writer
+"""Integrity of a Checkpointer root: errors that reach one rank, two jobs on one root (the writer
 lock), read-only roots, restore's fallback over unusable versions, and version confinement.
 
 The MPI part runs with ``mpiexec -n N python tests/mpi_pytest.py --with-mpi -m mpi tests/test_root_safety.py``;

@@ -1,4 +1,4 @@
-"""hpcckpt.testing.StorageTests for both Storage backends: POSIX directories and MemoryStorage (issue 18)."""
+"""hpcckpt.testing.StorageTests for both Storage backends: POSIX directories and MemoryStorage."""
 
 from __future__ import annotations
 
