@@ -302,7 +302,7 @@ def test_retention_leaves_the_next_save_alone_that_other_ranks_have_started(worl
 
     real = checkpointer.list_versions
     if world.rank == 0:  # a slow listing: the others are well into the next save when rank 0 lists the root
-        monkeypatch.setattr(checkpointer, "list_versions", lambda root: (time.sleep(0.3), real(root))[1])
+        monkeypatch.setattr(checkpointer, "list_versions", lambda root, *rest: (time.sleep(0.3), real(root, *rest))[1])
     root = f"{mpi_tmp}/root"
     with Checkpointer(root, comm=world, strategy="file-per-rank", track_failures=False, keep=2) as ck:
         for step in range(1, 6):
