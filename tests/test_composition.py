@@ -1,4 +1,7 @@
-"""The all-pairs generator (tests/pairwise.py), pure."""
+"""The all-pairs generator (tests/pairwise.py) and the composition matrix built with it (tests/composition.py).
+
+Pure, no MPI; the matrix itself runs under mpiexec in tests/test_composition_mpi.py.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +9,7 @@ import itertools
 
 import pytest
 
+from composition import AXES, CONFIGS, DEFECTS, LIMITATIONS, REFUSED, RUNS, limitations, possible
 from pairwise import configurations, coverable_pairs, pairs_of, pairwise
 
 EXAMPLES = [
@@ -79,4 +83,33 @@ def test_a_second_call_adds_only_what_the_first_left_out():
 
 def test_nothing_allowed_gives_nothing():
     assert pairwise(EXAMPLES[2], lambda c: False) == []
+
+
+# ------------------------------------------------------------------ the composition matrix (tests/composition.py)
+def _held(configs):
+    return set().union(*(pairs_of(c, list(AXES)) for c in configs))
+
+
+def test_the_matrix_holds_every_possible_pair_and_only_possible_configurations():
+    assert coverable_pairs(AXES, possible) <= _held(CONFIGS)
+    assert all(possible(c) for c in CONFIGS)
+    assert len({tuple(c.values()) for c in CONFIGS}) == len(CONFIGS)
+    assert len(CONFIGS) <= 60
+
+
+def test_every_pair_that_works_today_is_run_by_a_configuration_refused_by_nothing():
+    assert coverable_pairs(AXES, lambda c: possible(c) and not limitations(c)) <= _held(RUNS)
+    assert not any(limitations(c) for c in RUNS)
+    assert all(limitations(c) for c in REFUSED)  # what RUNS leaves out is only what a limitation refuses
+
+
+def test_every_limitation_and_defect_meets_some_configuration():
+    """A limitation or defect that no configuration of the matrix meets would be a mark nothing checks."""
+    assert all(any(lim.applies(c) for c in CONFIGS) for lim in LIMITATIONS)
+    assert all(any(d.applies(c) and not limitations(c) for c in CONFIGS) for d in DEFECTS)
+
+
+def test_the_only_impossible_pair_is_precopy_with_full_versions():
+    impossible = _held(configurations(AXES)) - coverable_pairs(AXES, possible)
+    assert impossible == {(("kind", "full"), ("precopy", True))}
 
