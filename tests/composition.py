@@ -25,8 +25,8 @@ forbids them; each names the refusal's message.  ``DEFECTS`` are wrong
 results seen today, each with the problem it causes.  ``RUNS`` covers every pair
 of values that some configuration free of limitations holds, with such
 configurations only, so that those pairs are exercised today; ``REFUSED``
-adds the configurations that cover the remaining pairs (each hits at least
-one limitation).  tests/test_composition_mpi.py runs all of them.
+adds the configurations that cover the remaining pairs, each refused by a
+single limitation where one suffices, every limitation alone at least once.  tests/test_composition_mpi.py runs all of them.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ import re
 from dataclasses import dataclass
 from typing import Callable
 
-from pairwise import pairwise
+from pairwise import configurations, pairwise
 
 AXES = {
     "mode": ("blocking", "asynchronous"),
@@ -113,8 +113,20 @@ def defects(config: dict) -> list[Defect]:
     return [d for d in DEFECTS if d.applies(config)]
 
 
+def _refused(runs: list[dict]) -> list[dict]:
+    """Configurations that cover the pairs ``runs`` leaves out, each refused by one limitation alone where one
+    suffices (so that every limitation's own message is seen: a configuration refused by several shows only the
+    first refusal it meets), and at least one per limitation."""
+    chosen: list[dict] = []
+    for lim in LIMITATIONS:
+        alone = lambda c, lim=lim: possible(c) and limitations(c) == [lim]  # noqa: E731
+        added = pairwise(AXES, alone, start=runs + chosen)
+        chosen += added or [next(c for c in configurations(AXES) if alone(c))]
+    return chosen + pairwise(AXES, possible, start=runs + chosen)
+
+
 RUNS = pairwise(AXES, lambda c: possible(c) and not limitations(c))
-REFUSED = pairwise(AXES, possible, start=RUNS)
+REFUSED = _refused(RUNS)
 CONFIGS = RUNS + REFUSED
 
 
