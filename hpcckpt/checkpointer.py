@@ -17,7 +17,7 @@ from hpcckpt.root.files import FileTracker, rollback
 from hpcckpt.loading.load import load_version, version_metadata
 from hpcckpt.root.pacing import Pacer
 from hpcckpt.options import SaveOptions, SaveResult
-from hpcckpt.saving.pipeline import Series, save_version
+from hpcckpt.saving.pipeline import Series, is_incremental, save_version
 from hpcckpt.saving.plan import PlanCache
 from hpcckpt.storage import POSIX, Storage
 from hpcckpt.transport import io_history
@@ -103,6 +103,12 @@ class Checkpointer:
         self.options = agree(self.comm, f"creating {self.root!r}", lambda: SaveOptions.from_kwargs(**options))
         engine_options = agree(self.comm, f"creating {self.root!r}", lambda: EngineOptions.from_kwargs(
             **engine_keywords))
+        if engine_keywords.get("precopy") not in (None, False) and not is_incremental(self.options):
+            raise CheckpointError(
+                "precopy needs incremental=True: pre-copy writes ahead the blocks that changed since the previous "
+                "checkpoint, and the checkpoint reuses one only if its content hash at the call matches; only an "
+                "incremental save hashes its blocks and points at blocks written before the call, a full save "
+                "(incremental=False) writes every block at the call")
         self.chain_base: str | None = None  # what the next incremental save builds on (hpcckpt/incremental/rules.py)
         self.last_restored: str | None = None
         self._last_result: SaveResult | None = None

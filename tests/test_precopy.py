@@ -256,6 +256,15 @@ def test_bad_precopy_options_are_checkpoint_errors(tmp_path, options):
         Checkpointer(str(tmp_path / "root"), track_failures=False, handle_signals=False, **kwargs)
 
 
+@pytest.mark.parametrize("mode", [{}, {"asynchronous": True}, {"asynchronous": True, "local_dir": "local"}])
+def test_precopy_with_full_versions_is_refused_with_the_reason(tmp_path, mode):
+    mode = {k: str(tmp_path / v) if k == "local_dir" else v for k, v in mode.items()}
+    with pytest.raises(CheckpointError, match="^precopy needs incremental=True: pre-copy writes ahead the blocks "
+                                              "that changed since the previous checkpoint") as err:
+        Checkpointer(str(tmp_path / "root"), precopy=True, track_failures=False, handle_signals=False, **mode)
+    assert "supported" not in str(err.value)
+
+
 # ------------------------------------------------------------------ MPI
 @pytest.fixture
 def comm():
