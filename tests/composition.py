@@ -21,8 +21,7 @@ Axes (one value each per configuration):
 changed since the previous checkpoint, so it needs incremental versions (its
 refusal with the reason: tests/test_precopy.py).
 ``LIMITATIONS`` are the combinations refused today although nothing physical
-forbids them; each names the refusal's message.  ``DEFECTS`` are wrong
-results seen today, each with the problem it causes.  ``RUNS`` covers every pair
+forbids them; each names the refusal's message.  ``RUNS`` covers every pair
 of values that some configuration free of limitations holds, with such
 configurations only, so that those pairs are exercised today; ``REFUSED``
 adds the configurations that cover the remaining pairs, each refused by a
@@ -87,30 +86,6 @@ LIMITATIONS = (
 def limitations(config: dict) -> list[Limitation]:
     """The limitations that refuse ``config`` today (empty: it must work)."""
     return [lim for lim in LIMITATIONS if lim.applies(config)]
-
-
-@dataclass(frozen=True)
-class Defect:
-    """A wrong result today: which configurations it affects, and a regex that every problem it causes matches
-    (as tests/test_composition_mpi.py words them: ``root alone: restored step 9 whole, not the newest 12``)."""
-
-    name: str
-    applies: Callable[[dict], bool]
-    problem: str
-
-
-DEFECTS = (
-    Defect("a clean end (close(), after the last interval or a final checkpoint for a signal or the halt file) "
-           "leaves the newest version on the node-local levels when it was not due for a flush: the root alone, "
-           "and a restore on fewer ranks that falls back to it, restore the version flushed before it",
-           lambda c: c["level"] != "none",
-           r"(root alone|\d+ ranks): restored step \d+ whole, not the newest \d+"),
-)
-
-
-def defects(config: dict) -> list[Defect]:
-    """The known wrong results of ``config`` today (empty: it must restore exactly everywhere)."""
-    return [d for d in DEFECTS if d.applies(config)]
 
 
 def _refused(runs: list[dict]) -> list[dict]:

@@ -9,7 +9,7 @@ import itertools
 
 import pytest
 
-from composition import AXES, CONFIGS, DEFECTS, LIMITATIONS, REFUSED, RUNS, limitations, possible
+from composition import AXES, CONFIGS, LIMITATIONS, REFUSED, RUNS, limitations, possible
 from pairwise import configurations, coverable_pairs, pairs_of, pairwise
 
 EXAMPLES = [
@@ -105,11 +105,10 @@ def test_every_pair_that_works_today_is_run_by_a_configuration_refused_by_nothin
     assert all(limitations(c) for c in REFUSED)  # what RUNS leaves out is only what a limitation refuses
 
 
-def test_every_limitation_and_defect_is_seen_alone_in_some_configuration():
+def test_every_limitation_is_seen_alone_in_some_configuration():
     """A configuration refused by several limitations shows only the first refusal it meets: each limitation's
-    message is checked where it is the only one, and each defect where nothing refuses the configuration."""
+    message is checked where it is the only one."""
     assert all(any(limitations(c) == [lim] for c in REFUSED) for lim in LIMITATIONS)
-    assert all(any(d.applies(c) and not limitations(c) for c in CONFIGS) for d in DEFECTS)
 
 
 def test_the_only_impossible_pair_is_precopy_with_full_versions():

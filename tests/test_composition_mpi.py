@@ -34,7 +34,7 @@ import numpy as np
 import pytest
 
 import hpcckpt
-from composition import CONFIGS, defects, label, limitations
+from composition import CONFIGS, label, limitations
 from hpcckpt import Block, Checkpointer, CheckpointError, Ragged
 from hpcckpt.codecs import Lossy
 from hpcckpt.core.regions import even_rows
@@ -57,18 +57,12 @@ class Refused(Exception):
     """A configuration refused with one of its known limitations' messages."""
 
 
-class KnownDefect(Exception):
-    """A configuration whose every problem is one of its known defects'."""
-
-
 def _case(config: dict):
-    refused, wrong = limitations(config), defects(config)
-    if not refused and not wrong:
+    refused = limitations(config)
+    if not refused:
         return pytest.param(config, id=label(config))
-    reason = "; ".join([*(f"refused today: {lim.name}" for lim in refused),
-                        *(f"wrong result today: {d.name}" for d in wrong)])
-    raises = tuple(cls for cls, known in ((Refused, refused), (KnownDefect, wrong)) if known)
-    return pytest.param(config, id=label(config), marks=pytest.mark.xfail(strict=True, raises=raises, reason=reason))
+    reason = "; ".join(f"refused today: {lim.name}" for lim in refused)
+    return pytest.param(config, id=label(config), marks=pytest.mark.xfail(strict=True, raises=Refused, reason=reason))
 
 
 @contextlib.contextmanager
@@ -424,7 +418,5 @@ def test_the_newest_version_restores_exactly_everywhere(config, mpi_tmp, monkeyp
                 found.append(f"tracked files {differ} not rolled back to step {newest}")
             problems += [f"{where}: {p}" for p in found]
     problems = every_rank_problems(world, problems)
-    if problems and all(any(re.fullmatch(d.problem, p) for d in defects(config)) for p in problems):
-        raise KnownDefect(problems)
     assert not problems, problems
 

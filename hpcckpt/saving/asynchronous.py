@@ -114,6 +114,19 @@ def pop_engine_options(options: dict) -> dict:
     return {k: options.pop(k) for k in ENGINE_OPTIONS + keyword_names() if k in options}
 
 
+@dataclass(frozen=True)
+class UnflushedVersion:
+    """A committed node-local version not flushed to the root: what its flush needs (``metadata``: the sealed
+    bytes on rank 0, None elsewhere)."""
+
+    name: str
+    step: int
+    metadata: bytes | None
+    references: frozenset
+    sizes: list
+    fsync: bool
+
+
 @dataclass
 class Pending:
     """A save whose data is being written in the background; committed by :meth:`Engine.complete`."""
@@ -161,6 +174,9 @@ class Engine:
         self.plan_cache = PlanCache()  # the agreed plan, reused while the layout is unchanged
         self._names: set[str] = set()  # every version name that may exist (agreed on every rank)
         self._retirement = Retirement()  # rank 0: retention's deletions, off the commit's critical path
+        #: The committed versions not flushed to the root that the newest one needs (itself and the versions it
+        #: points into), each with its flush arguments: a clean end flushes them (:meth:`flush_newest`).
+        self._unflushed: dict[str, UnflushedVersion] = {}
         self.precopy: PreCopy | None = None
         if options.precopy is not None:
             if not self.asynchronous or not is_incremental(ckpt.options) or self.node is not None:
@@ -411,12 +427,15 @@ class Engine:
                         ",".join(result.levels), report.nbytes, report.nchunks)
         if self.node is not None:
             self.node.retain()
+            references = committed.references if committed else frozenset()
             if p.due.get("flush"):
                 local_cost = p.stage_seconds + timer.seconds.get("write", 0.0) + timer.seconds.get("levels", 0.0)
-                self.node.start_flush(p.name, p.step, report.metadata, committed.references if committed else (),
-                                      sizes,
-                                      p.options.fsync, local_cost)
+                self.node.start_flush(p.name, p.step, report.metadata, references, sizes, p.options.fsync, local_cost)
+                self._unflushed = {}
             else:
+                newest = UnflushedVersion(p.name, p.step, report.metadata, references, sizes, p.options.fsync)
+                self._unflushed = {n: v for n, v in self._unflushed.items() if n in references}
+                self._unflushed[p.name] = newest
                 self.node.poll_flush(block=False)
         return result
 
@@ -480,9 +499,23 @@ class Engine:
                 self.node.poll_flush(block=True)
         return self.last_result
 
+    def flush_newest(self) -> None:
+        """Collective: flush the newest committed version to the root if it is not there, after the versions it
+        points into that are not there either (oldest first), so that a clean end leaves the newest version
+        restorable from the root alone, on any node count.  The same on every rank: every rank keeps the same
+        ``_unflushed`` (the commit's decisions are agreed)."""
+        if self.node is None or not self._unflushed:
+            return
+        for version in sorted(self._unflushed.values(), key=lambda v: v.step):
+            self.node.start_flush(version.name, version.step, version.metadata, version.references, version.sizes,
+                                  version.fsync)
+        self._unflushed = {}
+        self.node.poll_flush(block=True)
+
     def close(self) -> None:
         try:
             self.wait()
+            self.flush_newest()
         finally:
             self._retirement.wait()
             if self.precopy is not None:
