@@ -125,18 +125,25 @@ def read_bounded(path: str, limit: int) -> bytes:
     Each read asks for the size the file reports (plus one byte, to see its end),
     never for ``limit``: ``os.read`` allocates what it is asked for.
     """
+    data = _read_from_start(path, limit + 1, lambda fd: min(_MAX_IO, max(os.fstat(fd).st_size + 1, 1 << 16)))
+    if len(data) > limit:
+        raise CorruptCheckpointError(f"{path} is longer than {limit} bytes, more than any real one")
+    return data
+
+
+def _read_from_start(path: str, nbytes: int, step) -> bytes:
+    """Up to ``nbytes`` from the start of the regular file ``path`` (opened without blocking: opening.py), each
+    read asking for at most ``step(fd)`` bytes; CheckpointError if a read fails."""
     fd = open_regular(path)
     try:
         chunks, total = [], 0
-        step = min(_MAX_IO, max(os.fstat(fd).st_size + 1, 1 << 16))
-        while True:
-            piece = os.read(fd, min(step, limit + 1 - total))
+        most = step(fd)
+        while total < nbytes:
+            piece = os.read(fd, min(most, nbytes - total))
             if not piece:
                 break
             chunks.append(piece)
             total += len(piece)
-            if total > limit:
-                raise CorruptCheckpointError(f"{path} is longer than {limit} bytes, more than any real one")
     except OSError as exc:
         raise CheckpointError(f"cannot read {path}: {exc.strerror}") from None
     finally:
@@ -254,20 +261,7 @@ _KINDS = {stat.S_IFREG: FILE, stat.S_IFDIR: DIRECTORY, stat.S_IFLNK: LINK, stat.
 
 def read_head(path: str, nbytes: int) -> bytes:
     """Up to ``nbytes`` from the start of the regular file ``path`` (opened without blocking, see opening.py)."""
-    fd = open_regular(path)
-    try:
-        chunks, total = [], 0
-        while total < nbytes:
-            piece = os.read(fd, nbytes - total)
-            if not piece:
-                break
-            chunks.append(piece)
-            total += len(piece)
-    except OSError as exc:
-        raise CheckpointError(f"cannot read {path}: {exc.strerror}") from None
-    finally:
-        os.close(fd)
-    return b"".join(chunks)
+    return _read_from_start(path, nbytes, lambda fd: nbytes)
 
 
 def remove_tree(path: str) -> None:
