@@ -9,16 +9,16 @@ import warnings
 import weakref
 
 from hpcckpt.root import lock as rootlock
-from hpcckpt.mpi.collective import agree, attempt, bcast_checked, best_effort, on_root, resolve_comm
-from hpcckpt.root.catalog import KnownNames, Retirement, check_step, current, list_versions, new_version_name, remove_versions, \
-    removable, retained
+from hpcckpt.mpi.collective import agree, attempt, bcast_checked, on_root, resolve_comm
+from hpcckpt.root.catalog import KnownNames, current, list_versions, retained
+from hpcckpt.core.names import METADATA_FILE
 from hpcckpt.errors import CheckpointError, TemplateMismatchError
 from hpcckpt.root.files import FileTracker, rollback
 from hpcckpt.loading.load import load_version, version_metadata
 from hpcckpt.root.pacing import Pacer
 from hpcckpt.options import SaveOptions, SaveResult
-from hpcckpt.saving.pipeline import Series, is_incremental, save_version
-from hpcckpt.saving.plan import PlanCache
+from hpcckpt.saving.pipeline import is_incremental
+from hpcckpt.saving.run import SaveRequest, SaveRun, Series
 from hpcckpt.storage import POSIX, Storage
 from hpcckpt.transport import io_history
 
@@ -109,12 +109,10 @@ class Checkpointer:
                 "checkpoint, and the checkpoint reuses one only if its content hash at the call matches; only an "
                 "incremental save hashes its blocks and points at blocks written before the call, a full save "
                 "(incremental=False) writes every block at the call")
-        self.chain_base: str | None = None  # what the next incremental save builds on (hpcckpt/incremental/rules.py)
+        #: What the saves under this root share from one to the next (saving/run.py)
+        self.series = Series(root=self.root, storage=self.storage, names=KnownNames(self.root), keep=keep,
+                             tracker=self.files)
         self.last_restored: str | None = None
-        self._last_result: SaveResult | None = None
-        self._plan_cache = PlanCache()  # the plan of the last blocking save, reused while the layout holds
-        self._names = KnownNames(self.root)  # what a save planned locally names its version from
-        self._retirement = Retirement()  # rank 0: retention's deletions, off the save's critical path
         self._closed = False
         self._registered = None  # the state of register(): read at every save/restore given none
         self._break_lock = bool(break_lock)
@@ -128,11 +126,8 @@ class Checkpointer:
         if engine_options.wanted:
             from hpcckpt.saving.asynchronous import Engine
 
-            if files:
-                raise CheckpointError("tracked files (files=...) need blocking saves: they are not supported with "
-                                      "asynchronous or multi-level saves")
-
             self.engine = Engine(self, engine_options)
+        self._engine_options = engine_options
 
     def resize(self, comm) -> None:
         """Continue on ``comm`` after the job changed its rank count (hpcckpt.redistribute; docs/malleability.md).
@@ -145,10 +140,17 @@ class Checkpointer:
         the failure history), otherwise every rank raises a CheckpointError.
         The next save is planned afresh on the new ranks and, if incremental,
         continues the chain (incremental saves are independent of the rank
-        count).  Not supported with an asynchronous or multi-level engine.
+        count).  An asynchronous save in flight is committed first; with
+        node-local levels the newest version is flushed to the root, and the
+        levels start afresh on the new ranks (their node directories and
+        parity groups follow the new layout).  Per-rank tracked files of a
+        rank that left are recorded from then on by rank ``i % n`` of the
+        ``n`` ranks, so a restore rolls them back too.
         """
         self._check_open()
         was_root = self.comm.Get_rank() == 0
+        if self.engine is not None:  # collective over the old ranks: the leaving ones take part
+            self.engine.close()
         if comm is None or _is_null(comm):
             if was_root:
                 raise CheckpointError(f"rank 0 of the Checkpointer for {self.root!r} cannot leave: it holds the "
@@ -159,19 +161,21 @@ class Checkpointer:
         comm = resolve_comm(comm)
         _resize_agreed(comm, self.root, lambda: self._resize_config(was_root))
         self.comm = self.pacer.comm = comm
-        self._plan_cache.invalidate()
+        self.series.cache.invalidate()
+        self.files.ranks_seen(comm.Get_size())
+        if self.engine is not None:
+            from hpcckpt.saving.asynchronous import Engine
+
+            self.series.levels = self.series.precopy = None
+            self.engine = Engine(self, self._engine_options)
 
     def _resize_config(self, was_root: bool) -> dict:
         """Rank 0 of the new communicator: what a joining rank needs to continue this Checkpointer."""
         if not was_root:
             raise CheckpointError("rank 0 of the new communicator must be rank 0 of the old one (it holds the "
                                   "writer lock and the failure history)")
-        if self.engine is not None:
-            raise CheckpointError("resize is not supported with an asynchronous or multi-level engine")
-        if any(p.per_rank for p in self.files.patterns):
-            raise CheckpointError("resize is not supported with per-rank tracked files ({rank} in a path): the "
-                                  "files of a leaving rank would have no owner; checkpoint and restart instead")
-        return {"root": self.root, "files": self.files.patterns, "keep": self.keep, "options": self.options, "chain_base": self.chain_base,
+        return {"root": self.root, "files": self.files.patterns, "owners": self.files.owners, "keep": self.keep,
+                "options": self.options, "engine": self._engine_options, "chain_base": self.chain_base,
                 "last_restored": self.last_restored, "handle_signals": self.pacer.handle_signals,
                 "break_lock": self._break_lock, "locked": self._unlock is not None}
 
@@ -183,15 +187,21 @@ class Checkpointer:
         config = _resize_agreed(comm, "a joined Checkpointer", _joining_root)
         self = cls.__new__(cls)
         self.root, self.comm, self.keep, self.options = config["root"], comm, config["keep"], config["options"]
-        self.chain_base, self.last_restored = config["chain_base"], config["last_restored"]
-        self._last_result, self._plan_cache, self._closed, self._registered = None, PlanCache(), False, None
-        self._retirement, self._names = Retirement(), KnownNames(self.root)
-        self._break_lock, self.engine = config["break_lock"], None
-        self.files = FileTracker.following(config["files"])  # shared files only: rank 0 records them
+        self.last_restored, self._closed, self._registered = config["last_restored"], False, None
+        self._break_lock = config["break_lock"]
+        self.files = FileTracker.following(config["files"], config["owners"])
+        self.files.ranks_seen(comm.Get_size())
+        self.series = Series(root=self.root, storage=self.storage, names=KnownNames(self.root), keep=self.keep,
+                             tracker=self.files, chain_base=config["chain_base"])
         # the lock is rank 0's; the other ranks only mark that it was taken, so the next save agrees on it
         self._unlock = weakref.finalize(self, rootlock.release, None) if config["locked"] else None
         self.pacer = Pacer(comm, self.root, handle_signals=config["handle_signals"],  # not rank 0: no history
                            storage=self.storage)
+        self._engine_options, self.engine = config["engine"], None
+        if self._engine_options.wanted:
+            from hpcckpt.saving.asynchronous import Engine
+
+            self.engine = Engine(self, self._engine_options)
         return self
 
     def _restore_listing(self, step: int | None) -> tuple[list, dict]:
@@ -271,9 +281,6 @@ class Checkpointer:
         ``block_bytes`` that changed since the previous save are stored).
         Call it on every rank alike, before the saves.  Returns the Checkpointer.
         """
-        if self.engine is not None:
-            raise CheckpointError("tracked files need blocking saves: not supported with asynchronous or "
-                                  "multi-level saves")
         self.files.track(files, mode, block_bytes)
         return self
 
@@ -306,30 +313,23 @@ class Checkpointer:
         self.pacer.arm()
         what = f"save of step {step!r} under {self.root!r}"
         self._lock(what)
-        if self.engine is not None:
-            return self.engine.save(state, step, **options)
-        opts = {**self.options.__dict__, **options}  # validated inside the plan stage, on every rank alike
         t0 = time.perf_counter()
-        # rank 0 clears leftovers and names the version inside the save's first collective
-        result = save_version(state, lambda: os.path.join(self.root, self._prepare(check_step(step))), self.comm,
-                              opts, step=step, files=self._capture(opts) if self.files.patterns else None,
-                              series=Series(self.root, self._plan_cache, self._names, self.chain_base))
-        self.chain_base = result.path
-        self.files.committed(os.path.basename(result.path))
-        self._last_result = result
+        engine = self.engine
+        request = SaveRequest(state, step, {**self.options.__dict__, **options},
+                              background=engine is not None and engine.asynchronous, defaults=self.options)
+        result = engine.save(request) if engine is not None else self._save_now(request)
         self.pacer.record_save(step, time.perf_counter() - t0)
-        t1 = time.perf_counter()
-        on_root(self.comm, lambda: best_effort(f"retention under {self.root!r}", lambda: self._retirement.retire(
-            removable(self._settled_versions(), self.keep))))
-        result.timings["retention"] = result.this_rank["timings"]["retention"] = time.perf_counter() - t1
         if self.should_exit():  # the final checkpoint is committed: now an application handler may stop us
             self.pacer.signals.raise_pending()
         return result
 
-    def _capture(self, opts: dict):
-        """What records this rank's tracked files for a save into a directory (hpcckpt.root.files), with the
-        save's ``fsync``."""
-        return lambda directory: self.files.capture(self.comm.Get_rank(), directory, opts.get("fsync", True) is not False)
+    def _save_now(self, request: SaveRequest) -> SaveResult:
+        """A blocking save; planned collectively once more when a plan made on the ranks cannot stand
+        (saving/run.SaveRun)."""
+        while True:
+            result = SaveRun(self.comm, self.series, request).start().finish()
+            if result is not None:
+                return result
 
     def _lock(self, what: str) -> None:
         """Collective, at the first save: rank 0 takes the root's writer lock, or every rank raises the same error.
@@ -380,24 +380,6 @@ class Checkpointer:
         file (with its reason) or the deadline; None before."""
         return self.pacer.stop_reason
 
-    def _settled_versions(self) -> list:
-        """Rank 0, after a save: the root's versions retention may consider, committed ones and those whose names
-        are taken (uncommitted: retired before, a deletion that failed).  Not a newer uncommitted directory: the
-        other ranks may have started the next save, planned locally, and be writing into it."""
-        return [e for e in list_versions(self.root, self.storage) if e.committed or self._names.taken(e.name)]
-
-    def _prepare(self, step: int) -> str:
-        """Clear leftovers of interrupted saves (rank 0) and pick the new version's directory name; the names
-        listed are handed to every rank with the plan (KnownNames: what later saves name their versions from)."""
-        self._retirement.wait()  # the last retention's deletions are done: the listing sees the root settled
-        entries = list_versions(self.root, self.storage)
-        leftovers = [e for e in entries if not e.committed]
-        removed = set(remove_versions(leftovers))
-        # one listing: the entries less the leftovers just removed (a leftover that resisted keeps its name taken)
-        kept = [e for e in entries if e.name not in removed]
-        self._names.adopt(KnownNames.revisions_of(e.name for e in kept))
-        return new_version_name(kept, step)
-
     @_shielded
     def restore(self, state=None, step: int | None = None, strict: bool | str = True, cast: bool = False) -> dict:
         """Load the newest valid version (or the given step) into ``state``; collective.
@@ -429,7 +411,10 @@ class Checkpointer:
             state = self._registered  # None as well: every variable of the version (loading.default_template)
         if self.engine is not None and self.engine.node is not None:
             self._check_open()
-            return self.engine.restore(state, step, strict, cast)
+            out = self.engine.restore(state, step, strict, cast)
+            if self.files.patterns:
+                self._roll_back(self.last_restored)
+            return out
         live, first = self._restore_listing(step)
         if step is not None:
             live = [e for e in live if e.step == step]
@@ -451,11 +436,23 @@ class Checkpointer:
                 if self.comm.Get_rank() == 0:
                     warnings.warn(f"hpcckpt: skipping unusable version {entry.path}: {exc}", stacklevel=2)
                 continue
-            if self.files.patterns:  # the files' rollback: agreed checks first, then one atomic step per file
-                self.files.remember(rollback(self.comm, entry.path, self.files.patterns), entry.name)
+            if self.files.patterns:
+                self._roll_back(entry.path)
             self.last_restored = self.chain_base = entry.path
             return out
         raise CheckpointError(f"no valid checkpoint under {self.root!r}: every version is damaged or unreadable ({skipped})")
+
+    def _roll_back(self, version_dir: str) -> None:
+        """Collective: the tracked files back to their content at the version restored from ``version_dir``
+        (agreed checks first, then one atomic step per file).  A version restored from the node-local levels
+        takes the blocks of its in-place files from the root when it was flushed there (any rank count), else
+        from each rank's node directory."""
+        name = os.path.basename(version_dir)
+        on_root = os.path.join(self.root, name)
+        if version_dir != on_root and bcast_checked(self.comm, f"listing {self.root!r}", lambda: self.storage.exists(
+                os.path.join(on_root, METADATA_FILE))):
+            version_dir = on_root
+        self.files.remember(rollback(self.comm, version_dir, self.files.patterns), name)
 
     def close(self) -> None:
         """Collective: record a clean end in the failure history, restore signal handlers, remove a halt file
@@ -469,7 +466,7 @@ class Checkpointer:
                 if self.engine is not None:
                     self.engine.close()  # commits a pending save and waits for a flush in progress
             finally:
-                self._retirement.wait()
+                self.series.retirement.wait()
                 io_history.flush(self.root, forget=True)  # rank 0's bandwidth measurements not yet written
                 self.pacer.close()
                 if self._unlock is not None:
@@ -486,7 +483,16 @@ class Checkpointer:
     def last_result(self) -> SaveResult | None:
         """The SaveResult of the newest committed save of this Checkpointer (an asynchronous save's counts
         once a later call, or :meth:`wait`, has committed it); None before any."""
-        return self.engine.last_result if self.engine is not None else self._last_result
+        return self.series.last_result
+
+    @property
+    def chain_base(self) -> str | None:
+        """The version the next incremental save builds on: the one saved or restored last."""
+        return self.series.chain_base
+
+    @chain_base.setter
+    def chain_base(self, path: str | None) -> None:
+        self.series.chain_base = path
 
     @property
     def skipped(self) -> int:

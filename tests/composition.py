@@ -20,21 +20,15 @@ Axes (one value each per configuration):
 ``possible`` is what physics allows: pre-copy writes ahead the blocks that
 changed since the previous checkpoint, so it needs incremental versions (its
 refusal with the reason: tests/test_precopy.py).
-``LIMITATIONS`` are the combinations refused today although nothing physical
-forbids them; each names the refusal's message.  ``RUNS`` covers every pair
-of values that some configuration free of limitations holds, with such
-configurations only, so that those pairs are exercised today; ``REFUSED``
-adds the configurations that cover the remaining pairs, each refused by a
-single limitation where one suffices, every limitation alone at least once.  tests/test_composition_mpi.py runs all of them.
+``CONFIGS`` covers every pair of values that some possible configuration
+holds; tests/test_composition_mpi.py runs all of them, and each must restore
+the newest version exactly.
 """
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass
-from typing import Callable
 
-from pairwise import configurations, pairwise
+from pairwise import pairwise
 
 AXES = {
     "mode": ("blocking", "asynchronous"),
@@ -52,57 +46,8 @@ def possible(config: dict) -> bool:
     return not (config["precopy"] and config["kind"] == "full")
 
 
-@dataclass(frozen=True)
-class Limitation:
-    """A combination refused today: which configurations it refuses, and the refusal's message (a regex)."""
-
-    name: str
-    applies: Callable[[dict], bool]
-    message: str
-
-
-def _engine(config: dict) -> bool:
-    return config["mode"] == "asynchronous" or config["level"] != "none"
-
-
-LIMITATIONS = (
-    Limitation("tracked files with asynchronous or multi-level saves",
-               lambda c: c["files"] != "off" and _engine(c),
-               re.escape("tracked files (files=...) need blocking saves: they are not supported with asynchronous "
-                         "or multi-level saves")),
-    Limitation("resize with asynchronous or multi-level saves",
-               lambda c: c["resize"] and _engine(c),
-               re.escape("resize is not supported with an asynchronous or multi-level engine")),
-    Limitation("resize with per-rank tracked files",
-               lambda c: c["resize"] and c["files"] == "per-rank",
-               re.escape("resize is not supported with per-rank tracked files ({rank} in a path): the files of a "
-                         "leaving rank would have no owner")),
-    Limitation("pre-copy with blocking saves or a node-local level",
-               lambda c: c["precopy"] and (c["mode"] == "blocking" or c["level"] != "none"),
-               re.escape("precopy needs asynchronous=True and incremental=True, without local_dir")),
-)
-
-
-def limitations(config: dict) -> list[Limitation]:
-    """The limitations that refuse ``config`` today (empty: it must work)."""
-    return [lim for lim in LIMITATIONS if lim.applies(config)]
-
-
-def _refused(runs: list[dict]) -> list[dict]:
-    """Configurations that cover the pairs ``runs`` leaves out, each refused by one limitation alone where one
-    suffices (so that every limitation's own message is seen: a configuration refused by several shows only the
-    first refusal it meets), and at least one per limitation."""
-    chosen: list[dict] = []
-    for lim in LIMITATIONS:
-        alone = lambda c, lim=lim: possible(c) and limitations(c) == [lim]  # noqa: E731
-        added = pairwise(AXES, alone, start=runs + chosen)
-        chosen += added or [next(c for c in configurations(AXES) if alone(c))]
-    return chosen + pairwise(AXES, possible, start=runs + chosen)
-
-
-RUNS = pairwise(AXES, lambda c: possible(c) and not limitations(c))
-REFUSED = _refused(RUNS)
-CONFIGS = RUNS + REFUSED
+#: Every pair of values of two axes, in configurations that are possible: each restores the newest version.
+CONFIGS = pairwise(AXES, possible)
 
 
 def label(config: dict) -> str:

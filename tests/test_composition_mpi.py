@@ -17,15 +17,11 @@ rank fewer, and from the root alone with the node-local directories removed.
 The data are integers held as float64, which every codec of the matrix,
 the lossy quantizer included (``Lossy(abs=1.0)`` quantizes to a step of 1:
 docs/compression.md), stores exactly: every restore is compared bit for bit.
-A configuration refused today is an expected failure whose refusal message
-must match its limitation (tests/composition.py): it fails the day it works.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
-import re
 import shutil
 import signal
 import time
@@ -34,7 +30,7 @@ import numpy as np
 import pytest
 
 import hpcckpt
-from composition import CONFIGS, label, limitations
+from composition import CONFIGS, label
 from hpcckpt import Block, Checkpointer, CheckpointError, Ragged
 from hpcckpt.codecs import Lossy
 from hpcckpt.core.regions import even_rows
@@ -51,29 +47,6 @@ CHANGE = 4  # each row changes every CHANGE steps (a quarter of the rows at each
 BLOCK_BYTES = 512  # incremental grid: two rows of the Block
 CODECS = {"none": "none", "lz4": "lz4", "shuffle+zstd": "shuffle+zstd", "blosc2": "blosc2",
           "lossy": Lossy(abs=1.0)}
-
-
-class Refused(Exception):
-    """A configuration refused with one of its known limitations' messages."""
-
-
-def _case(config: dict):
-    refused = limitations(config)
-    if not refused:
-        return pytest.param(config, id=label(config))
-    reason = "; ".join(f"refused today: {lim.name}" for lim in refused)
-    return pytest.param(config, id=label(config), marks=pytest.mark.xfail(strict=True, raises=Refused, reason=reason))
-
-
-@contextlib.contextmanager
-def refused_as_known(config: dict):
-    """A CheckpointError whose message is one of ``config``'s limitations becomes :class:`Refused`."""
-    try:
-        yield
-    except CheckpointError as exc:
-        if any(re.search(lim.message, str(exc)) for lim in limitations(config)):
-            raise Refused(str(exc)) from exc
-        raise
 
 
 # ------------------------------------------------------------------ the application's state
@@ -365,7 +338,7 @@ def _slow_writes(monkeypatch, seconds: float = 0.01) -> None:
 
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("config", [_case(c) for c in CONFIGS])
+@pytest.mark.parametrize("config", CONFIGS, ids=[label(c) for c in CONFIGS])
 def test_the_newest_version_restores_exactly_everywhere(config, mpi_tmp, monkeypatch):
     from mpi4py import MPI
 
@@ -392,31 +365,28 @@ def test_the_newest_version_restores_exactly_everywhere(config, mpi_tmp, monkeyp
                 shutil.rmtree(os.path.join(mpi_tmp, level_dir), ignore_errors=True)
         world.Barrier()
 
-    with refused_as_known(config):
-        newest, snapshot = save_run(world, mpi_tmp, config)
-        restores = [
-            (f"{n - 1} ranks", lambda: _on_fewer_ranks(
-                world, lambda sub: restore_problems(sub, root, even_rows, newest, **opts))),
-            ("same ranks, same split", lambda: restore_problems(world, root, uneven_rows, newest, **opts)),
-            ("same ranks, even split", lambda: restore_problems(world, root, even_rows, newest, **opts)),
-            ("root alone", lambda: drop_node_local_levels() or restore_problems(world, root, uneven_rows, newest,
-                                                                                **root_alone)),
-        ]
-        problems = []
-        for where, restore in restores:
-            _spoil_outputs(world, work)
-            try:
-                found = restore()
-            except CheckpointError as exc:  # agreed: every rank records it and goes on to the next restore
-                if any(re.search(lim.message, str(exc)) for lim in limitations(config)):
-                    raise
-                found = [f"{type(exc).__name__}: {exc}"]
-            world.Barrier()
-            now = outputs(work)
-            if now != snapshot:
-                differ = sorted(k for k in set(now) | set(snapshot) if now.get(k) != snapshot.get(k))
-                found.append(f"tracked files {differ} not rolled back to step {newest}")
-            problems += [f"{where}: {p}" for p in found]
+    newest, snapshot = save_run(world, mpi_tmp, config)
+    restores = [
+        (f"{n - 1} ranks", lambda: _on_fewer_ranks(
+            world, lambda sub: restore_problems(sub, root, even_rows, newest, **opts))),
+        ("same ranks, same split", lambda: restore_problems(world, root, uneven_rows, newest, **opts)),
+        ("same ranks, even split", lambda: restore_problems(world, root, even_rows, newest, **opts)),
+        ("root alone", lambda: drop_node_local_levels() or restore_problems(world, root, uneven_rows, newest,
+                                                                            **root_alone)),
+    ]
+    problems = []
+    for where, restore in restores:
+        _spoil_outputs(world, work)
+        try:
+            found = restore()
+        except CheckpointError as exc:  # agreed: every rank records it and goes on to the next restore
+            found = [f"{type(exc).__name__}: {exc}"]
+        world.Barrier()
+        now = outputs(work)
+        if now != snapshot:
+            differ = sorted(k for k in set(now) | set(snapshot) if now.get(k) != snapshot.get(k))
+            found.append(f"tracked files {differ} not rolled back to step {newest}")
+        problems += [f"{where}: {p}" for p in found]
     problems = every_rank_problems(world, problems)
     assert not problems, problems
 

@@ -206,3 +206,34 @@ def test_kill_asynchronous_incremental_multilevel_saves(tmp_path, seed):
             assert restored is not None and max(found["root"], default=-1) <= restored <= newest, (restored, found)
         found = _committed_everywhere(tmp_path)
         newest = max(s for steps in found.values() for s in steps)
+
+
+#: Combinations that compose since the save run became one: tracked output files with asynchronous saves, and
+#: with blocking saves onto node-local levels with partner copies.
+TRACKED = [{"asynchronous": True, "incremental": True, "files": True},
+           {"incremental": True, "local_dir": True, "partner_every": 1, "files": True}]
+
+
+@pytest.mark.parametrize("options", TRACKED, ids=["asynchronous", "node-local"])
+@pytest.mark.parametrize("seed", [BASE + k for k in range(2)])
+def test_kill_saves_that_track_files(tmp_path, options, seed):
+    """SIGKILL at a random file-system call of a random rank; the restart restores the newest committed version
+    and the script checks that its data and both tracked files (append-only and in place) are as they were at
+    that save, then saves again."""
+    import json
+
+    rng = random.Random(3000 + seed)
+    nranks = rng.choice([2, 3])
+    victim, kill_at = rng.randrange(nranks), rng.randint(5, 60)
+    root = str(tmp_path / "root")
+    env = dict(_env(0), HPCCKPT_TEST_OPTIONS=json.dumps(options))
+    cmd = [mpiexec_path(), "-n", str(nranks), sys.executable, SCRIPT, root, "save", 6, victim, kill_at]
+    proc = _run_until_killed(list(map(str, cmd)), env, timeout=120)
+    saved = saved_steps(proc.stdout)
+    print(f"{nranks} ranks, rank {victim} killed at call {kill_at}: exit {proc.returncode}, saved {saved}")
+    proc = run_mpi(nranks, SCRIPT, root, "restore", 1, timeout=120,
+                   env={"HPCCKPT_TEST_OPTIONS": json.dumps(options)})
+    restored = proc.stdout.split("RESTORED ")[1].split()[0]
+    if len(saved) > 1:  # a later save returned: the one before it was committed
+        assert restored != "None" and int(restored) >= saved[-1] - 1, (restored, saved)
+    assert "SAVED" in proc.stdout.split("RESTORED ")[1], proc.stdout

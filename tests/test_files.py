@@ -285,9 +285,35 @@ def test_a_damaged_stored_block_is_refused(tmp_path):
     ck.close()
 
 
-def test_asynchronous_saves_refuse_tracked_files(tmp_path):
-    with pytest.raises(CheckpointError, match="blocking saves"):
-        hpcckpt.Checkpointer(str(tmp_path / "ck"), comm=SerialComm(), files=["x"], asynchronous=True)
+@pytest.mark.parametrize("engine", [{"asynchronous": True}, {"asynchronous": True, "incremental": True},
+                                    {"local_dir": "local"}])
+def test_tracked_files_roll_back_with_asynchronous_and_node_local_saves(tmp_path, engine):
+    """The files are recorded at the save call (the application goes on writing while the data are written in
+    the background), and a restore brings them back to that content."""
+    log, field = tmp_path / "out.log", tmp_path / "field.bin"
+    options = {**engine, **({"local_dir": str(tmp_path / "local")} if "local_dir" in engine else {})}
+    ck = hpcckpt.Checkpointer(str(tmp_path / "ck"), comm=SerialComm(), track_failures=False, handle_signals=False,
+                              files={str(log): "append", str(field): "inplace"}, **options)
+    u = np.arange(1000.0)
+    expected = {}
+    for step in (1, 2, 3):
+        with open(log, "a") as f:
+            f.write(f"step {step}\n")
+        field.write_bytes(bytes([step]) * (3000 + 700 * step))
+        u += 1
+        ck.save({"u": hpcckpt.Block(u)}, step)
+        expected = {"log": log.read_bytes(), "field": field.read_bytes(), "u": u.copy()}
+        with open(log, "a") as f:  # written after the call, while the save may still be in flight
+            f.write("after the checkpoint\n")
+        field.write_bytes(b"lost" * 10)
+    ck.close()
+    ck = hpcckpt.Checkpointer(str(tmp_path / "ck"), comm=SerialComm(), track_failures=False, handle_signals=False,
+                              files={str(log): "append", str(field): "inplace"}, **options)
+    got = np.zeros_like(u)
+    ck.restore({"u": hpcckpt.Block(got)})
+    ck.close()
+    assert np.array_equal(got, expected["u"])
+    assert log.read_bytes() == expected["log"] and field.read_bytes() == expected["field"]
 
 
 def spec_rebuild(version_dir: str) -> dict:

@@ -248,7 +248,7 @@ def test_the_probe_after_a_backoff_writes_nothing_and_a_state_that_slowed_down_i
     _restore_all(root, saved)
 
 
-@pytest.mark.parametrize("options", [{"incremental": False}, {"asynchronous": False}, {"precopy": {"start": 2.0}},
+@pytest.mark.parametrize("options", [{"incremental": False}, {"precopy": {"start": 2.0}},
                                      {"precopy": "always"}])
 def test_bad_precopy_options_are_checkpoint_errors(tmp_path, options):
     kwargs = {"asynchronous": True, "incremental": True, "precopy": True, **options}

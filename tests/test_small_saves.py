@@ -57,7 +57,7 @@ def test_retention_leaves_no_committed_extra_version_and_deletes_the_rest_before
         committed = sorted(p for p in os.listdir(root) if (root / p / "metadata.json").is_file())
         assert committed == [f"step-{s:012d}" for s in range(max(0, step - 1), step + 1)]
         assert ck.steps() == list(range(max(0, step - 1), step + 1))
-        ck._retirement.wait()  # what the next save does first
+        ck.series.retirement.wait()  # what the next save does first
         assert sorted(p for p in os.listdir(root) if p.startswith("step-")) == committed
     ck.close()
     assert sorted(p for p in os.listdir(root) if p.startswith("step-")) == ["step-000000000003", "step-000000000004"]
@@ -78,12 +78,12 @@ def test_a_retention_deletion_that_fails_is_a_warning_and_the_version_stays_unco
         monkeypatch.setattr(POSIX, "remove_tree", refuse)
         with pytest.warns(UserWarning, match="could not remove"):
             ck.save(_state(1), 1)
-            ck._retirement.wait()
+            ck.series.retirement.wait()
         monkeypatch.undo()
         assert not (root / "step-000000000000" / "metadata.json").exists()  # uncommitted: never restored
         assert ck.steps() == [1]
         ck.save(_state(2), 2)  # clears the leftover first
-        ck._retirement.wait()
+        ck.series.retirement.wait()
     assert sorted(p for p in os.listdir(root) if p.startswith("step-")) == ["step-000000000002"]
 
 

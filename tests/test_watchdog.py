@@ -125,7 +125,7 @@ def test_a_listing_reports_what_retention_keeps(tmp_path):
     with Checkpointer(tmp_path, keep=1, track_failures=False) as ck:
         ck.save({"u": Block(np.zeros(4))}, 1)
         ck.save({"u": Block(np.ones(4))}, 2)
-        ck._retirement.wait()  # rank 0's thread has deleted step 1's directory (uncommitted at once)
+        ck.series.retirement.wait()  # rank 0's thread has deleted step 1's directory (uncommitted at once)
         shutil.copytree(tmp_path / "step-000000000002", tmp_path / "step-000000000001")  # not yet deleted
         assert ck.steps() == [2] and ck.latest() == 2
 

@@ -1,4 +1,4 @@
-"""L4: copying this rank's L1 file to the shared root in a background thread (no MPI in the thread).
+"""L4: copying this rank's L1 files (its data file, and its blocks of tracked files) to the shared root in a background thread (no MPI in the thread).
 
 The thread copies with ``os.copy_file_range``/``sendfile`` (the GIL is released
 for the whole copy, so the application's Python code keeps running) at the
@@ -20,11 +20,11 @@ from hpcckpt.storage.posix import copy_data
 
 
 class FlushThread:
-    """Copies ``src`` to ``dst`` (both may be absent: a rank with no data copies nothing)."""
+    """Copies each ``(src, dst)`` of ``copies`` in turn (none: a rank with no data copies nothing)."""
 
-    def __init__(self, src: str | None, dst: str | None, fsync: bool = True, bandwidth: float | None = None,
+    def __init__(self, copies: list[tuple[str, str]], fsync: bool = True, bandwidth: float | None = None,
                  low_priority: bool = True):
-        self.src, self.dst, self.fsync = src, dst, fsync
+        self.copies, self.fsync = copies, fsync
         self.bandwidth = bandwidth
         self.low_priority = low_priority
         self.error: BaseException | None = None
@@ -48,8 +48,8 @@ class FlushThread:
                     os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
                 except OSError:
                     pass
-            if self.src is not None:
-                self.nbytes = copy_file(self.src, self.dst, self.fsync, self.bandwidth)
+            for src, dst in self.copies:
+                self.nbytes += copy_file(src, dst, self.fsync, self.bandwidth)
         except BaseException as exc:  # noqa: BLE001 - reported at the next collective call
             self.error = exc
         finally:

@@ -37,6 +37,7 @@ from hpcckpt.storage.posix import atomic_write
 from hpcckpt.transport.topology import node_layout, ranks_per_node_setting
 from hpcckpt.levels import FLUSH_MARKER, LEVELS_FILE, LevelOptions, derived_flush_every, node_dir, node_leader
 from hpcckpt.levels.flush import FlushThread
+from hpcckpt.root.file_manifest import tracked_file
 
 
 @dataclass
@@ -187,13 +188,17 @@ class NodeLevels:
                     local_cost: float = 0.0) -> None:
         """Collective (it first commits the flush before, one at a time): copy this rank's file to the root."""
         self.poll_flush(block=True)
-        src = os.path.join(self.path(name), rank_file(self.rank)) if sizes[self.rank] else None
-        dst = os.path.join(self.root, name, rank_file(self.rank))
+        copies = [(os.path.join(self.path(name), rank_file(self.rank)), os.path.join(self.root, name,
+                                                                                    rank_file(self.rank)))]
+        copies = copies if sizes[self.rank] else []
+        blocks = os.path.join(self.path(name), tracked_file(self.rank))  # the in-place blocks of tracked files
+        if os.path.isfile(blocks):
+            copies.append((blocks, os.path.join(self.root, name, tracked_file(self.rank))))
         if self.rank == 0:  # the marker `hpcckpt ls` shows; removed when the flush is committed or failed
             self.flush_marker({"version": name, "step": step, "ranks": self.comm.Get_size(),
                                "started": time.time(), "pid": os.getpid()})
         self.on_root.add(name)
-        self.flush = Flush(name, FlushThread(src, dst, fsync, self.options.flush_bandwidth), raw if self.rank == 0 else None,
+        self.flush = Flush(name, FlushThread(copies, fsync, self.options.flush_bandwidth), raw if self.rank == 0 else None,
                            frozenset(references or ()), local_cost)
 
     def flush_marker(self, doc: dict | None) -> None:

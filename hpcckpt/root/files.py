@@ -46,34 +46,47 @@ class FileTracker:
 
     ``index``: path -> ``(block_bytes, [(hash, blob in root form, offset)])``
     of every in-place file of the chain base (the version saved or restored
-    last); ``pending``: this rank's records of a save not yet committed.
+    last); ``pending``: this rank's records of a save not yet committed;
+    ``owners``: the rank count whose per-rank files are recorded, the largest
+    the job has had (a job that shrank keeps recording the files of the ranks
+    that left: rank ``i % n`` of ``n`` records rank ``i``'s, the rank that
+    rolls them back, file_manifest.recorder).
     """
 
     def __init__(self, files=None):
         self.patterns: list[Pattern] = patterns(files)
         self.index: dict = {}
         self.pending: list[Record] = []
+        self.owners = 0
 
     @classmethod
-    def following(cls, registered: list[Pattern]) -> "FileTracker":
+    def following(cls, registered: list[Pattern], owners: int = 0) -> "FileTracker":
         """A tracker of the files another rank's tracker registered (a rank that joined a resized job)."""
         tracker = cls()
         tracker.patterns = list(registered)
+        tracker.owners = owners
         return tracker
+
+    def ranks_seen(self, nranks: int) -> None:
+        """The job runs on ``nranks`` ranks now: their per-rank files are recorded as well."""
+        self.owners = max(self.owners, nranks)
 
     def track(self, files, mode: str = "append", block_bytes: int = DEFAULT_BLOCK_BYTES) -> None:
         self.patterns.extend(patterns(files, mode, block_bytes))
 
-    def capture(self, rank: int, version_dir: str, fsync: bool) -> list[Record]:
-        """This rank's records of the save into ``version_dir``; writes the changed in-place blocks there."""
+    def capture(self, rank: int, version_dir: str, fsync: bool, nranks: int) -> list[Record]:
+        """This rank's records of the save into ``version_dir`` on ``nranks`` ranks (rank 0: the shared files;
+        every rank: the per-rank files of the ranks it records, :attr:`owners`); writes the changed in-place
+        blocks there."""
+        self.ranks_seen(nranks)
         self.pending = []
         blob = _Blob(os.path.join(version_dir, tracked_file(rank)), tracked_file(rank), fsync)
+        mine = [o for o in range(self.owners) if recorder(o, nranks) == rank]
         try:
             for p in self.patterns:
-                if not p.per_rank and rank != 0:
-                    continue
-                for path in _expand(p.names(rank), p.literal):
-                    self.pending.append(self._record(path, rank, p, blob))
+                for owner in mine if p.per_rank else [0] if rank == 0 else []:
+                    for path in _expand(p.names(owner), p.literal):
+                        self.pending.append(self._record(path, owner, p, blob))
         finally:
             blob.close()
         return self.pending
@@ -111,6 +124,9 @@ class FileTracker:
         self.pending = []
 
     def remember(self, records: list[Record], version_name: str) -> None:
+        """``records`` are those of ``version_name`` (restored, or committed by this rank): the next save's
+        in-place base, and the per-rank files recorded there are recorded from now on."""
+        self.owners = max([self.owners] + [r.rank + 1 for r in records])
         self.index = {r.path: (r.block_bytes, [(h, root_form(b, version_name), o) for h, b, o in r.blocks])
                       for r in records if r.mode == "inplace"}
 

@@ -255,12 +255,15 @@ class PreCopy:
         parts = written_parts(local.arrays, starts, cache.replicas)
         name = precopy_file(self.rank, self.started)  # never reused in a run: an abandoned round may still write
         self.started += 1
-        writer = BackgroundWrite(self.spool, name, engine.pool, SlotQueue(),
+        pool = engine.series.staging_pool(any(is_device_array(arr) for _, _, arr in parts))
+        # with node-local levels a round only probes: the levels protect and flush each rank's own file
+        copies = self.plan.copies and engine.node is None
+        writer = BackgroundWrite(self.spool, name, pool, SlotQueue(),
                                  EncodedPieces.for_save(cache.codecs or {}, local.summaries, options.codec_threads),
-                                 options.fsync, max(64, options.chunk_bytes), {}) if self.plan.copies else None
+                                 options.fsync, max(64, options.chunk_bytes), {}) if copies else None
         background = not any(is_device_array(arr) for _, _, arr in parts)
         job = Round(progress, parts, cache, options.block_bytes, chain_cache.index_of(engine.ckpt.chain_base),
-                    frozenset(self.precopied).union(self.probed), writer, engine.pool, background)
+                    frozenset(self.precopied).union(self.probed), writer, pool, background)
         self._jobs.append(job)
         job.start()
 

@@ -12,7 +12,11 @@ data write, before an fsync, before the metadata rename, during retention...).
 
 The save strategy comes from HPCCKPT_TEST_STRATEGY (default file-per-rank);
 HPCCKPT_TEST_OPTIONS (JSON) adds Checkpointer options, e.g. asynchronous,
-incremental and ``"local_dir": true`` (node-local levels in ROOT/../local).
+incremental and ``"local_dir": true`` (node-local levels in ROOT/../local);
+``"files": true`` tracks two output files in ROOT/..: ``out.log``, to which
+rank 0 appends ``step k`` before saving step k, and ``field.bin``, which it
+rewrites in place with step k's bytes; a restore of step k checks both
+rolled back to that content.
 
 MODE "restore": restore the newest committed step, check its data exactly,
 print "RESTORED k", then save step k+1 (which must clean leftovers) and print
@@ -66,6 +70,30 @@ def restore(comm, ck) -> int | None:
     return step
 
 
+def output_files(root: str) -> tuple[str, str]:
+    base = os.path.dirname(os.path.abspath(root))
+    return os.path.join(base, "out.log"), os.path.join(base, "field.bin")
+
+
+def write_outputs(root: str, step: int) -> None:
+    """Rank 0, before the save of ``step``: that step's output."""
+    log, field = output_files(root)
+    with open(log, "a") as f:
+        f.write(f"step {step}\n")
+    with open(field, "r+b" if os.path.exists(field) else "wb") as f:
+        f.write(bytes([step % 256]) * (1000 + 37 * step))
+
+
+def check_outputs(root: str, first: int, step: int) -> None:
+    """Rank 0, after a restore of ``step``: the outputs as they were at its save (the run started at ``first``)."""
+    log, field = output_files(root)
+    with open(log) as f:
+        assert f.read() == "".join(f"step {k}\n" for k in range(first, step + 1)), "out.log not rolled back"
+    with open(field, "rb") as f:
+        data = f.read()
+    assert data[:1000 + 37 * step] == bytes([step % 256]) * (1000 + 37 * step), "field.bin not rolled back"
+
+
 def arm_kill(at: int) -> None:
     calls = {"n": 0}
 
@@ -98,8 +126,14 @@ def main(argv) -> int:
     options = json.loads(os.environ.get("HPCCKPT_TEST_OPTIONS", "{}"))
     if options.get("local_dir") is True:
         options["local_dir"] = os.path.join(os.path.dirname(os.path.abspath(root)), "local")
+    files = options.pop("files", False)
+    if files:
+        log, field = output_files(root)
+        options["files"] = {log: "append", field: "inplace"}
     ck = hpcckpt.Checkpointer(root, comm=comm, keep=2, chunk_bytes=8192, strategy=strategy, **options)
     step = restore(comm, ck)
+    if files and step is not None and comm.Get_rank() == 0:
+        check_outputs(root, 0, step)
     if mode == "restore":
         if comm.Get_rank() == 0:
             print(f"RESTORED {step}", flush=True)
@@ -107,6 +141,8 @@ def main(argv) -> int:
         arm_kill(int(argv[5]))
     start = 0 if step is None else step + 1
     for k in range(start, start + nsteps):
+        if files and comm.Get_rank() == 0:
+            write_outputs(root, k)
         ck.save(state_for(comm, k), step=k)
         if comm.Get_rank() == 0:
             print(f"SAVED {k}", flush=True)
