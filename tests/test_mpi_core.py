@@ -284,3 +284,69 @@ def test_restore_agrees_on_fallback_when_one_ranks_data_is_damaged(comm, mpi_tmp
         warnings.simplefilter("always")
         _check_restore(comm, ck, 1)
     assert ck.last_restored.endswith("step-000000000001")
+
+
+# ---------------------------------------------------------------- the collective helpers (hpcckpt.mpi.collective)
+
+def _exchanges(comm, failure):
+    """Each helper that carries a failure beside its payload, called with this rank's ``failure`` (or None):
+    ``{name: () -> what every rank gets}``."""
+    from hpcckpt.mpi import collective
+
+    rank, size = comm.rank, comm.size
+
+    def on_root(payloads):
+        return sum(payloads), [p * 10 for p in payloads]
+
+    return {
+        "allgather_payloads": lambda: collective.allgather_payloads(comm, "the exchange", failure, rank),
+        "alltoall_payloads": lambda: collective.alltoall_payloads(comm, "the exchange", failure,
+                                                                  [(rank, d) for d in range(size)]),
+        "allreduce_checked": lambda: collective.allreduce_checked(comm, lambda total: f"the exchange of {total}",
+                                                                  failure, rank, lambda a, b: a + b),
+        "root_phase_scattered": lambda: collective.root_phase_scattered(comm, "the exchange", failure, rank,
+                                                                        on_root),
+    }
+
+
+@pytest.mark.parametrize("helper", ["allgather_payloads", "alltoall_payloads", "allreduce_checked",
+                                    "root_phase_scattered"])
+def test_a_collective_helper_hands_every_rank_its_result(comm, helper):
+    got = _exchanges(comm, None)[helper]()
+    expected = {"allgather_payloads": list(range(comm.size)),
+                "alltoall_payloads": [(s, comm.rank) for s in range(comm.size)],
+                "allreduce_checked": sum(range(comm.size)),
+                "root_phase_scattered": (sum(range(comm.size)), comm.rank * 10)}[helper]
+    assert got == expected
+
+
+@pytest.mark.parametrize("helper", ["allgather_payloads", "alltoall_payloads", "allreduce_checked",
+                                    "root_phase_scattered"])
+@pytest.mark.parametrize("victim", ["first", "last"])
+def test_a_failure_on_one_rank_is_the_same_error_on_every_rank(comm, helper, victim):
+    """The failed rank's TemplateMismatchError keeps its class and is raised, word for word, on every rank; no
+    rank is left in a collective (the allgather after it pairs)."""
+    from hpcckpt.mpi.collective import describe_failure
+
+    bad = 0 if victim == "first" else comm.size - 1
+    failure = describe_failure(TemplateMismatchError("no such variable 'w'")) if comm.rank == bad else None
+    with pytest.raises(TemplateMismatchError) as info:
+        _exchanges(comm, failure)[helper]()
+    texts = comm.allgather(str(info.value))
+    assert len(set(texts)) == 1 and f"rank {bad}: no such variable 'w'" in texts[0], texts
+    assert info.value.failures == {bad: "no such variable 'w'"}
+
+
+def test_a_failing_root_fn_is_the_same_error_on_every_rank_before_the_scatter(comm):
+    """root_phase_scattered: rank 0's own failure to plan reaches every rank in the broadcast; the name is the one
+    rank 0 gives."""
+    from hpcckpt.mpi.collective import root_phase_scattered
+
+    def on_root(payloads):
+        raise OSError("the plan broke")
+
+    with pytest.raises(CheckpointError) as info:
+        root_phase_scattered(comm, lambda: f"the plan of rank {comm.rank}", None, comm.rank, on_root)
+    texts = comm.allgather(str(info.value))
+    assert len(set(texts)) == 1 and texts[0].startswith("the plan of rank 0 failed"), texts
+    assert "rank 0: OSError: the plan broke" in texts[0]

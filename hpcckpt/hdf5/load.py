@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from hpcckpt.mpi.collective import agree, on_root, resolve_comm
+from hpcckpt.mpi.collective import agree, attempt, bcast_checked, resolve_comm, root_phase_scattered
 from hpcckpt.core.encoding import decode_value
 from hpcckpt.errors import CorruptCheckpointError, TemplateMismatchError
 from hpcckpt.loading.load import check_template, plan_reads
@@ -70,12 +70,10 @@ def load_hdf5(state, path, comm=None, *, strict: bool = True, allow_external: bo
     path = os.fspath(path)
     what = f"load of {path!r}"
     tree, flat = agree(comm, what, lambda: _template(state))
-    index = agree(comm, what, lambda: on_root(comm, lambda: _read_index(path, flat, allow_external)))
-    index = comm.bcast(index, root=0)
-    local = agree(comm, what, lambda: _check(flat, index, strict, cast))
-    requests = comm.gather(local["requests"], root=0)
-    ranges = agree(comm, what, lambda: on_root(comm, lambda: plan_reads(requests, index)))
-    rows = comm.scatter(ranges, root=0)
+    index = bcast_checked(comm, what, lambda: _read_index(path, flat, allow_external))
+    local, failure = attempt(lambda: _check(flat, index, strict, cast))
+    _, rows = root_phase_scattered(comm, what, failure, None if failure else local["requests"],
+                                   lambda requests: (None, plan_reads(requests, index)))
     loaded, values = agree(comm, what, lambda: _read(path, local["index"], local, rows))
     out = {}
     for name, value in flat.items():

@@ -11,20 +11,19 @@ all of them, applies the same rule and sends back which are duplicates.  A rank
 receives the keys it owns and the verdicts of its own keys, plus one small slot
 from each rank: the exchange is two alltoalls (saving/selection.py runs them).
 
-The first alltoall also carries each sender's byte counts in every slot (or the
-failure of its hashing), so every rank holds every rank's counts and decides
+The first alltoall also carries each sender's byte counts in every slot, so every rank holds every rank's counts and decides
 the version's kind (incremental.choose_kind) by itself, with no third
 collective; the keys travel flagged reusable (the base already stores them)
 or new, so the owner decides for either kind: an incremental version
 deduplicates its new keys only, a full one writes the reusable blocks too and
 deduplicates them all.
 
-Slots of the first alltoall (one per owner): ``(failure, None)`` from a rank
-whose hashing failed, else ``(None, counts)``, or ``(None, counts, keys,
-flags)`` when the sender has keys for that owner (``flags``: one byte per key,
-1 for reusable).  Slots of the second (one per sender): None (no duplicate
-among the keys it sent), the flags of its keys (one byte each, 1 for a
-duplicate), or the owner's failure (a tuple).
+Slots of the first alltoall (one per owner): ``(counts,)``, or ``(counts,
+keys, flags)`` when the sender has keys for that owner (``flags``: one byte per
+key, 1 for reusable).  Slots of the second (one per sender): None (no
+duplicate among the keys it sent) or the flags of its keys (one byte each, 1
+for a duplicate).  A failure (of a sender's hashing, of an owner's verdicts)
+takes the place of every slot of its rank: collective.alltoall_payloads.
 """
 
 from __future__ import annotations
@@ -61,21 +60,18 @@ def key_parts(keys: list, reusable: list, positions: dict) -> dict[int, tuple[li
     return {o: ([keys[i] for i in pos], bytes(1 if reusable[i] else 0 for i in pos)) for o, pos in positions.items()}
 
 
-def key_slot(counts: tuple | None, part: tuple | None = None, failure: tuple | None = None) -> tuple:
+def key_slot(counts: tuple, part: tuple | None = None) -> tuple:
     """What this rank sends to one owner in the first alltoall: its ``counts``, and its ``part`` for that owner
-    (:func:`key_parts`), or its ``failure`` (collective.attempt's) in place of both."""
-    if failure is not None:
-        return (failure, None)
-    return (None, counts) if part is None else (None, counts, *part)
+    (:func:`key_parts`) when it has one."""
+    return (counts,) if part is None else (counts, *part)
 
 
-def read_key_slots(received: list) -> tuple[list, list, dict]:
-    """``(failures, counts, inbox)`` from the first alltoall's slots, by sender: each sender's failure (or
-    None), its counts (None from a failed sender), and ``{sender: (keys, flags)}`` of the senders that sent keys."""
-    failures = [slot[0] for slot in received]
-    counts = [slot[1] for slot in received]
-    inbox = {s: (slot[2], slot[3]) for s, slot in enumerate(received) if len(slot) > 2}
-    return failures, counts, inbox
+def read_key_slots(received: list) -> tuple[list, dict]:
+    """``(counts, inbox)`` from the first alltoall's slots, by sender: each sender's counts, and ``{sender:
+    (keys, flags)}`` of the senders that sent keys."""
+    counts = [slot[0] for slot in received]
+    inbox = {s: (slot[1], slot[2]) for s, slot in enumerate(received) if len(slot) > 1}
+    return counts, inbox
 
 
 def verdicts(inbox: dict, full: bool) -> dict[int, bytes]:
@@ -105,20 +101,15 @@ def verdicts(inbox: dict, full: bool) -> dict[int, bytes]:
     return out
 
 
-def verdict_slots(decided: dict, nranks: int, failure: tuple | None = None) -> list:
-    """The second alltoall's slots, by sender: its flags from :func:`verdicts` or None, or the owner's
-    ``failure`` in every slot."""
-    if failure is not None:
-        return [failure] * nranks
+def verdict_slots(decided: dict, nranks: int) -> list:
+    """The second alltoall's slots, by sender: its flags from :func:`verdicts`, or None."""
     return [decided.get(s) for s in range(nranks)]
 
 
-def read_verdict_slots(received: list) -> tuple[list, dict]:
-    """``(failures, replies)`` from the second alltoall's slots, by owner: each owner's failure (or None), and
-    ``{owner: flags}`` of the owners that found duplicates among this rank's keys."""
-    failures = [slot if isinstance(slot, tuple) else None for slot in received]
-    replies = {o: slot for o, slot in enumerate(received) if isinstance(slot, bytes)}
-    return failures, replies
+def read_verdict_slots(received: list) -> dict:
+    """``{owner: flags}`` from the second alltoall's slots, by owner: the owners that found duplicates among
+    this rank's keys."""
+    return {o: slot for o, slot in enumerate(received) if slot is not None}
 
 
 def reassemble(positions: dict, replies: dict, reusable: list, full: bool) -> list[bool]:

@@ -165,11 +165,12 @@ def _try_local(engine, attempt: Attempt):
     src = next(r for r, s in enumerate(attempt.local_sets) if name in s)
 
     try:
-        raw = comm.bcast(agree(comm, what, lambda: read_metadata_bytes(vdir) if rank == src else None), root=src)
+        raw = bcast_checked(comm, what, lambda: read_metadata_bytes(vdir), root=src)
         meta = agree(comm, what, lambda: parse(raw, source=os.path.join(vdir, METADATA_FILE)))
+        inv = allgather_checked(comm, what, lambda: inventory(vdir, [f for f in meta.files
+                                                                     if split_reference(f) is not None]))
     except CheckpointError as exc:
         return None, None, str(exc)
-    inv = comm.allgather(inventory(vdir, [f for f in meta.files if split_reference(f) is not None]))
     plan, why = plan_rebuild(meta, inv, comm.Get_size(), node.all_levels)
     if why is not None:
         return None, None, why

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from hpcckpt.mpi.collective import attempt, raise_if_failed
+from hpcckpt.mpi.collective import allgather_payloads, alltoall_payloads, attempt
 from hpcckpt.errors import TemplateMismatchError
 from hpcckpt.format.metadata import Metadata
 from hpcckpt.loading.ragged_rows import COLUMNS, row_range, rows_problem, tally
@@ -124,14 +124,13 @@ def plan_directory(comm, what: str, meta: Metadata, local: dict | None, boxes: d
         planned, failure = attempt(lambda: (parts_for_directories(meta, roles, size), fast_summary(
             meta, boxes, roles, _signature(local), rank)))
     if failure is not None or ragged or rows_problem is not None:  # told to every rank: they all take one way
-        mine = [{"failure": failure, "ragged": ragged, "problem": rows_problem}] * size
+        mine = [{"ragged": ragged, "problem": rows_problem}] * size  # a failure takes every slot instead
     else:
         routed, summary = planned  # a slot with nothing else to carry is the bare summary (an int, or None)
         mine = [{"parts": routed[d], "fast": summary} if d in routed else summary for d in range(size)]
         if rank != 0:
             mine[0] = dict(mine[0] if isinstance(mine[0], dict) else {"fast": summary}, signature=_signature(local))
-    received = [m if isinstance(m, dict) else {"fast": m} for m in comm.alltoall(mine)]
-    raise_if_failed(comm, what, [m.get("failure") for m in received])
+    received = [m if isinstance(m, dict) else {"fast": m} for m in alltoall_payloads(comm, what, failure, mine)]
     _raise_problem(what, received)
     if any(m.get("ragged") for m in received):
         return None
@@ -141,13 +140,12 @@ def plan_directory(comm, what: str, meta: Metadata, local: dict | None, boxes: d
     verdict, failure = attempt(lambda: _directory(meta, names, local, received, rank, size))
     problem, assignments, reread = verdict if verdict is not None else (None, {}, False)
     if failure is not None or problem is not None:
-        answer = [{"failure": failure, "problem": problem}] * size
+        answer = [{"problem": problem}] * size  # a failure takes every slot instead
     else:
         answer = [{"assigned": assignments[d]} if d in assignments else None for d in range(size)]
         if reread:  # every rank learns that an agreement follows the reads after the plan
             answer = [dict(m or {}, reread=True) for m in answer]
-    replies = [m or {} for m in comm.alltoall(answer)]
-    raise_if_failed(comm, what, [m.get("failure") for m in replies])
+    replies = [m or {} for m in alltoall_payloads(comm, what, failure, answer)]
     _raise_problem(what, replies)
     shared = shared_from_assignments([m.get("assigned") for m in replies], names)
     return shared, any(m.get("reread") for m in replies)
@@ -183,10 +181,10 @@ def plan_gathered(comm, what: str, meta: Metadata, local: dict | None, failure,
     (loading.reads_metadata_itself): a rank that could not read it does not know which way the others take,
     and sends its failure in :func:`plan_directory`'s first alltoall, which this one then pairs with.
     """
-    mine = {"failure": failure} if failure is not None else {"requests": encode_requests(local["requests"])}
-    received = comm.alltoall([mine] * comm.Get_size()) if alltoall else comm.allgather(mine)
-    raise_if_failed(comm, what, [m.get("failure") for m in received])
+    mine = encode_requests(local["requests"]) if failure is None else None
+    received = (alltoall_payloads(comm, what, failure, [mine] * comm.Get_size()) if alltoall
+                else allgather_payloads(comm, what, failure, mine))
     try:  # the same inputs on every rank: the same checks pass or fail everywhere; then this rank's part
-        return rank_reads(meta, target_boxes([m["requests"] for m in received], meta), comm.Get_rank())
+        return rank_reads(meta, target_boxes(received, meta), comm.Get_rank())
     except TemplateMismatchError as exc:
         raise TemplateMismatchError(f"{what} failed: {exc}") from None

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, NamedTuple, TypeVar
 
 from hpcckpt.errors import CheckpointError, CorruptCheckpointError, TemplateMismatchError
 from hpcckpt.mpi.watchdog import watch
@@ -98,9 +98,57 @@ def agree(comm, what: str, fn: Callable[[], T]) -> T:
 def allgather_checked(comm, what: str, fn: Callable[[], T]) -> list[T]:
     """Like :func:`agree`, but also hands every rank the results of all ranks (one allgather)."""
     result, failure = attempt(fn)
-    pairs = comm.allgather((failure, None if failure else result))
+    return allgather_payloads(comm, what, failure, result)
+
+
+def allgather_payloads(comm, what: str, failure, payload) -> list:
+    """Every rank's ``payload`` (one allgather), or the same CheckpointError on every rank when some rank's
+    ``failure`` (its :func:`attempt` failure, or None) is set.
+
+    For work whose failure is known before the exchange (an earlier stage's):
+    the failure rides with the payload, so it costs no collective of its own.
+    """
+    pairs = comm.allgather((failure, None if failure else payload))
     raise_if_failed(comm, what, [f for f, _ in pairs])
-    return [r for _, r in pairs]
+    return [p for _, p in pairs]
+
+
+class _Failed(NamedTuple):
+    """An alltoall slot that carries its sender's failure (:func:`alltoall_payloads`) in place of a payload."""
+
+    failure: tuple
+
+
+def alltoall_payloads(comm, what: str, failure, slots: list) -> list:
+    """The slots every rank addressed to this one, by sender (one alltoall of ``slots``, one per destination), or
+    the same CheckpointError on every rank when some rank's ``failure`` is set.
+
+    A failed rank sends its failure in every slot, so every rank learns of it.
+    A payload goes bare: the slots are many and small, and a failure is told
+    apart by its own type, so a success costs no byte more than its payloads.
+    """
+    sent = [_Failed(failure)] * comm.Get_size() if failure is not None else slots
+    received = comm.alltoall(sent)
+    raise_if_failed(comm, what, [s.failure if isinstance(s, _Failed) else None for s in received])
+    return received
+
+
+def allreduce_checked(comm, what, failure, value, op: Callable[[Any, Any], Any]):
+    """``value`` of every rank combined by ``op`` (one allreduce), or the same CheckpointError on every rank when
+    some rank's ``failure`` is set.
+
+    The failure rides as one flag in the reduction, so what a rank receives
+    stays as small as ``op``'s result whatever the rank count; only when some
+    rank failed does one more allgather name the ranks and their failures.
+    ``op`` must be associative and commutative (the reduction combines in a
+    tree of its choosing) and never raise (it runs inside the reduction); it
+    combines the values of failed ranks too.  ``what``: the operation's name,
+    or a function of the combined value that gives it.
+    """
+    failed, combined = comm.allreduce((failure is not None, value), op=lambda a, b: (a[0] or b[0], op(a[1], b[1])))
+    if failed:
+        raise_if_failed(comm, what(combined) if callable(what) else what, comm.allgather(failure))
+    return combined
 
 
 def bcast_checked(comm, what: str, fn: Callable[[], T], root: int = 0) -> T:
@@ -118,27 +166,54 @@ def unpack_checked(comm, what: str, pair: tuple, root: int = 0):
     return result
 
 
-def root_phase(comm, what: str, failure, payload, root_fn):
+def root_phase(comm, what, failure, payload, root_fn):
     """Gather ``(failure, payload)`` on rank 0, run ``root_fn(payloads)`` there, broadcast its result.
 
     ``failure`` is this rank's :func:`attempt` failure (or None) of the work
     that produced ``payload``.  Two collectives in place of agree's allgather
     plus a gather and a bcast: any rank's failure (or ``root_fn``'s) becomes the
-    same CheckpointError on every rank.
+    same CheckpointError on every rank.  ``what``: the operation's name, or a
+    function that gives it on rank 0 (whose name every rank then reports).
     """
+    return _checked(comm, comm.bcast(_settle_on_root(comm, what, failure, payload, root_fn), root=0))
+
+
+def root_phase_scattered(comm, what, failure, payload, root_fn) -> tuple:
+    """:func:`root_phase` whose ``root_fn`` hands each rank a part of its own: ``(shared, this rank's part)``.
+
+    ``root_fn(payloads)`` returns ``(shared, parts)``, ``parts`` one per rank.
+    Three collectives: the gather, the broadcast of ``shared`` (or of the
+    failures: every rank raises the same CheckpointError before the scatter,
+    so no rank waits in it), and the scatter of ``parts``, which sends each
+    rank its part alone however large all of them are.
+    """
+    failed, result = _settle_on_root(comm, what, failure, payload, root_fn)
+    shared, parts = result if result is not None else (None, None)
+    shared = _checked(comm, comm.bcast((failed, shared), root=0))
+    return shared, comm.scatter(parts, root=0)
+
+
+def _settle_on_root(comm, what, failure, payload, root_fn):
+    """Gather ``(failure, payload)`` on rank 0; there ``(None, root_fn(payloads))``, or ``((name, failures by
+    rank), None)`` when a rank or ``root_fn`` failed; ``(None, None)`` on the other ranks."""
     msgs = comm.gather((failure, None if failure else payload), root=0)
-    out = None
-    if comm.Get_rank() == 0:
-        bad = {r: f for r, (f, _) in enumerate(msgs) if f is not None}
-        result = None
-        if not bad:
-            result, f = attempt(lambda: root_fn([p for _, p in msgs]))
-            if f is not None:
-                bad = {0: f}
-        out = (bad, None if bad else result)
-    bad, result = comm.bcast(out, root=0)
-    if bad:
-        raise collective_error(what, bad, comm.Get_size())
+    if comm.Get_rank() != 0:
+        return None, None
+    bad = {r: f for r, (f, _) in enumerate(msgs) if f is not None}
+    if not bad:
+        result, f = attempt(lambda: root_fn([p for _, p in msgs]))
+        if f is None:
+            return None, result
+        bad = {0: f}
+    return (what() if callable(what) else what, bad), None
+
+
+def _checked(comm, settled: tuple):
+    """The result in rank 0's broadcast :func:`_settle_on_root` outcome, or its failures as the same error on
+    every rank."""
+    failed, result = settled
+    if failed is not None:
+        raise collective_error(*failed, comm.Get_size())
     return result
 
 

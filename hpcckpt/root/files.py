@@ -27,7 +27,7 @@ import stat
 import warnings
 
 from hpcckpt.core.checksum import checksum
-from hpcckpt.mpi.collective import attempt, bcast_checked, raise_if_failed
+from hpcckpt.mpi.collective import agree, allgather_checked, bcast_checked
 from hpcckpt.errors import CheckpointError, CorruptCheckpointError
 from hpcckpt.root.file_manifest import (DEFAULT_BLOCK_BYTES, Pattern, Record, block_count, block_span, parse_manifest, patterns,
                             recorder, registered_location, registration_of, reuse, root_form, tail_span,
@@ -199,7 +199,9 @@ def rollback(comm, version_dir: str, registered: list[Pattern]) -> list[Record]:
     in a warning and ignored.  Every rank checks its files and prepares their
     temporary copies; only when all ranks succeeded does any file change
     (otherwise the copies are removed and every rank raises the same
-    CheckpointError).
+    CheckpointError).  Three collectives: the records' broadcast, the
+    allgather of the preparations (with the paths each rank leaves alone),
+    the agreement on the changes.
     """
     what = f"rollback of the tracked files of {version_dir!r}"
     recorded = bcast_checked(comm, what, lambda: records_of(version_dir))
@@ -212,23 +214,23 @@ def rollback(comm, version_dir: str, registered: list[Pattern]) -> list[Record]:
     actions: list = []
     escaped: list[str] = []
 
-    def prepare_mine():
+    def prepare_mine() -> list[str]:
         for r, p in mine:  # one by one: a failure leaves the earlier ones to discard
             if _inside(os.path.dirname(r.path) or ".", registered_location(p.names(r.rank))):
                 actions.append(_prepare(version_dir, r))
             else:
                 escaped.append(r.path)
+        return escaped
 
-    _, failure = attempt(prepare_mine)
-    failures = comm.allgather(failure)
-    if any(f is not None for f in failures):
+    try:
+        escaped_by_rank = allgather_checked(comm, what, prepare_mine)
+    except CheckpointError:
         for action in actions:
             _discard(action)
-        raise_if_failed(comm, what, failures)
+        raise
     _warn_ignored(version_dir, escaped, "their directory resolves outside the registered one")
-    _, failure = attempt(lambda: [_apply(a) for a in actions])
-    raise_if_failed(comm, what, comm.allgather(failure))
-    ignored = set(path for paths in comm.allgather(escaped) for path in paths)
+    agree(comm, what, lambda: [_apply(a) for a in actions])
+    ignored = set(path for paths in escaped_by_rank for path in paths)
     return [r for r, _ in covered if r.path not in ignored]
 
 

@@ -25,7 +25,7 @@ import time
 import warnings
 
 from hpcckpt.root import halt
-from hpcckpt.mpi.collective import best_effort
+from hpcckpt.mpi.collective import allreduce_checked, best_effort
 from hpcckpt.policy import FailureHistory, Learned, Schedule, SignalFlag, end_time_from_env
 from hpcckpt.policy.policies import Policy
 from hpcckpt.storage import POSIX, Storage
@@ -108,7 +108,7 @@ class Pacer:
         # is decided anyway (a signal), so MAX hands every rank rank 0's progress when it matters
         mine = mine + (progress,)
         code, signum, detail, self.progress = mine if self.comm.Get_size() == 1 else \
-            self.comm.allreduce(mine, op=_mpi_max())
+            allreduce_checked(self.comm, f"the checkpoint decision at step {step}", None, mine, max)
         reason = _REASONS[code]
         if reason in FINAL and self.final_reason is None:
             self.final_reason = reason
@@ -156,10 +156,3 @@ def describe_stop(reason: str, signum: int, detail: str, root: str) -> str:
     if reason == "halt":
         return f"halt file {halt.halt_path(root)}" + (f" ({detail})" if detail else "")
     return "the job's end time (deadline) is near"
-
-
-def _mpi_max():
-    from mpi4py import MPI
-
-    return MPI.MAX
-

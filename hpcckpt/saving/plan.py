@@ -19,21 +19,21 @@ layout changes.  The cache is used in one of two ways, by the kind of writer:
   version name) and reconciles every rank's plan when the commit gathers them,
   or fails the version on every rank.
 
-Pure apart from :func:`replan` and :func:`agree_plan` (which call MPI through
-``comm`` and nothing else).
+Pure apart from :func:`replan` and :func:`agree_plan`, which call MPI through
+hpcckpt.mpi.collective's helpers (and agreement.check_digests) and nothing else.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 from dataclasses import dataclass
+from functools import reduce
 from typing import NamedTuple
 
 from hpcckpt.mpi.agreement import check_digests, mismatch, replica_mismatch
 from hpcckpt.codecs.core import AUTO
 from hpcckpt.codecs.pipeline import decide_alone, default_threads
-from hpcckpt.mpi.collective import attempt, collective_error, raise_if_failed
+from hpcckpt.mpi.collective import allreduce_checked, attempt, root_phase_scattered
 from hpcckpt.core.encoding import dtype_from_json
 from hpcckpt.errors import CheckpointError, TemplateMismatchError
 from hpcckpt.options import SaveOptions
@@ -104,53 +104,49 @@ def _plan(comm, what, local: Described | None, failure, options: SaveOptions, ca
           root_part=None) -> tuple:
     """The new plan of :func:`replan` and :func:`plan_at_once`: ``(rank 0's part, every rank's payload)``.
 
-    Gather of ``(failure, codec-measured summary, payload)``; rank 0 plans and
-    broadcasts its verdict, ``root_part``, every rank's payload and the plan;
-    the boxes are scattered; ``cache`` holds the plan afterwards.
+    collective.root_phase_scattered: gather of ``(failure, (codec-measured
+    summary, payload))``; rank 0 plans and broadcasts ``root_part``, every
+    rank's payload and the plan, or every failure; the boxes are scattered;
+    ``cache`` holds the plan afterwards (rank 0 also every rank's summary and
+    boxes, for :func:`reconcile`).
     """
     if failure is None:
         measured, failure = attempt(lambda: measure_codecs(local, options))
     else:
         measured = None
-    msgs = comm.gather((failure, measured, payload), root=0)
-    shared = plan = None
-    if comm.Get_rank() == 0:
-        plan, bad = attempt(lambda: _plan_on_root([(m[0], m[1]) for m in msgs], options))
-        shared = (bad, root_part, [m[2] for m in msgs], *((plan[0], plan[2], plan[3]) if plan else (None, None, 0)))
-    bad, root, payloads, variables, codecs, total = comm.bcast(shared, root=0)
-    raise_if_failed(comm, what(root) if callable(what) else what, [bad])
-    cache.variables, cache.codecs, cache.total_bytes = variables, codecs, total
-    cache.boxes, cache.replicas = comm.scatter(list(zip(plan[1], plan[4])) if plan else None, root=0)
-    cache.summaries = [m[1] for m in msgs] if plan else None
-    cache.all_boxes = plan[1] if plan else None
+    cache.summaries = cache.all_boxes = None
+
+    def on_root(msgs):
+        summaries = [m[0] for m in msgs]
+        variables, boxes, codecs, replicas = plan_variables(summaries, options)
+        cache.summaries, cache.all_boxes = summaries, boxes
+        total = sum(v.nbytes for v in variables.values())
+        return (root_part, [m[1] for m in msgs], variables, codecs, total), list(zip(boxes, replicas))
+
+    shared, (cache.boxes, cache.replicas) = root_phase_scattered(comm, lambda: _named(what, root_part), failure,
+                                                                 (measured, payload), on_root)
+    root, payloads, cache.variables, cache.codecs, cache.total_bytes = shared
     cache.key = local.key
     return root, payloads
 
 
-def _plan_on_root(msgs: list, options: SaveOptions) -> tuple:
-    """Rank 0: ``(variables, boxes per rank, codecs, global bytes, replica parts per rank)``, or the ranks' own
-    failures raised as one."""
-    bad = {r: f for r, (f, _) in enumerate(msgs) if f is not None}
-    if bad:
-        raise collective_error("describing the state", bad, len(msgs))
-    summaries = [m[1] for m in msgs]
-    variables, boxes, codecs, replicas = plan_variables(summaries, options)
-    return variables, boxes, codecs, sum(v.nbytes for v in variables.values()), replicas
+def _named(what, root) -> str:
+    """The operation's name for errors: ``what``, or ``what(root)`` when it is a function of rank 0's part."""
+    return what(root) if callable(what) else what
 
 
 class Ballot(NamedTuple):
     """What each rank puts into the cache-hit exchange of :func:`agree_plan`, and what the ranks' ballots
-    combine into (:func:`merge_ballots`): of bounded size whatever the rank count.
+    combine into (:func:`merge_ballots`): of bounded size whatever the rank count (a failure rides beside it:
+    collective.allreduce_checked).
 
-    ``failed``: some rank failed before the exchange; ``unchanged``: every
-    rank's layout matches the cached plan; ``low`` / ``high``: the smallest and
-    largest digest of the ranks (mpi/agreement.py: equal exactly when the ranks
+    ``unchanged``: every rank's layout matches the cached plan; ``low`` /
+    ``high``: the smallest and largest digest of the ranks (mpi/agreement.py: equal exactly when the ranks
     agree, or one is None when a rank failed); ``root``: rank 0's part (None
     from the other ranks); ``report``: the ranks' reports combined by the
     caller's function (None without one).
     """
 
-    failed: bool
     unchanged: bool
     low: str | None
     high: str | None
@@ -162,7 +158,7 @@ def merge_ballots(a: Ballot, b: Ballot, combine=None) -> Ballot:
     """Two ballots as one (associative and commutative, as an MPI reduction needs; never raises, since it runs
     inside the reduction); the reports as :func:`merge_reports` merges them."""
     lows, highs = [d for d in (a.low, b.low) if d is not None], [d for d in (a.high, b.high) if d is not None]
-    return Ballot(a.failed or b.failed, a.unchanged and b.unchanged, min(lows) if lows else None,
+    return Ballot(a.unchanged and b.unchanged, min(lows) if lows else None,
                   max(highs) if highs else None, a.root if a.root is not None else b.root,
                   merge_reports(a.report, b.report, combine))
 
@@ -183,10 +179,10 @@ def agree_plan(comm, what, local: Described | None, failure, options: SaveOption
     (``cache.expect_hit``):
 
     * the cache is expected to hold (the last save reused it, or planned
-      afresh): one allreduce of each rank's :class:`Ballot` (failed, layout
+      afresh): one allreduce of each rank's :class:`Ballot` (layout
       unchanged, its digest as the low and high end, ``root_part`` from rank
-      0, ``report``), whose result has the same few fields whatever the rank
-      count; then :func:`replan` only when some rank's layout changed.  A
+      0, ``report``) and its failure, whose result has the same few fields
+      whatever the rank count; then :func:`replan` only when some rank's layout changed.  A
       repeated save of the same layout makes no other collective;
     * layouts are changing (the last save missed), or there is no plan yet:
       :func:`plan_at_once`, a gather, one broadcast and a scatter, instead of
@@ -206,13 +202,12 @@ def agree_plan(comm, what, local: Described | None, failure, options: SaveOption
     if not cache.expect_hit:
         return plan_at_once(comm, what, local, failure, options, cache, root_part, report, combine)
     digest = local.digest if local is not None else None
-    mine = Ballot(failure is not None, failure is None and local is not None and local.key == cache.key,
-                  digest, digest, root_part if comm.Get_rank() == 0 else None, report)
-    agreed = comm.allreduce(mine, op=lambda a, b: merge_ballots(a, b, combine))
-    name = what(agreed.root) if callable(what) else what
+    mine = Ballot(failure is None and local is not None and local.key == cache.key, digest, digest,
+                  root_part if comm.Get_rank() == 0 else None, report)
     try:
-        if agreed.failed:  # the error path: one allgather to name every failed rank and why
-            raise_if_failed(comm, name, comm.allgather(failure))
+        agreed = allreduce_checked(comm, lambda ballot: _named(what, ballot.root), failure, mine,
+                                   lambda a, b: merge_ballots(a, b, combine))
+        name = _named(what, agreed.root)
         check_digests(comm, name, [agreed.low, agreed.high], local.details if local is not None else None)
         if not agreed.unchanged:
             cache.invalidate()
@@ -238,13 +233,13 @@ def plan_at_once(comm, what, local: Described | None, failure, options: SaveOpti
     payload = (local is not None and local.key == cache.key, report, local.digest if local is not None else None)
     try:
         root, payloads = _plan(comm, what, local, failure, options, cache, payload, root_part)
-        check_digests(comm, what(root) if callable(what) else what, [p[2] for p in payloads],
+        check_digests(comm, _named(what, root), [p[2] for p in payloads],
                       local.details if local is not None else None)
     except CheckpointError:
         cache.invalidate()
         raise
     cache.expect_hit = fresh or all(p[0] for p in payloads)
-    return root, functools.reduce(lambda a, b: merge_reports(a, b, combine), [p[1] for p in payloads]), False
+    return root, reduce(lambda a, b: merge_reports(a, b, combine), [p[1] for p in payloads]), False
 
 
 def plan_locally(local: Described, cache: PlanCache, options: SaveOptions) -> tuple[dict, dict, OwnPlan | None]:

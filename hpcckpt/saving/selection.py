@@ -28,7 +28,7 @@ from hpcckpt.incremental import dedup_owners
 from hpcckpt.mpi.agreement import HASH_FAILED
 from hpcckpt.core.arrays import byte_view, local_pieces
 from hpcckpt.core.checksum import checksum_from_xxh3_128
-from hpcckpt.mpi.collective import attempt, raise_if_failed
+from hpcckpt.mpi.collective import allgather_checked, allgather_payloads, alltoall_payloads, attempt
 from hpcckpt.core.devices import to_host
 from hpcckpt.core.encoding import dtype_from_json
 from hpcckpt.incremental.rules import HASH_ALGORITHM, ChainIndex, choose_kind, duplicates, hash_pieces
@@ -203,15 +203,14 @@ def by_allgather(comm, what: str, failure, counts: tuple, keys: list | None, reu
     full while some rank has reusable blocks (they are written after all).
     """
     new = None if keys is None else [k for k, again in zip(keys, reusable) if not again]
-    everyone = comm.allgather((failure, None if failure else (counts, new, any(reusable))))
-    raise_if_failed(comm, what, [f for f, _ in everyone])
-    sums = tuple(map(sum, zip(*(m[0] for _, m in everyone))))
+    everyone = allgather_payloads(comm, what, failure, (counts, new, any(reusable)))
+    sums = tuple(map(sum, zip(*(m[0] for m in everyone))))
     kind, reason = decide(sums)
     if keys is None:
         return sums, (kind, reason), None
-    keys_per_rank = [m[1] for _, m in everyone]
-    if kind == "full" and any(m[2] for _, m in everyone):
-        keys_per_rank = comm.allgather(keys)
+    keys_per_rank = [m[1] for m in everyone]
+    if kind == "full" and any(m[2] for m in everyone):
+        keys_per_rank = allgather_checked(comm, what, lambda: keys)
     return sums, (kind, reason), duplicates(keys_per_rank, comm.Get_rank())
 
 
@@ -222,15 +221,13 @@ def by_owners(comm, what: str, failure, counts: tuple, keys: list, reusable: lis
     size = comm.Get_size()
     positions = dedup_owners.route(keys, size) if failure is None else {}
     parts = dedup_owners.key_parts(keys, reusable, positions)
-    failures, everyone, inbox = dedup_owners.read_key_slots(comm.alltoall(
-        [dedup_owners.key_slot(counts, parts.get(o), failure) for o in range(size)]))
-    raise_if_failed(comm, what, failures)
+    everyone, inbox = dedup_owners.read_key_slots(alltoall_payloads(
+        comm, what, failure, [dedup_owners.key_slot(counts, parts.get(o)) for o in range(size)]))
     sums = tuple(map(sum, zip(*everyone)))
     kind, reason = decide(sums)
-    decided, owner_failure = attempt(lambda: dedup_owners.verdicts(inbox, kind == "full"))
-    failures, replies = dedup_owners.read_verdict_slots(comm.alltoall(
-        dedup_owners.verdict_slots(decided, size, owner_failure)))
-    raise_if_failed(comm, what, failures)
+    slots, owner_failure = attempt(lambda: dedup_owners.verdict_slots(dedup_owners.verdicts(inbox, kind == "full"),
+                                                                      size))
+    replies = dedup_owners.read_verdict_slots(alltoall_payloads(comm, what, owner_failure, slots))
     return sums, (kind, reason), dedup_owners.reassemble(positions, replies, reusable, kind == "full")
 
 
