@@ -438,3 +438,11 @@ class StorageTests:
         kept = self._file(storage, os.path.join(base, "file"))
         storage.discard_tree(kept)  # not a tree: stays, no error
         assert storage.is_file(kept)
+
+    def test_discard_tree_never_follows_a_link(self, tmp_path):
+        storage, base, directory = self._version(tmp_path)
+        kept = self._file(storage, os.path.join(directory, DATA_DIR, "x"))
+        link = os.path.join(base, "dir-link")
+        self.plant(storage, link, "link", directory)
+        storage.discard_tree(link)
+        assert storage.read_file(kept, 10) == b"abcde"
