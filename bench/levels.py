@@ -90,7 +90,7 @@ def main() -> None:
         parity.rebuild(POSIX, comm, n - 1, mine, size, xor_parity, seg, size, rebuilt, fsync=False)
 
     def rs_encode(k, m, rb):
-        return lambda: rs.encode(POSIX, comm, k, m, mine, size, sizes, rs_parity, fsync=False, round_bytes=rb)
+        return lambda: rs.encode(POSIX, comm, (k, m), mine, size, sizes, rs_parity, fsync=False, round_bytes=rb)
 
     def rs_rebuild(k, m, lost, rb):
         seg = segment_bytes(sizes, k)
@@ -102,7 +102,7 @@ def main() -> None:
             target = rebuilt if rank in lost else mine
             if rank in lost and os.path.exists(rebuilt):
                 os.unlink(rebuilt)
-            rs.rebuild(POSIX, comm, k, m, seg, tasks, target, size, rs_parity, fsync=False, round_bytes=rb)
+            rs.rebuild(POSIX, comm, (k, m), seg, tasks, target, size, rs_parity, fsync=False, round_bytes=rb)
         return run
 
     rows = {}  # name -> (kind, bytes per timing, [seconds])

@@ -48,8 +48,8 @@ def read_clipped(storage: Storage, handle, size: int, offset: int, out: np.ndarr
             raise OSError(f"short read: {got} of {n} bytes at offset {offset}")
 
 
-def encode(storage: Storage, gcomm, data_path: str, size: int, sizes: list[int], out_path: str, fsync: bool = True,
-           round_bytes: int = ROUND_BYTES) -> int:
+def encode(storage: Storage, gcomm, data_path: str, size: int, sizes: list[int], out_path: str,
+           fsync: bool = True) -> int:
     """Collective over the group communicator: write this member's parity segment to ``out_path`` (both files
     in ``storage``); return S."""
     from mpi4py import MPI
@@ -69,8 +69,8 @@ def encode(storage: Storage, gcomm, data_path: str, size: int, sizes: list[int],
     except (OSError, CheckpointError) as exc:
         error = error or exc
     try:
-        for a in range(0, seg, round_bytes):
-            r = min(round_bytes, seg - a)
+        for a in range(0, seg, ROUND_BYTES):
+            r = min(ROUND_BYTES, seg - a)
             send = np.zeros(g * r, np.uint8)
             for i in range(g):
                 if i != pos and error is None:
@@ -95,7 +95,7 @@ def encode(storage: Storage, gcomm, data_path: str, size: int, sizes: list[int],
 
 
 def rebuild(storage: Storage, gcomm, lost: int, data_path: str, size: int, parity_path: str, seg: int,
-            lost_size: int, out_path: str, fsync: bool = True, round_bytes: int = ROUND_BYTES) -> None:
+            lost_size: int, out_path: str, fsync: bool = True) -> None:
     """Collective over the group: rebuild member ``lost``'s data file into ``out_path`` on that member.
 
     Survivors pass their own data file and parity segment; the lost member
@@ -117,8 +117,8 @@ def rebuild(storage: Storage, gcomm, lost: int, data_path: str, size: int, parit
     except (OSError, CheckpointError) as exc:
         error = exc
     try:
-        for a in range(0, seg, round_bytes):
-            r = min(round_bytes, seg - a)
+        for a in range(0, seg, ROUND_BYTES):
+            r = min(ROUND_BYTES, seg - a)
             send = np.zeros(g * r, np.uint8)
             if pos != lost and error is None:
                 try:

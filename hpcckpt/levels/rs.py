@@ -77,13 +77,14 @@ def keep_from_damaged_copy(storage: Storage, data_path: str, out, size: int) -> 
         storage.close_read(fd)
 
 
-def encode(storage: Storage, gcomm, k: int, m: int, data_path: str, size: int, sizes: list[int], out_path: str,
-           fsync: bool = True, round_bytes: int = ROUND_BYTES) -> tuple[int, list[str], list[str]]:
-    """Collective over the group: write this member's m check blocks to ``out_path`` (both files in ``storage``).
+def encode(storage: Storage, gcomm, code: tuple[int, int], data_path: str, size: int, sizes: list[int],
+           out_path: str, fsync: bool = True, round_bytes: int = ROUND_BYTES) -> tuple[int, list[str], list[str]]:
+    """Collective over the group: write this member's m check blocks of the ``code`` ``(k, m)`` (``rs_group``)
+    to ``out_path`` (both files in ``storage``).
 
     Returns ``(S, checksums of my k data segments, checksums of my m check blocks)``.
     """
-    g, j = gcomm.Get_size(), gcomm.Get_rank()
+    (k, m), g, j = code, gcomm.Get_size(), gcomm.Get_rank()
     seg = segment_bytes(sizes, k)
     mine = (j - k) % g  # the stripe this member leads
     data_hash = [xxhash.xxh3_64() for _ in range(k)]
@@ -139,14 +140,15 @@ def encode(storage: Storage, gcomm, k: int, m: int, data_path: str, size: int, s
     return seg, [h.hexdigest() for h in data_hash], [h.hexdigest() for h in parity_hash]
 
 
-def damaged_shards(storage: Storage, member: int, k: int, m: int, seg: int, data_path: str | None, size: int,
+def damaged_shards(storage: Storage, member: int, code: tuple[int, int], seg: int, data_path: str | None, size: int,
                    parity_path: str | None, expected: tuple[list[str], list[str]],
                    round_bytes: int = ROUND_BYTES) -> list[tuple]:
     """The shards of ``member`` whose bytes (files in ``storage``) do not match their recorded checksums (local;
-    no MPI).
+    no MPI); ``code``: ``(k, m)``.
 
     A path of None (the file is missing or has the wrong size) makes all its shards count as damaged.
     """
+    k, m = code
     out = []
     for kind, path, count, limit in (("data", data_path, k, size), ("parity", parity_path, m, m * seg)):
         if path is None:
@@ -167,16 +169,16 @@ def damaged_shards(storage: Storage, member: int, k: int, m: int, seg: int, data
     return out
 
 
-def rebuild(storage: Storage, gcomm, k: int, m: int, seg: int, tasks: list, data_path: str, size: int,
+def rebuild(storage: Storage, gcomm, code: tuple[int, int], seg: int, tasks: list, data_path: str, size: int,
             parity_path: str, fsync: bool = True, round_bytes: int = ROUND_BYTES) -> None:
-    """Collective over the group: run the ``tasks`` of :func:`rs_layout.rebuild_plan`.
+    """Collective over the group: run the ``tasks`` of :func:`rs_layout.rebuild_plan` (``code``: ``(k, m)``).
 
     A member with tasks rewrites its data file ``data_path`` (``size`` bytes,
     as recorded): the segments it still has are kept, the others decoded.
     Every member sends the shards the tasks take from it (``parity_path``:
     its check blocks).  Every file is in ``storage``.
     """
-    g, j = gcomm.Get_size(), gcomm.Get_rank()
+    (k, m), g, j = code, gcomm.Get_size(), gcomm.Get_rank()
     mine = [t for t in tasks if t[1] == j]
     error = None
     fd = pfd = out = None
@@ -302,7 +304,7 @@ class ReedSolomonLevel(Level):
             if mine is None:
                 return None
             group = self.groups[mine]
-            return encode(self.storage, gcomm, k, m, os.path.join(directory, rank_file(rank)), sizes[rank],
+            return encode(self.storage, gcomm, (k, m), os.path.join(directory, rank_file(rank)), sizes[rank],
                           [sizes[r] for r in group], os.path.join(directory, rs_parity_file(rank)), fsync)
 
         done = node.comm.allgather(agree(node.comm, what + " (Reed-Solomon parity)", encode_mine))
@@ -355,7 +357,7 @@ def restore(storage: Storage, comm, info: dict, sizes: list[int], inv: list[dict
         data_ok = int(sizes[rank]) == 0 or inv[rank].get(rank_file(rank)) == int(sizes[rank])
         parity_ok = seg == 0 or inv[rank].get(rs_parity_file(rank)) == m * seg
         expected = info["checksums"][gi][pos]
-        return damaged_shards(storage, pos, k, m, seg, data if data_ok else None, int(sizes[rank]),
+        return damaged_shards(storage, pos, (k, m), seg, data if data_ok else None, int(sizes[rank]),
                               parity if parity_ok else None, (expected[0], expected[1]))
 
     damaged = comm.allgather(agree(comm, what + " (checking Reed-Solomon shards)", check))
@@ -378,7 +380,7 @@ def restore(storage: Storage, comm, info: dict, sizes: list[int], inv: list[dict
             if mine is None:
                 return
             seg = int(info["segment"][mine])
-            rebuild(storage, gcomm, k, m, seg, plans[mine], os.path.join(vdir, rank_file(rank)), int(sizes[rank]),
+            rebuild(storage, gcomm, (k, m), seg, plans[mine], os.path.join(vdir, rank_file(rank)), int(sizes[rank]),
                     os.path.join(vdir, rs_parity_file(rank)))
         agree(comm, what + " (Reed-Solomon rebuild)", run)
     finally:
