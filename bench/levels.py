@@ -42,6 +42,7 @@ from mpi4py import MPI
 from benchutil import print_table
 from hpcckpt.levels import parity, rs, rs_coder
 from hpcckpt.levels.rs_layout import rebuild_plan, segment_bytes
+from hpcckpt.storage import POSIX
 
 
 def timed(comm, fn) -> float:
@@ -82,14 +83,14 @@ def main() -> None:
             raise SystemExit(f"rank {rank}: a rebuilt file differs from the original")
 
     def xor_encode():
-        parity.encode(comm, mine, size, sizes, xor_parity, fsync=False)
+        parity.encode(POSIX, comm, mine, size, sizes, xor_parity, fsync=False)
 
     def xor_rebuild():
         seg = parity.segment_bytes(sizes)
-        parity.rebuild(comm, n - 1, mine, size, xor_parity, seg, size, rebuilt, fsync=False)
+        parity.rebuild(POSIX, comm, n - 1, mine, size, xor_parity, seg, size, rebuilt, fsync=False)
 
     def rs_encode(k, m, rb):
-        return lambda: rs.encode(comm, k, m, mine, size, sizes, rs_parity, fsync=False, round_bytes=rb)
+        return lambda: rs.encode(POSIX, comm, (k, m), mine, size, sizes, rs_parity, fsync=False, round_bytes=rb)
 
     def rs_rebuild(k, m, lost, rb):
         seg = segment_bytes(sizes, k)
@@ -101,7 +102,7 @@ def main() -> None:
             target = rebuilt if rank in lost else mine
             if rank in lost and os.path.exists(rebuilt):
                 os.unlink(rebuilt)
-            rs.rebuild(comm, k, m, seg, tasks, target, size, rs_parity, fsync=False, round_bytes=rb)
+            rs.rebuild(POSIX, comm, (k, m), seg, tasks, target, size, rs_parity, fsync=False, round_bytes=rb)
         return run
 
     rows = {}  # name -> (kind, bytes per timing, [seconds])

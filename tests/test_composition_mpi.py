@@ -25,6 +25,7 @@ import os
 import shutil
 import signal
 import time
+import warnings
 
 import numpy as np
 import pytest
@@ -365,7 +366,10 @@ def test_the_newest_version_restores_exactly_everywhere(config, mpi_tmp, monkeyp
                 shutil.rmtree(os.path.join(mpi_tmp, level_dir), ignore_errors=True)
         world.Barrier()
 
-    newest, snapshot = save_run(world, mpi_tmp, config)
+    with warnings.catch_warnings(record=True) as warned:
+        warnings.simplefilter("always")
+        newest, snapshot = save_run(world, mpi_tmp, config)
+    problems = [f"the run warned: {w.message}" for w in warned if "failed" in str(w.message)]
     restores = [
         (f"{n - 1} ranks", lambda: _on_fewer_ranks(
             world, lambda sub: restore_problems(sub, root, even_rows, newest, **opts))),
@@ -374,7 +378,6 @@ def test_the_newest_version_restores_exactly_everywhere(config, mpi_tmp, monkeyp
         ("root alone", lambda: drop_node_local_levels() or restore_problems(world, root, uneven_rows, newest,
                                                                             **root_alone)),
     ]
-    problems = []
     for where, restore in restores:
         _spoil_outputs(world, work)
         try:

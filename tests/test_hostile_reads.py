@@ -23,6 +23,7 @@ from hpcckpt.format import chunk_columns
 from hpcckpt.mpi.collective import SerialComm
 from hpcckpt.incremental.chain import compact
 from hpcckpt.errors import CheckpointError, CorruptCheckpointError
+from hpcckpt.storage import POSIX
 from hpcckpt.storage.metadata_file import read_metadata
 from metadata_tools import read_doc, rewrite_metadata
 
@@ -269,7 +270,7 @@ def test_partner_copy_refuses_a_fifo_and_completes_its_protocol(tmp_path):
     (src / "data").mkdir(parents=True)
     os.mkfifo(src / PART)
     with pytest.raises(CorruptCheckpointError, match="FIFO") as info:
-        transfer(MPI.COMM_SELF, [(0, 0, PART, 100)], str(src), str(dst))
+        transfer(POSIX, MPI.COMM_SELF, [(0, 0, PART, 100)], str(src), str(dst))
     assert str(src / PART) in str(info.value)
     assert not os.path.exists(dst / PART) and not os.path.exists(str(dst / PART) + ".part")
 
@@ -295,9 +296,9 @@ def test_mpi_parity_encode_refuses_a_fifo_on_one_rank(mpi_tmp):
     out = os.path.join(mpi_tmp, f"parity-{rank}.bin")
     if rank == 1:
         with pytest.raises(CorruptCheckpointError, match="FIFO"):
-            encode(comm, data, 100, [100, 100], out)
+            encode(POSIX, comm, data, 100, [100, 100], out)
     else:
-        assert encode(comm, data, 100, [100, 100], out) == 100
+        assert encode(POSIX, comm, data, 100, [100, 100], out) == 100
     comm.Free()
 
 

@@ -232,3 +232,27 @@ def test_ls_shows_levels_and_a_flush_in_progress(tmp_path, capsys):
     main(["ls", "--json", str(tmp_path / "root")])
     doc = json.loads(capsys.readouterr().out)
     assert [v["L4"] for v in doc["levels"]["versions"]] == [True, False, True]
+
+
+def test_level_files_go_through_the_storage_given():
+    """A partner transfer, an inventory and a flush's copy over MemoryStorage: no byte touches the disk."""
+    from mpi4py import MPI
+
+    from hpcckpt.core.names import rank_file
+    from hpcckpt.levels.fetch import inventory
+    from hpcckpt.levels.flush import copy_file
+    from hpcckpt.levels.partner import transfer
+    from hpcckpt.storage import MemoryStorage
+
+    storage, src, dst = MemoryStorage(), "/node-0/v1", "/node-1/v1"
+    payload = bytes(range(256)) * 40
+    storage.make_directories(os.path.join(src, "data"))
+    storage.atomic_write(os.path.join(src, rank_file(0)), payload)
+    storage.atomic_write(os.path.join(src, rank_file(0) + ".part"), b"a stale attempt")
+    assert transfer(storage, MPI.COMM_SELF, [(0, 0, rank_file(0), len(payload))], src, dst, round_bytes=1000) \
+        == len(payload)
+    assert storage.read_file(os.path.join(dst, rank_file(0)), 1 << 20) == payload
+    assert inventory(storage, dst) == {rank_file(0): len(payload)}  # no .part left, none listed
+    assert copy_file(storage, os.path.join(dst, rank_file(0)), "/root/v1/" + rank_file(0)) == len(payload)
+    assert storage.read_file("/root/v1/" + rank_file(0), 1 << 20) == payload
+    assert not storage.exists("/root/v1/" + rank_file(0) + ".part")

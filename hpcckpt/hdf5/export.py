@@ -3,6 +3,8 @@
 Every variable a global dataset of its global shape and dtype, every
 replicated value an attribute of the root group; data moves one verified chunk
 at a time, and the file is written as ``OUT.h5.tmp`` and renamed into place.
+The HDF5 library writes a local file by name, so the output's names are made,
+replaced and removed through POSIX storage.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from hpcckpt.core.encoding import encode_value
 from hpcckpt.errors import CheckpointError
 from hpcckpt.format.metadata import FORMAT_NAME
 from hpcckpt.core.regions import volume
-from hpcckpt.storage.posix import fsync_path
+from hpcckpt.storage.posix import POSIX, fsync_path
 from hpcckpt.hdf5.common import INT64_MAX, INT64_MIN, JSON_SUFFIX, LIBVER, RESERVED_PREFIX, h5_errors, h5py_module
 
 
@@ -61,7 +63,7 @@ def export(checkpoint_path, out_h5, progress=None, *, overwrite: bool = False) -
     tmp = out + ".tmp"
     parent = os.path.dirname(os.path.abspath(out))
     try:
-        os.makedirs(parent, exist_ok=True)  # `hpcckpt export run/ckpt out/step300.h5` into a new directory
+        POSIX.make_directories(parent)  # `hpcckpt export run/ckpt out/step300.h5` into a new directory
     except OSError as exc:
         raise CheckpointError(f"cannot create the directory {parent!r} for {out!r}: {exc.strerror or exc}") from None
     with CheckpointView(os.fspath(checkpoint_path)) as view:
@@ -74,7 +76,7 @@ def export(checkpoint_path, out_h5, progress=None, *, overwrite: bool = False) -
             raise CheckpointError(f"step {view.step} of {view.path} does not fit the 64-bit attribute "
                                   f"{RESERVED_PREFIX}step")
         if os.path.lexists(tmp):  # the leftover of an interrupted export
-            os.remove(tmp)
+            POSIX.remove_file(tmp)
         result = ExportResult(path=out, nbytes=0)
         try:
             with h5_errors(f"cannot create {tmp!r}", corrupt=False):
@@ -96,10 +98,10 @@ def export(checkpoint_path, out_h5, progress=None, *, overwrite: bool = False) -
                 with h5_errors(f"cannot finish writing {tmp!r}", corrupt=False):
                     f.close()
             fsync_path(tmp)
-            os.replace(tmp, out)
+            POSIX.replace(tmp, out)
         except BaseException:
             with contextlib.suppress(OSError):
-                os.remove(tmp)
+                POSIX.remove_file(tmp)
             raise
     with contextlib.suppress(OSError, CheckpointError):
         fsync_path(os.path.dirname(os.path.abspath(out)))

@@ -10,6 +10,7 @@ only a first save (or one after a restore) broadcasts it from rank 0.
 
 from __future__ import annotations
 
+import errno
 import os
 
 from hpcckpt.mpi.collective import bcast_checked
@@ -17,6 +18,7 @@ from hpcckpt.errors import CheckpointError
 from hpcckpt.incremental.rules import ChainIndex
 from hpcckpt.format.metadata import Metadata
 from hpcckpt.core.names import METADATA_FILE, is_reference_version
+from hpcckpt.storage import POSIX, Storage
 
 #: ``{(real path, metadata stamp): ChainIndex}``, newest last: the version saved last and its predecessor
 #: (a save on an explicit base, as ``hpcckpt.save(..., base=...)`` repeated on one base).
@@ -29,9 +31,10 @@ def held() -> list:
     return list(_INDEXES)
 
 
-def committed(directory: str, meta: Metadata) -> tuple:
-    """Rank 0, after committing ``meta`` at ``directory``: ``(key, index)``, what the commit broadcasts."""
-    key = (os.path.realpath(directory), stamp(directory))
+def committed(directory: str, meta: Metadata, storage: Storage = POSIX) -> tuple:
+    """Rank 0, after committing ``meta`` at ``directory`` (in ``storage``): ``(key, index)``, what the commit
+    broadcasts."""
+    key = (storage.realpath(directory), stamp(directory, storage))
     return key, ChainIndex.from_metadata(meta, os.path.basename(key[0]))
 
 
@@ -47,20 +50,25 @@ def _keep(key, index: ChainIndex) -> None:
         _INDEXES.pop(next(iter(_INDEXES)))
 
 
-def index_of(directory: str | None) -> ChainIndex | None:
-    """The index of the committed version at ``directory`` if this process holds it, else None (no MPI)."""
+def index_of(directory: str | None, storage: Storage = POSIX) -> ChainIndex | None:
+    """The index of the committed version at ``directory`` (in ``storage``) if this process holds it, else None
+    (no MPI)."""
     if directory is None:
         return None
     try:
-        return _INDEXES.get((os.path.realpath(directory), stamp(directory)))
+        return _INDEXES.get((storage.realpath(directory), stamp(directory, storage)))
     except OSError:
         return None
 
 
-def stamp(directory: str) -> tuple:
-    """What tells two commits of one directory apart: the metadata file's inode, mtime and size."""
-    st = os.stat(os.path.join(directory, METADATA_FILE))
-    return st.st_ino, st.st_mtime_ns, st.st_size
+def stamp(directory: str, storage: Storage = POSIX) -> tuple:
+    """What tells two commits of one directory apart: the metadata file's identity (POSIX: device and inode),
+    modification time and size; FileNotFoundError when the version is not committed."""
+    path = os.path.join(directory, METADATA_FILE)
+    st = storage.stat(path, follow=True)
+    if st is None:
+        raise FileNotFoundError(errno.ENOENT, "No such file or directory", path)
+    return st.identity, st.modified, st.size
 
 
 def chosen_base(explicit, chain_base: str | None, parent: str | None = None):
@@ -76,31 +84,31 @@ def chosen_base(explicit, chain_base: str | None, parent: str | None = None):
     return chain_base
 
 
-def resolve_base(directory: str, base, io_root: str | None) -> tuple | None:
+def resolve_base(directory: str, base, io_root: str | None, storage: Storage = POSIX) -> tuple | None:
     """Rank 0: the key of the base version (``base`` if given, else the newest committed under ``io_root``), or None.
 
-    ``directory``: the new version's path (it need not exist yet).  ``base``
-    must be a committed sibling of it whose name can be referenced
-    (docs/format.md, references).
+    ``directory``: the new version's path in ``storage`` (it need not exist
+    yet).  ``base`` must be a committed sibling of it whose name can be
+    referenced (docs/format.md, references).
     """
-    parent = os.path.dirname(os.path.realpath(directory))
+    parent = os.path.dirname(storage.realpath(directory))
     if base is not None:
         base = os.fspath(base)
-        if not os.path.isfile(os.path.join(base, METADATA_FILE)):
+        if not storage.is_file(os.path.join(base, METADATA_FILE)):
             raise CheckpointError(f"base {base!r} is not a committed checkpoint")
-        if os.path.dirname(os.path.realpath(base)) != parent:
+        if os.path.dirname(storage.realpath(base)) != parent:
             raise CheckpointError(f"base {base!r} must be a sibling of {directory!r} (the same parent directory)")
-        if not is_reference_version(os.path.basename(os.path.realpath(base))):
+        if not is_reference_version(os.path.basename(storage.realpath(base))):
             raise CheckpointError(f"base {base!r}: its name must be letters, digits and _.+- to be referenced")
     elif io_root is not None:
         from hpcckpt.root.catalog import current, list_versions
 
         name = os.path.basename(os.path.normpath(directory))
-        live = [e for e in current(list_versions(io_root)) if e.name != name]
+        live = [e for e in current(list_versions(io_root, storage)) if e.name != name]
         base = live[-1].path if live else None
     if base is None:
         return None
-    return os.path.realpath(base), stamp(base)
+    return storage.realpath(base), stamp(base, storage)
 
 
 def base_index(comm, what: str, key, held_by_all) -> ChainIndex | None:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from hpcckpt.errors import CheckpointError
+from hpcckpt.storage import POSIX, Storage
 
 
 def check_int(name: str, value, low: int, optional: bool = False) -> None:
@@ -106,7 +107,9 @@ class Level(ABC):
 
     Capability flag: ``recovers`` (what the level rebuilds: "any lost node"
     for partner copies, "one member per group" for XOR parity, "m members
-    per group" for Reed-Solomon).  A new level subclasses this, registers
+    per group" for Reed-Solomon).  ``storage``: where the node directories
+    live; every file the level reads or writes there goes through it
+    (NodeLevels gives each level its own before ``start``; POSIX otherwise).  A new level subclasses this, registers
     itself (``LEVELS.register``), and passes ``hpcckpt.testing.LevelTests``.
     """
 
@@ -115,6 +118,7 @@ class Level(ABC):
     title: str = ""
     recovers: str = ""
     Options: type
+    storage: Storage = POSIX
     #: The interval the level takes when the intervals are derived from the costs (no interval given for any
     #: level that takes part); None: the level takes no part in the derivation.
     derived_every: int | None = 0

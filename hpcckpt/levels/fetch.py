@@ -38,11 +38,13 @@ from hpcckpt.errors import CheckpointError, TemplateMismatchError
 from hpcckpt.format.metadata import Metadata
 from hpcckpt.core.names import DATA_DIR, METADATA_FILE, PARITY_DIR, rank_file, split_reference
 from hpcckpt.loading.read_plan import encode_requests, target_boxes
+from hpcckpt.storage.base import Storage
 from hpcckpt.levels.partner import ROUND_BYTES, transfer
 
 
-def inventory(vdir: str, references=()) -> dict[str, int]:
-    """Sizes of the data and parity files a node directory holds for one version.
+def inventory(storage: Storage, vdir: str, references=()) -> dict[str, int]:
+    """Sizes of the data and parity files a node directory of ``storage`` holds for one version (links followed;
+    what cannot be looked at is left out).
 
     ``references``: files of older versions the version points into
     (``@VERSION/data/...``, incremental saves), looked up beside it and listed
@@ -52,24 +54,27 @@ def inventory(vdir: str, references=()) -> dict[str, int]:
     for sub in (DATA_DIR, PARITY_DIR):
         d = os.path.join(vdir, sub)
         try:
-            names = os.listdir(d)
+            names = storage.listdir(d)
         except (FileNotFoundError, NotADirectoryError):
             continue
         for n in names:
             if not n.endswith(".part"):
-                try:
-                    out[f"{sub}/{n}"] = os.stat(os.path.join(d, n)).st_size
-                except OSError:
-                    pass
+                _add_size(storage, out, f"{sub}/{n}", os.path.join(d, n))
     for name in references:
         version, path = split_reference(name)
-        committed = os.path.isfile(os.path.join(os.path.dirname(vdir), version, METADATA_FILE))
-        try:
-            if committed:
-                out[name] = os.stat(os.path.join(os.path.dirname(vdir), version, path)).st_size
-        except OSError:
-            pass
+        if storage.is_file(os.path.join(os.path.dirname(vdir), version, METADATA_FILE)):
+            _add_size(storage, out, name, os.path.join(os.path.dirname(vdir), version, path))
     return out
+
+
+def _add_size(storage: Storage, out: dict[str, int], name: str, path: str) -> None:
+    """``out[name]``: the size of what ``path`` names, links followed (nothing when it cannot be looked at)."""
+    try:
+        st = storage.stat(path, follow=True)
+    except OSError:
+        return
+    if st is not None:
+        out[name] = st.size
 
 
 def expected_sizes(meta: Metadata) -> dict[str, int]:
@@ -163,8 +168,9 @@ def round_bytes(moves: list) -> int:
 MIN_ROUND = 1 << 20
 
 
-def fetcher(comm, vdir: str, node_of: list[int], what: str):
-    """The ``before_reads`` of a node-local load of ``vdir`` (loading.load_version): collective, on every rank.
+def fetcher(storage: Storage, comm, vdir: str, node_of: list[int], what: str):
+    """The ``before_reads`` of a node-local load of ``vdir`` in ``storage`` (loading.load_version): collective,
+    on every rank.
 
     Called with the metadata and this rank's requests (None when its template
     failed: the load then reports that, and nothing moves).  Raises the same
@@ -173,7 +179,7 @@ def fetcher(comm, vdir: str, node_of: list[int], what: str):
     """
     def fetch(meta: Metadata, requests: dict | None) -> int:
         gathered = allgather_checked(comm, what + " (listing the node directories)", lambda: None if requests is None
-                                     else (encode_requests(requests), inventory(vdir)))
+                                     else (encode_requests(requests), inventory(storage, vdir)))
         if any(g is None for g in gathered):
             return 0
         try:
@@ -189,6 +195,6 @@ def fetcher(comm, vdir: str, node_of: list[int], what: str):
             raise CheckpointError(f"{what} failed: no node of this run holds a whole copy of {shown}"
                                   + (f" and {len(lost) - 4} more" if len(lost) > 4 else ""))
         return agree(comm, what + " (data files from other nodes)", lambda: transfer(
-            comm, moves, vdir, vdir, round_bytes=round_bytes(moves)))
+            storage, comm, moves, vdir, vdir, round_bytes=round_bytes(moves)))
 
     return fetch

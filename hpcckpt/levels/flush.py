@@ -1,8 +1,8 @@
 """L4: copying this rank's L1 files (its data file, and its blocks of tracked files) to the shared root in a background thread (no MPI in the thread).
 
-The thread copies with ``os.copy_file_range``/``sendfile`` (the GIL is released
-for the whole copy, so the application's Python code keeps running) at the
-lowest CPU priority (``nice 19`` for this thread only, on Linux), optionally
+The thread copies with ``Storage.append_from`` (POSIX: ``os.copy_file_range``
+or ``sendfile``, the GIL released for the whole copy, so the application's
+Python code keeps running) at the lowest CPU priority (``nice 19`` for this thread only, on Linux), optionally
 capped at ``bandwidth`` bytes per second.  The version is committed on the root
 only later, in the foreground, once every rank reports its copy done: rank 0
 then writes the same ``metadata.json`` there.  A crash during the flush leaves
@@ -15,16 +15,15 @@ import os
 import threading
 import time
 
-from hpcckpt.storage.opening import create_replacing, open_regular
-from hpcckpt.storage.posix import copy_data
+from hpcckpt.storage.base import Storage
 
 
 class FlushThread:
-    """Copies each ``(src, dst)`` of ``copies`` in turn (none: a rank with no data copies nothing)."""
+    """Copies each ``(src, dst)`` of ``copies`` in ``storage`` in turn (none: a rank with no data copies nothing)."""
 
-    def __init__(self, copies: list[tuple[str, str]], fsync: bool = True, bandwidth: float | None = None,
-                 low_priority: bool = True):
-        self.copies, self.fsync = copies, fsync
+    def __init__(self, storage: Storage, copies: list[tuple[str, str]], fsync: bool = True,
+                 bandwidth: float | None = None, low_priority: bool = True):
+        self.storage, self.copies, self.fsync = storage, copies, fsync
         self.bandwidth = bandwidth
         self.low_priority = low_priority
         self.error: BaseException | None = None
@@ -49,16 +48,17 @@ class FlushThread:
                 except OSError:
                     pass
             for src, dst in self.copies:
-                self.nbytes += copy_file(src, dst, self.fsync, self.bandwidth)
+                self.nbytes += copy_file(self.storage, src, dst, self.fsync, self.bandwidth)
         except BaseException as exc:  # noqa: BLE001 - reported at the next collective call
             self.error = exc
         finally:
             self.seconds = time.perf_counter() - t0
 
 
-def copy_file(src: str, dst: str, fsync: bool = True, bandwidth: float | None = None) -> int:
-    """Copy ``src`` to a new ``dst`` (written as ``dst.part`` then renamed); return the bytes copied."""
-    os.makedirs(os.path.dirname(dst), exist_ok=True)
+def copy_file(storage: Storage, src: str, dst: str, fsync: bool = True, bandwidth: float | None = None) -> int:
+    """Copy ``src`` to a new ``dst``, both in ``storage`` (written as ``dst.part`` then renamed); return the bytes
+    copied."""
+    storage.make_directories(os.path.dirname(dst))
     tmp = dst + ".part"
     t0 = time.perf_counter()
 
@@ -67,16 +67,16 @@ def copy_file(src: str, dst: str, fsync: bool = True, bandwidth: float | None = 
         if ahead > 0:
             time.sleep(ahead)
 
-    fi = open_regular(src)
+    fi, size = storage.open_read(src)
     try:
-        fo = create_replacing(tmp)
+        fo = storage.create_replacing(tmp)
         try:
-            done = copy_data(fi, fo, os.fstat(fi).st_size, src, pace if bandwidth else None)
+            done = storage.append_from(fo, fi, size, src, pace if bandwidth else None)
             if fsync:
-                os.fsync(fo)
+                storage.sync(fo)
         finally:
-            os.close(fo)
+            storage.close(fo, fsync=False)
     finally:
-        os.close(fi)
-    os.replace(tmp, dst)
+        storage.close_read(fi)
+    storage.replace(tmp, dst)
     return done

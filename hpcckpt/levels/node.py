@@ -23,7 +23,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import shutil
 import time
 import warnings
 from dataclasses import dataclass
@@ -33,9 +32,10 @@ from hpcckpt.mpi.collective import agree, best_effort, on_root
 from hpcckpt.storage.commit import commit_version
 from hpcckpt.core.log import logger
 from hpcckpt.core.names import METADATA_FILE, rank_file
-from hpcckpt.storage.posix import atomic_write
+from hpcckpt.storage.base import Storage
 from hpcckpt.transport.topology import node_layout, ranks_per_node_setting
 from hpcckpt.levels import FLUSH_MARKER, LEVELS_FILE, LevelOptions, derived_flush_every, node_dir, node_leader
+from hpcckpt.levels.base import Level
 from hpcckpt.levels.flush import FlushThread
 from hpcckpt.root.file_manifest import tracked_file
 
@@ -58,11 +58,14 @@ class NodeLevels:
     (the Intervals in effect), ``all_levels`` (every registered Level with
     its options, in the order the commit runs them), ``auto_levels`` (the
     intervals are derived), ``level_costs`` (the costs they were derived
-    from, once known), ``layout``, ``node_dir``, ``leader``.
+    from, once known), ``layout``, ``node_dir``, ``leader``, ``storage``
+    (where the node directories and the root live: every file the levels
+    touch goes through it, and each Level gets it too).
     """
 
-    def __init__(self, comm, root: str, keep: int | None, ranks_per_node: int | None, options: LevelOptions):
-        self.comm, self.root, self.keep, self.options = comm, root, keep, options
+    def __init__(self, comm, root: str, keep: int | None, ranks_per_node: int | None, options: LevelOptions,
+                 storage: Storage = Level.storage):
+        self.comm, self.root, self.keep, self.options, self.storage = comm, root, keep, options, storage
         self.rank = comm.Get_rank()
         # no explicit interval: derive them (partner copy every checkpoint, flush_every from Benoit et al.'s
         # multi-level optimum with the given costs, or with the costs measured on the first checkpoint)
@@ -77,12 +80,13 @@ class NodeLevels:
         self.leader = node_leader(self.layout, self.rank)
         self.all_levels = options.make_levels()
         for level in self.all_levels:
+            level.storage = storage
             level.start(self)
         unavailable = [level for level in self.all_levels if not level.available(self)]
         self.levels = options.intervals({level.key for level in unavailable})
         if self.auto_levels and options.level_costs is not None:
             self._derive_intervals(*options.level_costs)
-        agree(comm, f"creating {self.node_dir!r}", lambda: os.makedirs(self.node_dir, exist_ok=True))
+        agree(comm, f"creating {self.node_dir!r}", lambda: storage.make_directories(self.node_dir))
         reasons = [level.unavailable(self) for level in unavailable if self.levels.every[level.key]]
         if self.rank == 0 and reasons:
             warnings.warn("hpcckpt: " + "; ".join(reasons), stacklevel=4)
@@ -104,7 +108,8 @@ class NodeLevels:
                     "local_failure_fraction": self.options.local_failure_fraction if self.auto_levels else None,
                     "level_method": self.options.level_method if self.auto_levels else None})
         try:
-            atomic_write(os.path.join(self.root, LEVELS_FILE), json.dumps(doc, indent=1).encode(), fsync=False)
+            self.storage.atomic_write(os.path.join(self.root, LEVELS_FILE), json.dumps(doc, indent=1).encode(),
+                                      fsync=False)
         except OSError as exc:
             warnings.warn(f"hpcckpt: cannot write {LEVELS_FILE} under {self.root!r}: {exc}", stacklevel=4)
 
@@ -130,8 +135,8 @@ class NodeLevels:
     def clear_leftovers(self) -> list[str]:
         """Node leaders: remove uncommitted versions of the node directory; the names left there (any rank)."""
         if self.leader:
-            remove_versions([e for e in list_versions(self.node_dir) if not e.committed])
-        return [e.name for e in list_versions(self.node_dir)]
+            remove_versions([e for e in list_versions(self.node_dir, self.storage) if not e.committed])
+        return [e.name for e in list_versions(self.node_dir, self.storage)]
 
     def reached(self, due: dict) -> tuple[str, ...]:
         """Where a version just committed is: L1 plus the levels that protected it."""
@@ -161,7 +166,8 @@ class NodeLevels:
 
     def commit_nodes(self, directory: str, raw: bytes, fsync: bool, what: str) -> None:
         """Collective: every node leader but rank 0 (which committed first) commits ``raw`` in its node directory."""
-        agree(self.comm, what, lambda: self.leader and self.rank != 0 and commit_version(directory, raw, fsync))
+        agree(self.comm, what, lambda: self.leader and self.rank != 0 and commit_version(directory, raw, fsync,
+                                                                                         self.storage))
 
     def retain(self) -> None:
         """Node leaders drop node-local versions beyond ``keep``; local only (rank 0 did the root in the commit,
@@ -171,13 +177,13 @@ class NodeLevels:
         flushing = self.flushing
         if self.leader:  # bookkeeping on one rank after the commit: it must not raise (a hang otherwise)
             best_effort(f"retention under {self.node_dir!r}", lambda: remove_versions(
-                [e for e in removable(list_versions(self.node_dir), self.keep)
+                [e for e in removable(list_versions(self.node_dir, self.storage), self.keep)
                  if e.name != flushing and e.committed]))
 
     def discard(self, name: str) -> None:
         """Node leaders remove a version that failed from their node directory (the caller then synchronises)."""
         if self.leader:
-            shutil.rmtree(self.path(name), ignore_errors=True)
+            self.storage.discard_tree(self.path(name))
 
     # ------------------------------------------------------------------ flush
     @property
@@ -192,23 +198,23 @@ class NodeLevels:
                                                                                     rank_file(self.rank)))]
         copies = copies if sizes[self.rank] else []
         blocks = os.path.join(self.path(name), tracked_file(self.rank))  # the in-place blocks of tracked files
-        if os.path.isfile(blocks):
+        if self.storage.is_file(blocks):
             copies.append((blocks, os.path.join(self.root, name, tracked_file(self.rank))))
         if self.rank == 0:  # the marker `hpcckpt ls` shows; removed when the flush is committed or failed
             self.flush_marker({"version": name, "step": step, "ranks": self.comm.Get_size(),
                                "started": time.time(), "pid": os.getpid()})
         self.on_root.add(name)
-        self.flush = Flush(name, FlushThread(copies, fsync, self.options.flush_bandwidth), raw if self.rank == 0 else None,
-                           frozenset(references or ()), local_cost)
+        self.flush = Flush(name, FlushThread(self.storage, copies, fsync, self.options.flush_bandwidth),
+                           raw if self.rank == 0 else None, frozenset(references or ()), local_cost)
 
     def flush_marker(self, doc: dict | None) -> None:
         """Rank 0: write (``doc``) or remove (None) ``ROOT/flush-in-progress.json``; best effort."""
         path = os.path.join(self.root, FLUSH_MARKER)
         try:
             if doc is None:
-                os.unlink(path)
+                self.storage.remove_file(path)
             else:
-                atomic_write(path, json.dumps(doc).encode(), fsync=False)
+                self.storage.atomic_write(path, json.dumps(doc).encode(), fsync=False)
         except FileNotFoundError:
             pass
         except OSError as exc:
@@ -243,7 +249,7 @@ class NodeLevels:
         if failed:
             self.on_root.discard(f.name)
             if self.rank == 0:
-                shutil.rmtree(path, ignore_errors=True)
+                self.storage.discard_tree(path)
                 warnings.warn(f"hpcckpt: flushing {f.name} to the shared root failed ({failed}); "
                               "it stays on the node-local levels only", stacklevel=4)
             return True
@@ -251,16 +257,17 @@ class NodeLevels:
         def commit():
             if f.meta is None:
                 return
-            missing = sorted(v for v in f.references if not os.path.isfile(os.path.join(self.root, v, METADATA_FILE)))
+            missing = sorted(v for v in f.references
+                             if not self.storage.is_file(os.path.join(self.root, v, METADATA_FILE)))
             if missing:
                 self.on_root.discard(f.name)
-                shutil.rmtree(path, ignore_errors=True)
+                self.storage.discard_tree(path)
                 warnings.warn(f"hpcckpt: {f.name} is not committed on the shared root: the versions it builds on "
                               f"({missing}) are not there; it stays on the node-local levels only", stacklevel=6)
                 return
-            commit_version(path, f.meta, fsync=True)
+            commit_version(path, f.meta, fsync=True, storage=self.storage)
             best_effort(f"retention under {self.root!r}", lambda: remove_versions(
-                removable(list_versions(self.root), self.keep)))
+                removable(list_versions(self.root, self.storage), self.keep)))
 
         agree(self.comm, f"commit of the flush of {f.name}", lambda: on_root(self.comm, commit))
         if self.rank == 0:

@@ -24,7 +24,7 @@ import numpy as np
 from hpcckpt.mpi.collective import agree
 from hpcckpt.errors import CheckpointError
 from hpcckpt.core.names import parity_file, rank_file
-from hpcckpt.storage.opening import create_replacing, open_regular
+from hpcckpt.storage.base import Storage
 from hpcckpt.levels.base import Level, Lost, check_int
 from hpcckpt.transport.topology import NodeLayout
 
@@ -37,19 +37,21 @@ def segment_bytes(sizes: list[int]) -> int:
     return -(-max(sizes) // (g - 1)) if sizes and max(sizes) > 0 else 0
 
 
-def read_clipped(fd: int | None, size: int, offset: int, out: np.ndarray) -> None:
-    """Fill ``out`` with file bytes at ``offset`` (zeros past the end of a ``size``-byte file)."""
+def read_clipped(storage: Storage, handle, size: int, offset: int, out: np.ndarray) -> None:
+    """Fill ``out`` with the bytes at ``offset`` of the file ``handle`` (of ``storage.open_read``; None: an
+    empty file) reads, zeros past the end of its ``size`` bytes; OSError when the file ends before them."""
     out[:] = 0
     n = max(0, min(out.nbytes, size - offset))
-    if n and fd is not None:
-        got = os.preadv(fd, [memoryview(out[:n])], offset)
+    if n and handle is not None:
+        got = storage.read_at(handle, offset, out[:n])
         if got != n:
             raise OSError(f"short read: {got} of {n} bytes at offset {offset}")
 
 
-def encode(gcomm, data_path: str, size: int, sizes: list[int], out_path: str, fsync: bool = True,
-           round_bytes: int = ROUND_BYTES) -> int:
-    """Collective over the group communicator: write this member's parity segment to ``out_path``; return S."""
+def encode(storage: Storage, gcomm, data_path: str, size: int, sizes: list[int], out_path: str,
+           fsync: bool = True) -> int:
+    """Collective over the group communicator: write this member's parity segment to ``out_path`` (both files
+    in ``storage``); return S."""
     from mpi4py import MPI
 
     g, pos = gcomm.Get_size(), gcomm.Get_rank()
@@ -58,49 +60,47 @@ def encode(gcomm, data_path: str, size: int, sizes: list[int], out_path: str, fs
     fd = None
     out = None
     try:
-        fd = open_regular(data_path) if size > 0 else None
+        fd = storage.open_read(data_path)[0] if size > 0 else None
     except (OSError, CheckpointError) as exc:
         error = exc
     try:
-        os.makedirs(os.path.dirname(out_path), exist_ok=True)
-        out = create_replacing(out_path)
+        storage.make_directories(os.path.dirname(out_path))
+        out = storage.create_replacing(out_path)
     except (OSError, CheckpointError) as exc:
         error = error or exc
     try:
-        for a in range(0, seg, round_bytes):
-            r = min(round_bytes, seg - a)
+        for a in range(0, seg, ROUND_BYTES):
+            r = min(ROUND_BYTES, seg - a)
             send = np.zeros(g * r, np.uint8)
             for i in range(g):
                 if i != pos and error is None:
                     try:
-                        read_clipped(fd, size, ((i - pos - 1) % g) * seg + a, send[i * r:(i + 1) * r])
+                        read_clipped(storage, fd, size, ((i - pos - 1) % g) * seg + a, send[i * r:(i + 1) * r])
                     except OSError as exc:
                         error = exc
             recv = np.empty(r, np.uint8)
             gcomm.Reduce_scatter_block([send, MPI.BYTE], [recv, MPI.BYTE], op=MPI.BXOR)
             if out is not None and error is None:
                 try:
-                    os.write(out, memoryview(recv))
+                    storage.append(out, recv)
                 except OSError as exc:
                     error = exc
         if out is not None and fsync and error is None:
-            os.fsync(out)
+            storage.sync(out)
     finally:
-        if fd is not None:
-            os.close(fd)
-        if out is not None:
-            os.close(out)
+        close_all(storage, [fd], [out])
     if error is not None:
         raise error
     return seg
 
 
-def rebuild(gcomm, lost: int, data_path: str, size: int, parity_path: str, seg: int, lost_size: int,
-            out_path: str, fsync: bool = True, round_bytes: int = ROUND_BYTES) -> None:
+def rebuild(storage: Storage, gcomm, lost: int, data_path: str, size: int, parity_path: str, seg: int,
+            lost_size: int, out_path: str, fsync: bool = True) -> None:
     """Collective over the group: rebuild member ``lost``'s data file into ``out_path`` on that member.
 
     Survivors pass their own data file and parity segment; the lost member
-    passes its target path (``data_path``/``parity_path`` unused there).
+    passes its target path (``data_path``/``parity_path`` unused there).  Every
+    file is in ``storage``.
     """
     from mpi4py import MPI
 
@@ -109,16 +109,16 @@ def rebuild(gcomm, lost: int, data_path: str, size: int, parity_path: str, seg: 
     fd = pfd = out = None
     try:
         if pos == lost:
-            os.makedirs(os.path.dirname(out_path), exist_ok=True)
-            out = create_replacing(out_path + ".part")
+            storage.make_directories(os.path.dirname(out_path))
+            out = storage.create_replacing(out_path + ".part")
         else:
-            fd = open_regular(data_path) if size > 0 else None
-            pfd = open_regular(parity_path) if seg > 0 else None
+            fd = storage.open_read(data_path)[0] if size > 0 else None
+            pfd = storage.open_read(parity_path)[0] if seg > 0 else None
     except (OSError, CheckpointError) as exc:
         error = exc
     try:
-        for a in range(0, seg, round_bytes):
-            r = min(round_bytes, seg - a)
+        for a in range(0, seg, ROUND_BYTES):
+            r = min(ROUND_BYTES, seg - a)
             send = np.zeros(g * r, np.uint8)
             if pos != lost and error is None:
                 try:
@@ -127,9 +127,9 @@ def rebuild(gcomm, lost: int, data_path: str, size: int, parity_path: str, seg: 
                             continue
                         part = send[i * r:(i + 1) * r]
                         if i == pos:
-                            read_clipped(pfd, seg, a, part)
+                            read_clipped(storage, pfd, seg, a, part)
                         else:
-                            read_clipped(fd, size, ((i - pos - 1) % g) * seg + a, part)
+                            read_clipped(storage, fd, size, ((i - pos - 1) % g) * seg + a, part)
                 except OSError as exc:
                     error = exc
             recv = np.empty(g * r, np.uint8) if pos == lost else None
@@ -141,27 +141,36 @@ def rebuild(gcomm, lost: int, data_path: str, size: int, parity_path: str, seg: 
                     offset = ((i - lost - 1) % g) * seg + a
                     n = max(0, min(r, lost_size - offset))
                     if n:
-                        os.pwrite(out, memoryview(recv[i * r:i * r + n]), offset)
+                        storage.write_at(out, offset, recv[i * r:i * r + n])
         if out is not None and error is None:
-            os.ftruncate(out, lost_size)
+            storage.truncate(out, lost_size)
             if fsync:
-                os.fsync(out)
+                storage.sync(out)
     finally:
-        for f in (fd, pfd, out):
-            if f is not None:
-                os.close(f)
-    settle_rebuilt(out_path if out is not None else None, error)
+        close_all(storage, [fd, pfd], [out])
+    settle_rebuilt(storage, out_path if out is not None else None, error)
 
 
-def settle_rebuilt(path: str | None, error: BaseException | None) -> None:
-    """After a rebuild wrote ``path + ".part"`` (None: this rank rebuilt nothing): move it into place, or remove
-    it and raise ``error`` (the rebuild's, kept until every rank finished its exchanges)."""
+def close_all(storage: Storage, reading: list, writing: list) -> None:
+    """Close the handles of ``storage`` a level's exchange opened (None: not opened), those ``reading`` files
+    (of open_read) first, then those ``writing`` (of create_replacing, never fsynced here)."""
+    for handle in reading:
+        if handle is not None:
+            storage.close_read(handle)
+    for handle in writing:
+        if handle is not None:
+            storage.close(handle, fsync=False)
+
+
+def settle_rebuilt(storage: Storage, path: str | None, error: BaseException | None) -> None:
+    """After a rebuild wrote ``path + ".part"`` in ``storage`` (None: this rank rebuilt nothing): move it into
+    place, or remove it and raise ``error`` (the rebuild's, kept until every rank finished its exchanges)."""
     if path is not None:
         if error is None:
-            os.replace(path + ".part", path)
+            storage.replace(path + ".part", path)
         else:
             try:
-                os.unlink(path + ".part")
+                storage.remove_file(path + ".part")
             except OSError:
                 pass
     if error is not None:
@@ -259,8 +268,8 @@ class ParityLevel(Level):
             if mine is None:
                 return None
             group = self.groups[mine]
-            return encode(gcomm, os.path.join(directory, rank_file(rank)), sizes[rank], [sizes[r] for r in group],
-                          os.path.join(directory, parity_file(rank)), fsync)
+            return encode(self.storage, gcomm, os.path.join(directory, rank_file(rank)), sizes[rank],
+                          [sizes[r] for r in group], os.path.join(directory, parity_file(rank)), fsync)
 
         segs = node.comm.allgather(agree(node.comm, what + " (XOR parity)", encode_mine))
         return {"groups": self.groups, "segment": [segs[g[0]] for g in self.groups]}
@@ -280,7 +289,7 @@ class ParityLevel(Level):
                 if mine is None:
                     return
                 _, group, x, seg, lost_size = mine
-                rebuild(gcomm, group.index(x), os.path.join(directory, rank_file(rank)), int(sizes[rank]),
+                rebuild(self.storage, gcomm, group.index(x), os.path.join(directory, rank_file(rank)), int(sizes[rank]),
                         os.path.join(directory, parity_file(rank)), seg, lost_size,
                         os.path.join(directory, rank_file(x)))
             agree(comm, what + " (XOR parity)", run)

@@ -17,8 +17,7 @@ import numpy as np
 from hpcckpt.mpi.collective import agree
 from hpcckpt.errors import CheckpointError
 from hpcckpt.core.names import rank_file
-from hpcckpt.storage.opening import create_replacing, open_regular
-from hpcckpt.storage.posix import read_exact, write_all
+from hpcckpt.storage.base import Storage
 from hpcckpt.levels.base import Level, check_int
 from hpcckpt.transport.topology import NodeLayout
 
@@ -26,13 +25,14 @@ ROUND_BYTES = 32 << 20
 _TAG = 7321
 
 
-def transfer(comm, moves: list[tuple[int, int, str, int]], src_dir: str, dst_dir: str, fsync: bool = True,
-             round_bytes: int = ROUND_BYTES) -> int:
+def transfer(storage: Storage, comm, moves: list[tuple[int, int, str, int]], src_dir: str, dst_dir: str,
+             fsync: bool = True, round_bytes: int = ROUND_BYTES) -> int:
     """Copy file ``name`` (``size`` bytes) from ``src_dir`` on rank ``src`` to ``dst_dir`` on rank ``dst``.
 
     ``moves`` is a list of ``(src, dst, name, size)``, the same on every rank
-    (ranks not named do nothing and send nothing).  Returns the bytes this rank
-    received.
+    (ranks not named do nothing and send nothing).  Each file arrives as
+    ``name.part`` in ``storage``, renamed into place once whole.  Returns the
+    bytes this rank received.
     """
     from mpi4py import MPI
 
@@ -44,15 +44,15 @@ def transfer(comm, moves: list[tuple[int, int, str, int]], src_dir: str, dst_dir
     fout: dict[int, int | None] = {}
     for i, (_, _, name, _) in enumerate(sends):
         try:
-            fin[i] = open_regular(os.path.join(src_dir, name))
+            fin[i] = storage.open_read(os.path.join(src_dir, name))[0]
         except (OSError, CheckpointError) as exc:
             error = error or exc
             fin[i] = None
     for i, (_, _, name, _) in enumerate(recvs):
         try:
             path = os.path.join(dst_dir, name)
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            fout[i] = create_replacing(path + ".part")
+            storage.make_directories(os.path.dirname(path))
+            fout[i] = storage.create_replacing(path + ".part")
         except (OSError, CheckpointError) as exc:
             error = error or exc
             fout[i] = None
@@ -68,7 +68,7 @@ def transfer(comm, moves: list[tuple[int, int, str, int]], src_dir: str, dst_dir
                 buf = np.zeros(min(round_bytes, size - lo), np.uint8)
                 if fin[i] is not None and error is None:
                     try:
-                        read_exact(fin[i], lo, buf, os.path.join(src_dir, name))
+                        storage.read_segments(fin[i], lo, buf, os.path.join(src_dir, name), [(buf.nbytes, None)])
                     except Exception as exc:  # noqa: BLE001 - finish the protocol, raise afterwards
                         error = exc
                 keep.append(buf)
@@ -83,35 +83,31 @@ def transfer(comm, moves: list[tuple[int, int, str, int]], src_dir: str, dst_dir
             for i, buf in incoming:
                 if fout[i] is not None and error is None:
                     try:
-                        write_all(fout[i], buf)
+                        storage.append(fout[i], buf)
                         received += buf.nbytes
                     except OSError as exc:
                         error = exc
     finally:
-        for fd in fin.values():
-            if fd is not None:
-                os.close(fd)
-        for i, fd in fout.items():
-            if fd is None:
+        for handle in fin.values():
+            if handle is not None:
+                storage.close_read(handle)
+        for i, handle in fout.items():
+            if handle is None:
                 continue
-            try:
-                if fsync and error is None:
-                    os.fsync(fd)
-            finally:
-                os.close(fd)
+            storage.close(handle, fsync and error is None)
             path = os.path.join(dst_dir, recvs[i][2])
             if error is None:
-                os.replace(path + ".part", path)
+                storage.replace(path + ".part", path)
             else:
-                _unlink(path + ".part")
+                _unlink(storage, path + ".part")
     if error is not None:
         raise error
     return received
 
 
-def _unlink(path: str) -> None:
+def _unlink(storage: Storage, path: str) -> None:
     try:
-        os.unlink(path)
+        storage.remove_file(path)
     except OSError:
         pass
 
@@ -167,5 +163,6 @@ class PartnerLevel(Level):
     def protect(self, node, directory: str, sizes: list[int], fsync: bool, what: str):
         comm = node.comm
         moves = [(r, self.partners[r], rank_file(r), sizes[r]) for r in range(comm.Get_size())]
-        agree(comm, what + " (partner copies)", lambda: transfer(comm, moves, directory, directory, fsync))
+        agree(comm, what + " (partner copies)", lambda: transfer(self.storage, comm, moves, directory, directory,
+                                                                 fsync))
         return list(self.partners)

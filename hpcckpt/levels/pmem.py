@@ -37,7 +37,7 @@ from hpcckpt.storage.base import hash_segments
 from hpcckpt.storage.commit import commit_version
 from hpcckpt.storage.metadata_file import read_metadata_bytes
 from hpcckpt.storage.opening import create_replacing, open_regular
-from hpcckpt.storage.posix import PosixStorage, atomic_write, fsync_path, read_exact
+from hpcckpt.storage.posix import PosixStorage
 from hpcckpt.levels.base import Attempt, Level, check_int
 from hpcckpt.levels.fetch import fetcher
 
@@ -98,7 +98,12 @@ def changed_blocks(old: np.ndarray, new: np.ndarray, block: int) -> np.ndarray:
 
 
 class PmemImage:
-    """One rank's two-slot image file.  Not thread-safe; one writer process at a time."""
+    """One rank's two-slot image file.  Not thread-safe; one writer process at a time.
+
+    The image is mapped into memory, which needs a real file descriptor: it
+    lives on POSIX (a DAX or memory file system) whatever storage the node
+    directories use, and its names are made and replaced through POSIX.
+    """
 
     def __init__(self, path: str, rank: int, nranks: int, block: int = DEFAULT_BLOCK):
         check_int("pmem_block", block, 1)
@@ -185,7 +190,7 @@ class PmemImage:
         """A new image file (first use, or data beyond the slots' capacity) with ``data`` in slot 0, renamed over
         the old one: a crash leaves the old file or the new one."""
         capacity = max(PAGE, -(-data.size // PAGE) * PAGE)
-        os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
+        POSIX.make_directories(os.path.dirname(self.path) or ".")
         tmp = self.path + ".part"
         fd = create_replacing(tmp, readable=True)
         try:
@@ -201,9 +206,9 @@ class PmemImage:
                 mm.flush()
         finally:
             mm.close()
-        os.replace(tmp, self.path)
+        POSIX.replace(tmp, self.path)
         if fsync:
-            fsync_path(os.path.dirname(self.path) or ".")
+            POSIX.sync_directory(os.path.dirname(self.path) or ".")
         self.bytes_written = data.size
         return data.size
 
@@ -337,11 +342,11 @@ class PmemLevel(Level):
             data = np.empty(sizes[rank], np.uint8)
             if sizes[rank]:
                 path = os.path.join(directory, rank_file(rank))
-                fd = open_regular(path)
+                handle, _ = self.storage.open_read(path)
                 try:
-                    read_exact(fd, 0, data, path)
+                    self.storage.read_segments(handle, 0, data, path, [(data.nbytes, None)])
                 finally:
-                    os.close(fd)
+                    self.storage.close_read(handle)
             return self.image.update(data, name, fsync)
 
         agree(node.comm, what + " (persistent-memory tier)", update)
@@ -372,13 +377,13 @@ class PmemLevel(Level):
                           "version)")
         own = os.path.join(directory, rank_file(rank))
         opened = self.image.open_version(name)  # None if rewritten since: this rank then reads its L1 file
-        storage = PmemStorage(own, *opened) if opened is not None else POSIX
+        storage = PmemStorage(own, *opened) if opened is not None else self.storage
         refilled = os.path.join(vdir, rank_file(rank))
 
         def refill():
-            if opened is not None and opened[1]["length"] and not os.path.isfile(refilled):
-                os.makedirs(os.path.dirname(refilled), exist_ok=True)
-                atomic_write(refilled, storage.mapped_bytes())
+            if opened is not None and opened[1]["length"] and not self.storage.is_file(refilled):
+                self.storage.make_directories(os.path.dirname(refilled))
+                self.storage.atomic_write(refilled, storage.mapped_bytes())
                 return True
             return False
 
@@ -387,15 +392,15 @@ class PmemLevel(Level):
             wrote = agree(comm, what + " (node-local files from the map)", refill)
             out = load_version(attempt.state, directory, comm, strict=attempt.strict,
                                expect_step=parse_version_name(name)[0], storage=storage, cast=attempt.cast,
-                               before_reads=fetcher(comm, vdir, node.layout.node_of, what)
+                               before_reads=fetcher(self.storage, comm, vdir, node.layout.node_of, what)
                                if directory == vdir else None)
-            raw = comm.bcast(agree(comm, what, lambda: read_metadata_bytes(directory) if rank == 0 else None),
-                             root=0)
+            raw = comm.bcast(agree(comm, what, lambda: read_metadata_bytes(directory, self.storage)
+                                   if rank == 0 else None), root=0)
             agree(comm, what, lambda: node.leader and name not in attempt.local_sets[rank] and
-                  commit_version(vdir, raw))
+                  commit_version(vdir, raw, storage=self.storage))
         except CheckpointError as exc:
             if wrote:  # unverified bytes: not left for the node-local levels to trust
-                best_effort(f"removing {refilled!r}", lambda: os.unlink(refilled))
+                best_effort(f"removing {refilled!r}", lambda: self.storage.remove_file(refilled))
             if isinstance(exc, TemplateMismatchError):
                 raise
             return None, str(exc)

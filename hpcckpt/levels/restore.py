@@ -103,10 +103,10 @@ def restore_levels(engine, state, step, strict, cast=False):
     comm, rank = engine.comm, engine.rank
     ckpt, node = engine.ckpt, engine.node
     local_sets = [set(ns) for ns in allgather_checked(comm, f"listing {node.node_dir!r}", lambda: [
-        e.name for e in list_versions(node.node_dir) if e.committed])]
+        e.name for e in list_versions(node.node_dir, node.storage) if e.committed])]
     local_any = set().union(*local_sets)
     root_names = bcast_checked(comm, f"listing {ckpt.root!r}", lambda: [
-        e.name for e in list_versions(ckpt.root) if e.committed])
+        e.name for e in list_versions(ckpt.root, node.storage) if e.committed])
     names = sorted(local_any | set(root_names), key=_order, reverse=True)
     local_dir = node.options.local_dir
     if step is not None:
@@ -138,7 +138,8 @@ def restore_levels(engine, state, step, strict, cast=False):
         if name in root_names:
             path = os.path.join(ckpt.root, name)
             try:
-                out = load_version(state, path, comm, strict=strict, expect_step=_order(name)[0], cast=cast)
+                out = load_version(state, path, comm, strict=strict, expect_step=_order(name)[0], cast=cast,
+                                   storage=node.storage)
             except TemplateMismatchError:
                 raise
             except CheckpointError as exc:  # agreed: every rank goes on to the next version alike
@@ -160,15 +161,16 @@ def _report(rank: int, name: str, level: str, reasons: list[str]) -> None:
 def _try_local(engine, attempt: Attempt):
     """(restored state, level, None) or (None, None, why); collective."""
     comm, rank, node, name = engine.comm, engine.rank, engine.node, attempt.name
+    storage = node.storage
     what = f"restore of {name} from the node-local levels"
     vdir = node.path(name)
     src = next(r for r, s in enumerate(attempt.local_sets) if name in s)
 
     try:
-        raw = bcast_checked(comm, what, lambda: read_metadata_bytes(vdir), root=src)
+        raw = bcast_checked(comm, what, lambda: read_metadata_bytes(vdir, storage), root=src)
         meta = agree(comm, what, lambda: parse(raw, source=os.path.join(vdir, METADATA_FILE)))
-        inv = allgather_checked(comm, what, lambda: inventory(vdir, [f for f in meta.files
-                                                                     if split_reference(f) is not None]))
+        inv = allgather_checked(comm, what, lambda: inventory(storage, vdir, [f for f in meta.files
+                                                                              if split_reference(f) is not None]))
     except CheckpointError as exc:
         return None, None, str(exc)
     plan, why = plan_rebuild(meta, inv, comm.Get_size(), node.all_levels)
@@ -176,15 +178,16 @@ def _try_local(engine, attempt: Attempt):
         return None, None, why
     try:
         if plan["moves"]:
-            agree(comm, what + " (partner copies)", lambda: transfer(comm, plan["moves"], vdir, vdir))
+            agree(comm, what + " (partner copies)", lambda: transfer(storage, comm, plan["moves"], vdir, vdir))
         if plan["rebuild"] is not None:
             level, steps = plan["rebuild"]
             described = meta.extra["levels"]
             level.rebuild(comm, described[level.key], steps, vdir, described["sizes"], what)
         agree(comm, what, lambda: node.leader and name not in attempt.local_sets[rank] and (
-            os.makedirs(vdir, exist_ok=True), commit_version(vdir, raw)))
+            storage.make_directories(vdir), commit_version(vdir, raw, storage=storage)))
         out = load_version(attempt.state, vdir, comm, strict=attempt.strict, expect_step=_order(name)[0],
-                           cast=attempt.cast, before_reads=fetcher(comm, vdir, node.layout.node_of, what))
+                           storage=storage, cast=attempt.cast,
+                           before_reads=fetcher(storage, comm, vdir, node.layout.node_of, what))
     except TemplateMismatchError:
         raise
     except CheckpointError as exc:

@@ -31,11 +31,10 @@ import xxhash
 from hpcckpt.mpi.collective import agree
 from hpcckpt.errors import CheckpointError
 from hpcckpt.core.names import rank_file, rs_parity_file
-from hpcckpt.storage.opening import create_replacing, open_regular
-from hpcckpt.storage.posix import copy_data
+from hpcckpt.storage.base import Storage
 from hpcckpt.levels.base import Level, Lost, check_int
 from hpcckpt.levels.fetch import inventory
-from hpcckpt.levels.parity import parity_groups, read_clipped, settle_rebuilt
+from hpcckpt.levels.parity import close_all, parity_groups, read_clipped, settle_rebuilt
 from hpcckpt.levels import rs_coder
 from hpcckpt.levels.rs_layout import data_stripe, holder, leader, parity_stripe, rebuild_plan, segment_bytes
 
@@ -64,27 +63,28 @@ def _alltoallv(gcomm, sends: dict[int, list], recv_counts: dict[int, int]) -> tu
     return rbuf, {s: rbuf[rdis[s]:rdis[s] + n] for s, n in recv_counts.items() if n}
 
 
-def keep_from_damaged_copy(data_path: str, out: int, size: int) -> None:
-    """Start the rebuilt file ``out`` as a copy of the damaged ``data_path`` when it still has the right
-    ``size`` (only its damaged stripes are rewritten then); leave it empty otherwise."""
+def keep_from_damaged_copy(storage: Storage, data_path: str, out, size: int) -> None:
+    """Start the rebuilt file ``out`` (a handle of ``storage``) as a copy of the damaged ``data_path`` when it
+    still has the right ``size`` (only its damaged stripes are rewritten then); leave it empty otherwise."""
     try:
-        fd = open_regular(data_path)
+        fd, held = storage.open_read(data_path)
     except (FileNotFoundError, CheckpointError):
         return
     try:
-        if os.fstat(fd).st_size == size:
-            copy_data(fd, out, size, data_path)
+        if held == size:
+            storage.append_from(out, fd, size, data_path)
     finally:
-        os.close(fd)
+        storage.close_read(fd)
 
 
-def encode(gcomm, k: int, m: int, data_path: str, size: int, sizes: list[int], out_path: str, fsync: bool = True,
-           round_bytes: int = ROUND_BYTES) -> tuple[int, list[str], list[str]]:
-    """Collective over the group: write this member's m check blocks to ``out_path``.
+def encode(storage: Storage, gcomm, code: tuple[int, int], data_path: str, size: int, sizes: list[int],
+           out_path: str, fsync: bool = True, round_bytes: int = ROUND_BYTES) -> tuple[int, list[str], list[str]]:
+    """Collective over the group: write this member's m check blocks of the ``code`` ``(k, m)`` (``rs_group``)
+    to ``out_path`` (both files in ``storage``).
 
     Returns ``(S, checksums of my k data segments, checksums of my m check blocks)``.
     """
-    g, j = gcomm.Get_size(), gcomm.Get_rank()
+    (k, m), g, j = code, gcomm.Get_size(), gcomm.Get_rank()
     seg = segment_bytes(sizes, k)
     mine = (j - k) % g  # the stripe this member leads
     data_hash = [xxhash.xxh3_64() for _ in range(k)]
@@ -92,13 +92,13 @@ def encode(gcomm, k: int, m: int, data_path: str, size: int, sizes: list[int], o
     error = None
     fd = out = None
     try:
-        fd = open_regular(data_path) if size > 0 else None
+        fd = storage.open_read(data_path)[0] if size > 0 else None
     except (OSError, CheckpointError) as exc:
         error = exc
     try:
-        os.makedirs(os.path.dirname(out_path), exist_ok=True)
-        out = create_replacing(out_path)
-        os.ftruncate(out, m * seg)
+        storage.make_directories(os.path.dirname(out_path))
+        out = storage.create_replacing(out_path)
+        storage.truncate(out, m * seg)
     except (OSError, CheckpointError) as exc:
         error = error or exc
     try:
@@ -109,7 +109,7 @@ def encode(gcomm, k: int, m: int, data_path: str, size: int, sizes: list[int], o
                 part = np.zeros(r, np.uint8)
                 if error is None:
                     try:
-                        read_clipped(fd, size, q * seg + a, part)
+                        read_clipped(storage, fd, size, q * seg + a, part)
                     except OSError as exc:
                         error = exc
                 data_hash[q].update(part)
@@ -128,69 +128,69 @@ def encode(gcomm, k: int, m: int, data_path: str, size: int, sizes: list[int], o
                 parity_hash[t].update(block)
                 if out is not None and error is None:
                     try:
-                        os.pwrite(out, memoryview(block), t * seg + a)
+                        storage.write_at(out, t * seg + a, block)
                     except OSError as exc:
                         error = exc
         if out is not None and fsync and error is None:
-            os.fsync(out)
+            storage.sync(out)
     finally:
-        for f in (fd, out):
-            if f is not None:
-                os.close(f)
+        close_all(storage, [fd], [out])
     if error is not None:
         raise error
     return seg, [h.hexdigest() for h in data_hash], [h.hexdigest() for h in parity_hash]
 
 
-def damaged_shards(member: int, k: int, m: int, seg: int, data_path: str | None, size: int, parity_path: str | None,
-                   expected: tuple[list[str], list[str]], round_bytes: int = ROUND_BYTES) -> list[tuple]:
-    """The shards of ``member`` whose bytes do not match their recorded checksums (local; no MPI).
+def damaged_shards(storage: Storage, member: int, code: tuple[int, int], seg: int, data_path: str | None, size: int,
+                   parity_path: str | None, expected: tuple[list[str], list[str]],
+                   round_bytes: int = ROUND_BYTES) -> list[tuple]:
+    """The shards of ``member`` whose bytes (files in ``storage``) do not match their recorded checksums (local;
+    no MPI); ``code``: ``(k, m)``.
 
     A path of None (the file is missing or has the wrong size) makes all its shards count as damaged.
     """
+    k, m = code
     out = []
     for kind, path, count, limit in (("data", data_path, k, size), ("parity", parity_path, m, m * seg)):
         if path is None:
             out.extend((member, kind, i) for i in range(count))
             continue
-        fd = open_regular(path) if limit > 0 else None
+        fd = storage.open_read(path)[0] if limit > 0 else None
         try:
             for i in range(count):
                 h = xxhash.xxh3_64()
                 for a in range(0, seg, round_bytes):
                     part = np.empty(min(round_bytes, seg - a), np.uint8)
-                    read_clipped(fd, limit, i * seg + a, part)
+                    read_clipped(storage, fd, limit, i * seg + a, part)
                     h.update(part)
                 if h.hexdigest() != expected[0 if kind == "data" else 1][i]:
                     out.append((member, kind, i))
         finally:
-            if fd is not None:
-                os.close(fd)
+            close_all(storage, [fd], [])
     return out
 
 
-def rebuild(gcomm, k: int, m: int, seg: int, tasks: list, data_path: str, size: int, parity_path: str,
-            fsync: bool = True, round_bytes: int = ROUND_BYTES) -> None:
-    """Collective over the group: run the ``tasks`` of :func:`rs_layout.rebuild_plan`.
+def rebuild(storage: Storage, gcomm, code: tuple[int, int], seg: int, tasks: list, data_path: str, size: int,
+            parity_path: str, fsync: bool = True, round_bytes: int = ROUND_BYTES) -> None:
+    """Collective over the group: run the ``tasks`` of :func:`rs_layout.rebuild_plan` (``code``: ``(k, m)``).
 
     A member with tasks rewrites its data file ``data_path`` (``size`` bytes,
     as recorded): the segments it still has are kept, the others decoded.
     Every member sends the shards the tasks take from it (``parity_path``:
-    its check blocks).
+    its check blocks).  Every file is in ``storage``.
     """
-    g, j = gcomm.Get_size(), gcomm.Get_rank()
+    (k, m), g, j = code, gcomm.Get_size(), gcomm.Get_rank()
     mine = [t for t in tasks if t[1] == j]
     error = None
     fd = pfd = out = None
     try:
         if any(holder(g, s, q) == j and q < k for s, _, sources in tasks for q in sources):
-            fd = open_regular(data_path) if size > 0 else None
+            fd = storage.open_read(data_path)[0] if size > 0 else None
         if any(holder(g, s, q) == j and q >= k for s, _, sources in tasks for q in sources):
-            pfd = open_regular(parity_path) if seg > 0 else None
+            pfd = storage.open_read(parity_path)[0] if seg > 0 else None
         if mine:
-            os.makedirs(os.path.dirname(data_path), exist_ok=True)
-            out = create_replacing(data_path + ".part")
-            keep_from_damaged_copy(data_path, out, size)
+            storage.make_directories(os.path.dirname(data_path))
+            out = storage.create_replacing(data_path + ".part")
+            keep_from_damaged_copy(storage, data_path, out, size)
     except (OSError, CheckpointError) as exc:
         error = exc
     try:
@@ -205,9 +205,9 @@ def rebuild(gcomm, k: int, m: int, seg: int, tasks: list, data_path: str, size: 
                     if error is None:
                         try:
                             if q < k:
-                                read_clipped(fd, size, q * seg + a, part)
+                                read_clipped(storage, fd, size, q * seg + a, part)
                             else:
-                                read_clipped(pfd, m * seg, (q - k) * seg + a, part)
+                                read_clipped(storage, pfd, m * seg, (q - k) * seg + a, part)
                         except OSError as exc:
                             error = exc
                     sends.setdefault(x, []).append(part)
@@ -229,18 +229,16 @@ def rebuild(gcomm, k: int, m: int, seg: int, tasks: list, data_path: str, size: 
                 if n and out is not None and error is None:
                     try:
                         segment = rs_coder.decode(k, m, blocks, sources, q)
-                        os.pwrite(out, memoryview(segment)[:n], offset)
+                        storage.write_at(out, offset, memoryview(segment)[:n])
                     except Exception as exc:  # noqa: BLE001 - finish the exchanges, raise afterwards
                         error = exc
         if out is not None and error is None:
-            os.ftruncate(out, size)
+            storage.truncate(out, size)
             if fsync:
-                os.fsync(out)
+                storage.sync(out)
     finally:
-        for f in (fd, pfd, out):
-            if f is not None:
-                os.close(f)
-    settle_rebuilt(data_path if mine else None, error)
+        close_all(storage, [fd, pfd], [out])
+    settle_rebuilt(storage, data_path if mine else None, error)
 
 
 @dataclass(frozen=True)
@@ -306,7 +304,7 @@ class ReedSolomonLevel(Level):
             if mine is None:
                 return None
             group = self.groups[mine]
-            return encode(gcomm, k, m, os.path.join(directory, rank_file(rank)), sizes[rank],
+            return encode(self.storage, gcomm, (k, m), os.path.join(directory, rank_file(rank)), sizes[rank],
                           [sizes[r] for r in group], os.path.join(directory, rs_parity_file(rank)), fsync)
 
         done = node.comm.allgather(agree(node.comm, what + " (Reed-Solomon parity)", encode_mine))
@@ -320,13 +318,14 @@ class ReedSolomonLevel(Level):
         return list(lost.ranks), None
 
     def rebuild(self, comm, description, plan, directory: str, sizes: list, what: str) -> None:
-        inv = comm.allgather(inventory(directory))  # with the copies just moved in
-        restore(comm, description, sizes, inv, plan, directory, what)
+        inv = comm.allgather(inventory(self.storage, directory))  # with the copies just moved in
+        restore(self.storage, comm, description, sizes, inv, plan, directory, what)
 
 
-def restore(comm, info: dict, sizes: list[int], inv: list[dict[str, int]], lost: list[int], vdir: str,
-            what: str) -> None:
-    """Collective: rebuild the data files of the ``lost`` ranks (and of any whose shards turn out damaged).
+def restore(storage: Storage, comm, info: dict, sizes: list[int], inv: list[dict[str, int]], lost: list[int],
+            vdir: str, what: str) -> None:
+    """Collective: rebuild the data files of the ``lost`` ranks (and of any whose shards turn out damaged) in
+    the version directory ``vdir`` of ``storage``.
 
     ``info``: the version's ``extra.levels.rs``; ``inv``: every rank's
     inventory of the version directory (after partner copies were moved in).
@@ -358,7 +357,7 @@ def restore(comm, info: dict, sizes: list[int], inv: list[dict[str, int]], lost:
         data_ok = int(sizes[rank]) == 0 or inv[rank].get(rank_file(rank)) == int(sizes[rank])
         parity_ok = seg == 0 or inv[rank].get(rs_parity_file(rank)) == m * seg
         expected = info["checksums"][gi][pos]
-        return damaged_shards(pos, k, m, seg, data if data_ok else None, int(sizes[rank]),
+        return damaged_shards(storage, pos, (k, m), seg, data if data_ok else None, int(sizes[rank]),
                               parity if parity_ok else None, (expected[0], expected[1]))
 
     damaged = comm.allgather(agree(comm, what + " (checking Reed-Solomon shards)", check))
@@ -381,7 +380,7 @@ def restore(comm, info: dict, sizes: list[int], inv: list[dict[str, int]], lost:
             if mine is None:
                 return
             seg = int(info["segment"][mine])
-            rebuild(gcomm, k, m, seg, plans[mine], os.path.join(vdir, rank_file(rank)), int(sizes[rank]),
+            rebuild(storage, gcomm, (k, m), seg, plans[mine], os.path.join(vdir, rank_file(rank)), int(sizes[rank]),
                     os.path.join(vdir, rs_parity_file(rank)))
         agree(comm, what + " (Reed-Solomon rebuild)", run)
     finally:

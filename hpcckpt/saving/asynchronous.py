@@ -119,7 +119,7 @@ class Engine:
         self.series.staging_bytes = options.staging_bytes
         if options.levels.enabled:
             self.series.levels = NodeLevels(self.comm, ckpt.root, ckpt.keep, ckpt.options.ranks_per_node,
-                                            options.levels)
+                                            options.levels, ckpt.storage)
         self.restored_level: str | None = None
         self.pending: SaveRun | None = None
         self.skipped = 0

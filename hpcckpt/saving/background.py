@@ -15,6 +15,7 @@ import threading
 from hpcckpt.core.monitor import PhaseTimer
 from hpcckpt.saving.staging import SlotQueue, StagingPool
 from hpcckpt.saving.transform import encoded_pieces, raw_pieces
+from hpcckpt.storage import POSIX, Storage
 from hpcckpt.transport.base import Written
 from hpcckpt.transport.file_per_rank import SequentialFile, store_piece
 
@@ -27,13 +28,13 @@ class BackgroundWrite:
     """One rank's writer thread: staged items -> chunks -> codec -> checksum -> ``directory/name``.
 
     ``digests``: checksums already known by ``(variable, start)`` (see
-    transform.encoded_pieces).  Call :meth:`start` once, then :meth:`join`;
+    transform.encoded_pieces); ``storage``: where the file is written.  Call :meth:`start` once, then :meth:`join`;
     ``error`` holds what failed (staging or writing), for the commit to agree on.
     """
 
     def __init__(self, directory: str, name: str, pool: StagingPool, queue: SlotQueue, encoder, fsync: bool,
-                 chunk_bytes: int, digests: dict | None = None):
-        self.directory, self.name = directory, name
+                 chunk_bytes: int, digests: dict | None = None, storage: Storage = POSIX):
+        self.directory, self.name, self.storage = directory, name, storage
         self.pool, self.queue, self.encoder, self.fsync = pool, queue, encoder, fsync
         self.chunk_bytes, self.digests = chunk_bytes, digests
         self.timer = PhaseTimer()
@@ -84,13 +85,13 @@ class BackgroundWrite:
         self.pool.release(item.buffer)
 
     def _run(self) -> None:
-        target = SequentialFile(self.directory, self.name, self.fsync)
+        target = SequentialFile(self.directory, self.name, self.fsync, self.storage)
         owners: list = []
         try:
             lower_priority()
             if self._staging_error is not None:
                 raise self._staging_error
-            os.makedirs(os.path.dirname(os.path.join(self.directory, self.name)), exist_ok=True)
+            self.storage.make_directories(os.path.dirname(os.path.join(self.directory, self.name)))
             with self.timer.phase("write"):
                 try:
                     for piece in encoded_pieces(self._chunks(owners), self.encoder, self.timer,

@@ -60,7 +60,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import shutil
 import threading
 
 from hpcckpt.incremental import chain_cache
@@ -205,10 +204,11 @@ class PreCopy:
         self.engine = engine
         self.config = config
         self.rank = engine.rank
+        self.storage = engine.ckpt.storage  # the root's: the round files move into its versions
         self.spool = os.path.join(engine.ckpt.root, PRECOPY_DIR, f"r{self.rank:06d}")
         self.dropped = os.path.join(engine.ckpt.root, PRECOPY_DIR, f"x{self.rank:06d}")  # unused files, deleting
         for path in (self.spool, self.dropped):  # left by a run that was killed between checkpoints
-            shutil.rmtree(path, ignore_errors=True)
+            self.storage.discard_tree(path)
         self.plan: PrecopyPlan | None = None  # made at the first save (its block size is the save's)
         self.options = None  # the SaveOptions of the last committed save (rounds describe the state with them)
         self.precopied: dict = {}
@@ -256,14 +256,16 @@ class PreCopy:
         name = precopy_file(self.rank, self.started)  # never reused in a run: an abandoned round may still write
         self.started += 1
         pool = engine.series.staging_pool(any(is_device_array(arr) for _, _, arr in parts))
-        # with node-local levels a round only probes: the levels protect and flush each rank's own file
-        copies = self.plan.copies and engine.node is None
-        writer = BackgroundWrite(self.spool, name, pool, SlotQueue(),
-                                 EncodedPieces.for_save(cache.codecs or {}, local.summaries, options.codec_threads),
-                                 options.fsync, max(64, options.chunk_bytes), {}) if copies else None
+        writer = None
+        if self.plan.copies and engine.node is None:  # with node-local levels a round only probes: the levels
+            # protect and flush each rank's own file
+            encoder = EncodedPieces.for_save(cache.codecs or {}, local.summaries, options.codec_threads)
+            writer = BackgroundWrite(self.spool, name, pool, SlotQueue(), encoder, options.fsync,
+                                     max(64, options.chunk_bytes), {}, self.storage)
         background = not any(is_device_array(arr) for _, _, arr in parts)
-        job = Round(progress, parts, cache, options.block_bytes, chain_cache.index_of(engine.ckpt.chain_base),
-                    frozenset(self.precopied).union(self.probed), writer, pool, background)
+        index = chain_cache.index_of(engine.ckpt.chain_base, self.storage)
+        job = Round(progress, parts, cache, options.block_bytes, index, frozenset(self.precopied).union(self.probed),
+                    writer, pool, background)
         self._jobs.append(job)
         job.start()
 
@@ -316,9 +318,9 @@ class PreCopy:
         moved: dict = {}
         try:
             if self.precopied:
-                os.makedirs(os.path.join(directory, DATA_DIR), exist_ok=True)
+                self.storage.make_directories(os.path.join(directory, DATA_DIR))
                 for name in {loc[0] for loc in self.precopied.values()}:
-                    os.replace(os.path.join(self.spool, name), os.path.join(directory, name))
+                    self.storage.replace(os.path.join(self.spool, name), os.path.join(directory, name))
                 moved = self.precopied
         except OSError as exc:
             logger.warning("pre-copy on rank %d: moving its files into %s failed (%s); writing every changed block",
@@ -341,13 +343,13 @@ class PreCopy:
         self._count += 1
         dropped = os.path.join(self.dropped, f"{self._count:06d}")
         try:
-            os.makedirs(dropped)
+            self.storage.make_directories(dropped)
             for name in unused:
-                os.replace(os.path.join(directory, name), os.path.join(dropped, os.path.basename(name)))
+                self.storage.replace(os.path.join(directory, name), os.path.join(dropped, os.path.basename(name)))
         except OSError as exc:
             logger.warning("pre-copy on rank %d: unused round files stay in %s (%s)", self.rank, directory, exc)
         # deleted as retention deletes a version (no metadata to unlink: an uncommitted directory)
-        self._retirement.retire([VersionEntry(os.path.basename(dropped), dropped, 0, 0, False)])
+        self._retirement.retire([VersionEntry(os.path.basename(dropped), dropped, 0, 0, False, self.storage)])
 
     def committed(self, info: dict | None, options) -> None:
         """After the commit of a save with ``options``: the next interval starts, its block size from the global
@@ -369,13 +371,13 @@ class PreCopy:
             job.cancel()
             job.join()
         self._retirement.wait()
-        shutil.rmtree(self.dropped, ignore_errors=True)  # emptied by now
+        self.storage.discard_tree(self.dropped)  # emptied by now
         self._jobs, self._abandoned = [], []
         self._reset()
 
     def _reset(self) -> None:
         self.precopied, self.probed = {}, set()
-        shutil.rmtree(self.spool, ignore_errors=True)
+        self.storage.discard_tree(self.spool)
 
 
 __all__ = ["PreCopy", "Round", "RoundCancelled"]

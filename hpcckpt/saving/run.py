@@ -94,6 +94,11 @@ class Series:
         """Where this rank writes a version: its node directory with node-local levels, else the root."""
         return self.levels.path(name) if self.levels is not None else self.version_path(name)
 
+    @property
+    def target_storage(self) -> Storage:
+        """The storage :meth:`target` is in: the node-local levels' with them, else the root's."""
+        return self.levels.storage if self.levels is not None else self.storage
+
     def staging_pool(self, pinned: bool) -> StagingPool:
         """The staging pool of background writes, made at the first (page-locked when ``pinned``: the state
         holds GPU arrays, whose device-to-host copies are faster into page-locked memory)."""
@@ -191,11 +196,17 @@ class SaveRun:
         self.sizes: list | None = None  # every rank's file size, with levels
         self.references: frozenset = frozenset()  # rank 0, with levels: the versions this one points into
         self.report_metadata: bytes | None = None  # with levels: the committed metadata, for the flush
+        self.retention_seconds = 0.0  # rank 0: retention's part of the commit
 
     @property
     def what(self) -> str:
-        name = self.planned.path if self.planned is not None else None
-        return f"save of {name!r}" if name else f"save of step {self.request.step!r}"
+        """The save's name in errors: its version, and whether it was written in the background."""
+        planned = self.planned
+        if planned is None:
+            return f"save of step {self.request.step!r}"
+        if self.request.background:
+            return f"asynchronous save of step {self.request.step!r} ({planned.name})"
+        return f"save of {planned.path!r}"
 
     # ------------------------------------------------------------------ start
     def start(self) -> "SaveRun":
@@ -267,7 +278,7 @@ class SaveRun:
             root, (names_left, held), hit = agree_plan(self.comm, what, self.local, self.failure, opts, series.cache,
                                                        root, report, _merge_reports)
         except CheckpointError:
-            if self.rank == 0 and root is not None and root.path is not None and self.request.directory is None:
+            if self.rank == 0 and root is not None and root.path is not None:  # rank 0 created it
                 _remove(series.storage, root.path)
             raise
         if series.names is not None and root.revisions is not None:  # what this job knows, what rank 0 listed
@@ -386,7 +397,7 @@ class SaveRun:
         if series.levels is not None:
             self.due = series.levels.levels.due(series.committed)
         if self.failure is None and not planned.other and (planned.checked or planned.directory != planned.path):
-            self.failure = attempt(lambda: _ensure_directory(series.storage, planned.directory))[1]
+            self.failure = attempt(lambda: _ensure_directory(series.target_storage, planned.directory))[1]
         if self.failure is None and not planned.other and series.tracker is not None and series.tracker.patterns:
             self.records, self.failure = attempt(lambda: series.tracker.capture(
                 self.rank, planned.directory, self.options.fsync, self.comm.Get_size()))
@@ -426,7 +437,7 @@ class SaveRun:
         writer = BackgroundWrite(planned.directory, rank_file(self.rank), series.pool, SlotQueue(),
                                  EncodedPieces.for_save(codecs or {}, self.local.summaries if self.local else {},
                                                         opts.codec_threads),
-                                 opts.fsync, max(64, opts.chunk_bytes), self.selection.digests)
+                                 opts.fsync, max(64, opts.chunk_bytes), self.selection.digests, series.target_storage)
         fits = staged_bytes(self.selection.items) <= series.pool.capacity
         if not fits:  # streamed through the pool as the writer frees buffers
             writer.start()
@@ -517,8 +528,11 @@ class SaveRun:
         if levels is None:
             def on_root(parts):
                 plan = settle(parts)
-                return None if plan is None else commit_on_root(self._version(), plan, self.local.values,
-                                                                parts).report(plan.replanned)
+                if plan is None:
+                    return None
+                committed = commit_on_root(self._version(), plan, self.local.values, parts)
+                self._retire()
+                return committed.report(plan.replanned)
             report = root_phase(self.comm, self.what, failure, mine, on_root)
             return report, settled[0] if settled else None
         parts_on_root = []
@@ -536,6 +550,7 @@ class SaveRun:
         def commit_here():
             committed = commit_on_root(self._version(described), settled[0], self.local.values, parts_on_root)
             self.references = committed.references  # rank 0: the versions the flush must find on the root
+            self._retire()
             return committed.report(settled[0].replanned, with_metadata=True)
 
         report = bcast_checked(self.comm, self.what, commit_here)
@@ -543,6 +558,19 @@ class SaveRun:
         levels.commit_nodes(self.planned.directory, report.metadata, fsync, self.what)
         self.sizes = sizes
         return report, settled[0] if settled else None
+
+    def _retire(self) -> None:
+        """Rank 0, right after the commit and before any rank learns of it (so that no rank has started a flush
+        into the root yet): retention uncommits the versions beyond ``keep`` and queues their deletion on a
+        thread (catalog.Retirement); never one being flushed.  Bookkeeping: a failure is a warning."""
+        series = self.series
+        if series.root is None:
+            return
+        t0 = time.perf_counter()
+        flushing = series.flushing()
+        best_effort(f"retention under {series.root!r}", lambda: series.retirement.retire(
+            [e for e in removable(_settled_versions(series), series.keep) if e.name != flushing]))
+        self.retention_seconds = time.perf_counter() - t0
 
     def _settle(self, parts: list[WrittenPart]) -> Reconciled | None:
         """Rank 0: the plan the version commits with; None when a plan made on the ranks cannot stand and the
@@ -612,12 +640,7 @@ class SaveRun:
         if self.rank == 0:
             self._log(report, result)
         if series.root is not None:
-            t1 = time.perf_counter()
-            if self.rank == 0:
-                flushing = series.flushing()
-                best_effort(f"retention under {series.root!r}", lambda: series.retirement.retire(
-                    [e for e in removable(_settled_versions(series), series.keep) if e.name != flushing]))
-            result.timings["retention"] = result.this_rank["timings"]["retention"] = time.perf_counter() - t1
+            result.timings["retention"] = result.this_rank["timings"]["retention"] = self.retention_seconds
         series.last_result = result
         return result
 

@@ -7,6 +7,7 @@ version directory, its ``data/`` files, its ``metadata.json``), as
 
 from __future__ import annotations
 
+import errno
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
@@ -98,6 +99,19 @@ class Storage(ABC):
     * the failure and bandwidth histories: ``read_file``, ``atomic_write``,
       ``replace`` (a malformed file set aside).
 
+    Call order of the node-local levels (hpcckpt.levels: partner copies, parity, rebuilds, the flush to the
+    root; see the methods under "files written in place"):
+
+    * a file: ``make_directories(parent)``, ``create_replacing(path)`` (or of
+      ``path.part``), then ``append``, ``write_at``, ``truncate`` and
+      ``append_from`` (the bytes of a file opened by ``open_read``), ``sync``
+      and ``close``; a ``.part`` is then moved into place by ``replace``, or
+      removed by ``remove_file`` after a failure.
+    * a source: ``open_read``, ``read_at`` (fewer bytes where the file ends)
+      or ``read_segments`` (exactly), ``close_read``.
+    * a version's inventory: ``listdir`` and ``stat``; what a failed attempt
+      left: ``discard_tree``.
+
     A new backend subclasses this and passes ``hpcckpt.testing.StorageTests``.
     """
 
@@ -119,7 +133,7 @@ class Storage(ABC):
 
     @abstractmethod
     def close(self, handle, fsync: bool) -> None:
-        """Finish a file made by :meth:`create` (made durable first when ``fsync``)."""
+        """Finish a file made by :meth:`create` or :meth:`create_replacing` (made durable first when ``fsync``)."""
 
     @abstractmethod
     def atomic_write(self, path: str, data: bytes, fsync: bool = True) -> None:
@@ -238,13 +252,60 @@ class Storage(ABC):
 
     @abstractmethod
     def sync(self, handle) -> None:
-        """Make the bytes appended to ``handle`` (of :meth:`create`) durable, keeping it open (nothing to do
-        where ``durable`` is False)."""
+        """Make the bytes written to ``handle`` (of :meth:`create` or :meth:`create_replacing`) durable, keeping
+        it open (nothing to do where ``durable`` is False)."""
 
     @abstractmethod
     def names_handle(self, path: str, handle) -> bool:
         """Whether ``path`` still names the very file ``handle`` (of :meth:`create`, still open) writes, not
         another object put there since (False when nothing is there)."""
+
+    # ------------------------------------------------------- files written in place
+    @abstractmethod
+    def create_replacing(self, path: str):
+        """A handle, as :meth:`create` gives, for the new file ``path``, first removing whatever name a stale
+        attempt left there, so a writer only ever writes into a file it created itself: a link there is
+        removed, never followed; a directory there is a CorruptCheckpointError and stays."""
+
+    @abstractmethod
+    def write_at(self, handle, offset: int, buffer) -> None:
+        """Write every byte of ``buffer`` at ``offset`` of the file ``handle`` (of :meth:`create` or
+        :meth:`create_replacing`) writes, past its end too (a gap reads as zeros).  Where :meth:`append`
+        writes next does not move: right after the bytes appended so far.  OSError (EINVAL) for a negative
+        ``offset``."""
+
+    @abstractmethod
+    def truncate(self, handle, size: int) -> None:
+        """Make the file ``handle`` (of :meth:`create` or :meth:`create_replacing`) writes ``size`` bytes long:
+        cut, or extended with zeros.  OSError (EINVAL) for a negative ``size``."""
+
+    @abstractmethod
+    def append_from(self, handle, source, size: int, name: str, pace=None) -> int:
+        """Append bytes ``[0, size)`` of the file ``source`` (a handle of :meth:`open_read`) to ``handle``; the
+        count.  ``pace(done)`` is called after each step with the bytes copied so far (a bandwidth cap sleeps
+        there).  OSError naming ``name`` when ``source`` ends first."""
+
+    @abstractmethod
+    def read_at(self, handle, offset: int, buffer) -> int:
+        """Fill ``buffer`` from ``offset`` of the file ``handle`` (of :meth:`open_read`) reads; the count read,
+        fewer only where the file ends first (0 at or past its end).  OSError (EINVAL) for a negative
+        ``offset``."""
+
+    def discard_tree(self, path: str) -> None:
+        """Remove what can be removed of the directory tree at ``path``; never raises.  For what a failed or
+        abandoned attempt left (a version discarded, a flush that failed, spool files): whatever resists is an
+        uncommitted leftover a later save or ``hpcckpt gc`` clears."""
+        try:
+            self.remove_tree(path)
+        except OSError:
+            pass
+
+
+def check_position(value: int, what: str) -> None:
+    """OSError (EINVAL) naming ``what`` when ``value`` (an offset or a size in a file) is negative, as POSIX
+    refuses one, so that every backend refuses it alike, even for an empty buffer."""
+    if value < 0:
+        raise OSError(errno.EINVAL, f"negative {what}: {value}")
 
 
 def hash_segments(view: memoryview, segments) -> None:

@@ -16,17 +16,30 @@ import posixpath
 from hpcckpt.errors import CheckpointError, CorruptCheckpointError
 from hpcckpt.format.metadata import check_relative_path
 from hpcckpt.core.names import DATA_DIR, METADATA_FILE, split_reference
-from hpcckpt.storage.base import DIRECTORY, FILE, Stat, Storage, hash_segments
+from hpcckpt.storage.base import DIRECTORY, FILE, Stat, Storage, check_position, hash_segments
 
 #: Identities of memory objects: unique across every MemoryStorage of the process (Stat.identity).
 _SERIAL = itertools.count(1)
 
 
 class _Appender:
-    """A file being written: its path and the bytes so far."""
+    """A file being written: its path, the bytes so far, and where the next append writes (after the bytes
+    appended so far, as a POSIX descriptor's position: write_at does not move it)."""
 
     def __init__(self, path: str, data: bytearray):
-        self.path, self.data = path, data
+        self.path, self.data, self.position = path, data, 0
+
+
+def _byte_view(buffer) -> memoryview:
+    view = memoryview(buffer)
+    return view if view.ndim == 1 and view.format == "B" else view.cast("B")
+
+
+def _write(data: bytearray, offset: int, view: memoryview) -> None:
+    """Put ``view`` at ``offset`` of ``data``, zero-filling any gap before it."""
+    if offset > len(data):
+        data.extend(bytes(offset - len(data)))
+    data[offset:offset + len(view)] = view
 
 
 class MemoryStorage(Storage):
@@ -77,9 +90,9 @@ class MemoryStorage(Storage):
         return _Appender(p, self._put(p, bytearray()))
 
     def append(self, handle: _Appender, buffer, hasher=None) -> int:
-        view = memoryview(buffer).cast("B") if memoryview(buffer).ndim != 1 or memoryview(buffer).format != "B" \
-            else memoryview(buffer)
-        handle.data += view
+        view = _byte_view(buffer)
+        _write(handle.data, handle.position, view)
+        handle.position += len(view)
         if hasher is not None:
             hasher.update(view)
         return len(view)
@@ -274,3 +287,38 @@ class MemoryStorage(Storage):
 
     def names_handle(self, path: str, handle: _Appender) -> bool:
         return self.files.get(self._norm(path)) is handle.data
+
+    # ------------------------------------------------------- files written in place
+    def create_replacing(self, path: str) -> _Appender:
+        p = self._norm(path)
+        if p in self.dirs:
+            raise CorruptCheckpointError(f"{path} is a directory, not a file hpcckpt left")
+        if p in self.files:
+            self.remove_file(p)
+        return self.create(path)
+
+    def write_at(self, handle: _Appender, offset: int, buffer) -> None:
+        check_position(offset, "offset")
+        _write(handle.data, offset, _byte_view(buffer))
+
+    def truncate(self, handle: _Appender, size: int) -> None:
+        check_position(size, "size")
+        data = handle.data
+        if size > len(data):
+            data.extend(bytes(size - len(data)))
+        del data[size:]
+
+    def append_from(self, handle: _Appender, source: bytearray, size: int, name: str, pace=None) -> int:
+        if len(source) < size:
+            raise OSError(f"{name} shrank while being copied ({len(source)} of {size} bytes)")
+        self.append(handle, memoryview(source)[:size])
+        if pace is not None:
+            pace(size)
+        return size
+
+    def read_at(self, handle: bytearray, offset: int, buffer) -> int:
+        check_position(offset, "offset")
+        view = _byte_view(buffer)
+        got = memoryview(handle)[offset:offset + len(view)]
+        view[:len(got)] = got
+        return len(got)

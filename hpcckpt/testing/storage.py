@@ -16,7 +16,10 @@ looking at a path without opening it, making, renaming, linking and removing
 names (each refusing what it does not do), a bounded head read, a held file
 that knows whether its name is still its own, and a root's whole bookkeeping
 (versions, retention, the writer lock, the halt file, the histories,
-compaction) over the storage.
+compaction) over the storage.  Last the files the node-local levels write in
+place: a name taken over from a stale attempt (never through a link),
+positional writes, truncation, copies from a file being read, reads that stop
+where the file ends, and a best-effort removal of a tree.
 
 Objects a backend may not have at all (symbolic links, FIFOs) are planted
 through the back door ``plant(storage, path, kind)``, which a subclass
@@ -360,3 +363,86 @@ class StorageTests:
         io_history.record(root, "file-per-rank", 2, 1 << 20, 0.5, storage=storage)
         io_history.flush(root, forget=True)
         assert [r["strategy"] for r in io_history.read_file(root, storage)] == ["file-per-rank"]
+
+    # ------------------------------------------------------- files written in place
+    def test_a_file_written_in_place(self, tmp_path):
+        """create_replacing takes the name over; write_at, append and truncate put the bytes where they say."""
+        storage, _, directory = self._version(tmp_path)
+        path = self._file(storage, os.path.join(directory, "x.part"), b"stale bytes")
+        handle = storage.create_replacing(path)
+        try:
+            storage.write_at(handle, 6, b"gh")  # past the end: a gap of zeros
+            storage.append(handle, b"ab")  # at the start: after the bytes appended so far, not after write_at's
+            storage.write_at(handle, 1, b"B")
+            storage.sync(handle)
+            assert storage.read_file(path, 100) == b"aB\0\0\0\0gh"
+            storage.truncate(handle, 3)
+            storage.append(handle, b"c")  # after "ab"
+            storage.truncate(handle, 5)
+            with pytest.raises(OSError) as negative:
+                storage.write_at(handle, -1, b"z")
+            assert negative.value.errno == errno.EINVAL
+            with pytest.raises(OSError) as negative:
+                storage.truncate(handle, -1)
+            assert negative.value.errno == errno.EINVAL
+        finally:
+            storage.close(handle, fsync=True)
+        assert storage.read_file(path, 100) == b"aBc\0\0"
+        with pytest.raises(CorruptCheckpointError, match="directory"):
+            storage.create_replacing(os.path.join(directory, DATA_DIR))
+        assert storage.is_directory(os.path.join(directory, DATA_DIR))
+
+    def test_read_at_and_append_from_read_what_the_file_holds(self, tmp_path):
+        storage, _, directory = self._version(tmp_path)
+        src = self._file(storage, os.path.join(directory, "src"), b"0123456789")
+        source, size = storage.open_read(src)
+        try:
+            out = bytearray(4)
+            assert storage.read_at(source, 3, out) == 4 and out == b"3456"
+            assert storage.read_at(source, 8, out) == 2 and out[:2] == b"89"
+            assert storage.read_at(source, 10, out) == 0
+            with pytest.raises(OSError) as negative:
+                storage.read_at(source, -1, out)
+            assert negative.value.errno == errno.EINVAL
+            copy = os.path.join(directory, "copy")
+            handle = storage.create_replacing(copy)
+            paced = []
+            try:
+                storage.append(handle, b">")
+                assert storage.append_from(handle, source, size, src, paced.append) == size
+                with pytest.raises(OSError, match="src"):
+                    storage.append_from(handle, source, size + 1, src)
+            finally:
+                storage.close(handle, fsync=False)
+        finally:
+            storage.close_read(source)
+        assert storage.read_file(copy, 100)[:11] == b">0123456789" and paced and paced[-1] == size
+
+    def test_create_replacing_removes_a_planted_link_never_its_target(self, tmp_path):
+        storage, base, directory = self._version(tmp_path)
+        target = self._file(storage, os.path.join(directory, "target"))
+        link = os.path.join(base, "x.part")
+        self.plant(storage, link, "link", target)
+        handle = storage.create_replacing(link)
+        storage.append(handle, b"new")
+        storage.close(handle, fsync=False)
+        assert storage.stat(link).kind == FILE and storage.read_file(link, 10) == b"new"
+        assert storage.read_file(target, 10) == b"abcde"
+
+    def test_discard_tree_removes_what_it_can_and_never_raises(self, tmp_path):
+        storage, base, directory = self._version(tmp_path)
+        self._file(storage, os.path.join(directory, DATA_DIR, "x"))
+        storage.discard_tree(directory)
+        assert not storage.exists(directory) and storage.is_directory(base)
+        storage.discard_tree(directory)  # absent: nothing to do
+        kept = self._file(storage, os.path.join(base, "file"))
+        storage.discard_tree(kept)  # not a tree: stays, no error
+        assert storage.is_file(kept)
+
+    def test_discard_tree_never_follows_a_link(self, tmp_path):
+        storage, base, directory = self._version(tmp_path)
+        kept = self._file(storage, os.path.join(directory, DATA_DIR, "x"))
+        link = os.path.join(base, "dir-link")
+        self.plant(storage, link, "link", directory)
+        storage.discard_tree(link)
+        assert storage.read_file(kept, 10) == b"abcde"
