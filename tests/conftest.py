@@ -29,14 +29,41 @@ def mpi_tmp():
 SERIAL_ONLY = tuple(os.path.join(os.path.dirname(os.path.abspath(__file__)), d) for d in ("slurm", "cluster"))
 
 
+def _serial_only(path) -> bool:
+    return any(str(path) == d or str(path).startswith(d + os.sep) for d in SERIAL_ONLY)
+
+
 def pytest_ignore_collect(collection_path, config):
     """Skip tests/slurm and tests/cluster under mpiexec (dev.py runs ``pytest --with-mpi -m mpi`` on every rank)."""
     try:
         with_mpi = config.getoption("with_mpi")
     except ValueError:
         with_mpi = False
-    inside = any(str(collection_path) == d or str(collection_path).startswith(d + os.sep) for d in SERIAL_ONLY)
-    return True if with_mpi and inside else None
+    return True if with_mpi and _serial_only(collection_path) else None
+
+
+def pytest_collection_modifyitems(items):
+    """The tests of SERIAL_ONLY first, in their order, then the others in theirs: each of those directories is
+    the longest unit of work of a parallel run (pytest_xdist_make_scheduler), so one worker starts it while the
+    others take the files, instead of it running alone at the end."""
+    items.sort(key=lambda item: not _serial_only(item.path))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """Under pytest-xdist (``-n``) a worker takes a whole test file, and a whole directory of SERIAL_ONLY: the
+    module-scoped fixtures of a file are made once, and each directory's daemons (one SLURM cluster, one namespace
+    cluster) are started by one worker only, never twice at a time."""
+    from xdist.scheduler import LoadFileScheduling
+
+    config.option.loadscopereorder = False  # collection order: the directories first (pytest_collection_modifyitems)
+    prefixes = tuple(os.path.relpath(d, str(config.rootpath)).replace(os.sep, "/") + "/" for d in SERIAL_ONLY)
+
+    class FilesAndDaemonDirectories(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return next((p for p in prefixes if nodeid.startswith(p)), None) or super()._split_scope(nodeid)
+
+    return FilesAndDaemonDirectories(config, log)
 
 
 @pytest.fixture(params=["json", "columnar"])

@@ -32,6 +32,7 @@ download of about 900 MB.
 from __future__ import annotations
 
 import configparser
+import fcntl
 import importlib
 import importlib.util
 import os
@@ -53,6 +54,10 @@ LIBRARIES = {
     "heat": ("heat", (), None, "HPCCKPT_INSTALL_HEAT"),
 }
 
+#: held while pip installs a library into this environment: parallel test processes (pytest-xdist workers)
+#: install it once, one after the other, never two pips into one environment at a time
+PIP_LOCK = os.path.join(sys.prefix, ".hpcckpt-pip-install.lock")
+
 #: heat's pip installs, in order: its requirements with torch pinned to the project's 2.13.0 (torchvision 0.28.0
 #: is the release made for it), then heat itself with --no-deps (its torch<2.11.1 pin must never be resolved)
 HEAT_INSTALL = (("torch==2.13.0", "torchvision==0.28.0", "scipy~=1.14"), ("--no-deps", "heat==1.8.0"))
@@ -69,6 +74,15 @@ def _pip_spec(module: str) -> str:
     raise AssertionError(f"setup.cfg's adapters extra lacks {dist}")
 
 
+def _pip_install(lib: str, module: str) -> None:
+    """pip's installs of ``lib`` into this environment; a failed one fails the test."""
+    for args in HEAT_INSTALL if lib == "heat" else ((_pip_spec(module),),):
+        proc = subprocess.run([sys.executable, "-m", "pip", "install", "-q", *args], capture_output=True,
+                              text=True, timeout=3600)
+        if proc.returncode != 0:
+            pytest.fail(f"pip install {' '.join(args)} failed: {(proc.stdout + proc.stderr).strip()[-600:]}")
+
+
 def ensure_library(lib: str) -> Runtime | None:
     """Import ``lib``'s module, installing it (and its build's Debian packages) first when missing; the Runtime
     of ``lib``'s programs (None: this environment's own)."""
@@ -81,11 +95,11 @@ def ensure_library(lib: str) -> Runtime | None:
         why = apt_install(packages, lambda: [] if header is None or os.path.exists(header) else [header])
         if why:
             pytest.skip(f"cannot build {module}: {why}")
-        for args in HEAT_INSTALL if lib == "heat" else ((_pip_spec(module),),):
-            proc = subprocess.run([sys.executable, "-m", "pip", "install", "-q", *args], capture_output=True,
-                                  text=True, timeout=3600)
-            if proc.returncode != 0:
-                pytest.fail(f"pip install {' '.join(args)} failed: {(proc.stdout + proc.stderr).strip()[-600:]}")
+        with open(PIP_LOCK, "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also if this process dies
+            importlib.invalidate_caches()
+            if importlib.util.find_spec(module) is None:  # else installed by the process that held the lock
+                _pip_install(lib, module)
         importlib.invalidate_caches()
     try:
         importlib.import_module(module)
