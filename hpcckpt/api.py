@@ -39,7 +39,7 @@ def save(state, path, comm=None, *, step: int | None = None, overwrite: bool = F
     is a version of that step (docs/format.md section 1): ``step`` must be that
     step, else the save is refused before anything is written.
     """
-    from hpcckpt.saving.run import SaveRequest, SaveRun, Series
+    from hpcckpt.saving.run import SaveRequest, Series, save_now
 
     comm = resolve_comm(comm)
     path = os.fspath(path)
@@ -47,7 +47,7 @@ def save(state, path, comm=None, *, step: int | None = None, overwrite: bool = F
     # options valid but different between ranks are caught by the plan stage's digest (hpcckpt/mpi/agreement.py)
     opts = agree(comm, f"save of {path!r}", lambda: _save_options(path, step, options))
     agree(comm, f"save of {path!r}", lambda: on_root(comm, lambda: _clear_target(path, overwrite, storage)))
-    return SaveRun(comm, Series(storage=storage), SaveRequest(state, step, opts, directory=path)).start().finish()
+    return save_now(comm, Series(storage=storage), SaveRequest(state, step, opts, directory=path))[0]
 
 
 def _save_options(path: str, step: int | None, options: dict):

@@ -18,7 +18,7 @@ from hpcckpt.loading.load import load_version, version_metadata
 from hpcckpt.root.pacing import Pacer
 from hpcckpt.options import SaveOptions, SaveResult
 from hpcckpt.saving.pipeline import is_incremental
-from hpcckpt.saving.run import SaveRequest, SaveRun, Series
+from hpcckpt.saving.run import SaveRequest, Series, save_now
 from hpcckpt.storage import POSIX, Storage
 from hpcckpt.transport import io_history
 
@@ -317,19 +317,11 @@ class Checkpointer:
         engine = self.engine
         request = SaveRequest(state, step, {**self.options.__dict__, **options},
                               background=engine is not None and engine.asynchronous, defaults=self.options)
-        result = engine.save(request) if engine is not None else self._save_now(request)
+        result = engine.save(request) if engine is not None else save_now(self.comm, self.series, request)[0]
         self.pacer.record_save(step, time.perf_counter() - t0)
         if self.should_exit():  # the final checkpoint is committed: now an application handler may stop us
             self.pacer.signals.raise_pending()
         return result
-
-    def _save_now(self, request: SaveRequest) -> SaveResult:
-        """A blocking save; planned collectively once more when a plan made on the ranks cannot stand
-        (saving/run.SaveRun)."""
-        while True:
-            result = SaveRun(self.comm, self.series, request).start().finish()
-            if result is not None:
-                return result
 
     def _lock(self, what: str) -> None:
         """Collective, at the first save: rank 0 takes the root's writer lock, or every rank raises the same error.

@@ -256,3 +256,31 @@ def test_level_files_go_through_the_storage_given():
     assert copy_file(storage, os.path.join(dst, rank_file(0)), "/root/v1/" + rank_file(0)) == len(payload)
     assert storage.read_file("/root/v1/" + rank_file(0), 1 << 20) == payload
     assert not storage.exists("/root/v1/" + rank_file(0) + ".part")
+
+
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_a_save_with_other_options_on_the_levels_is_planned_again_and_restores(tmp_path, asynchronous):
+    """After saves that plan on each rank against the cached plan, a save asking for another codec (and another
+    chunk size) is planned collectively and commits; the newest version restores exactly, from the levels and
+    from the root after the clean end's flush."""
+    import hpcckpt
+    from hpcckpt.mpi.collective import SerialComm
+
+    options = dict(comm=SerialComm(), local_dir=str(tmp_path / "local"), track_failures=False,
+                   handle_signals=False, asynchronous=asynchronous)
+    u = np.arange(4000.0)
+    with hpcckpt.Checkpointer(str(tmp_path / "root"), **options) as ck:
+        for step in (1, 2, 3):
+            u += 1
+            ck.save({"u": hpcckpt.Block(u)}, step)
+        u += 1
+        result = ck.save({"u": hpcckpt.Block(u)}, 4, codec="zstd", chunk_bytes=1024)
+        ck.wait()
+        assert result.step == 4 and ck.last_result.nchunks == 32
+    for where in ("levels", "root"):
+        if where == "root":
+            shutil.rmtree(tmp_path / "local")
+        got = np.zeros_like(u)
+        with hpcckpt.Checkpointer(str(tmp_path / "root"), **options) as ck:
+            assert ck.restore({"u": hpcckpt.Block(got)}) is not None
+        assert np.array_equal(got, u), where

@@ -39,7 +39,7 @@ from hpcckpt.options import SaveResult
 from hpcckpt.root.catalog import VersionEntry, current, list_versions
 from hpcckpt.saving.precopy import PreCopy
 from hpcckpt.saving.precopy_plan import PrecopyConfig
-from hpcckpt.saving.run import SaveRequest, SaveRun
+from hpcckpt.saving.run import SaveRequest, SaveRun, save_now
 from hpcckpt.saving.staging import DEFAULT_STAGING_BYTES
 
 
@@ -158,11 +158,12 @@ class Engine:
                 self.skipped += 1
                 return None
             self.complete()
-        run = SaveRun(self.comm, self.series, request).start()
         if not request.background:
-            return self._finish(run)
-        self.pending = run
-        return run.pending_result()
+            result, run = save_now(self.comm, self.series, request)
+            self._after_commit(run)
+            return result
+        self.pending = SaveRun(self.comm, self.series, request).start()
+        return self.pending.pending_result()
 
     def _all_done(self) -> bool:
         return all(allgather_checked(self.comm, "polling the asynchronous save", lambda: self.pending.written_here))
@@ -173,10 +174,14 @@ class Engine:
         return None if run is None else self._finish(run)
 
     def _finish(self, run: SaveRun) -> SaveResult:
+        """Commit a background save (whose plan stands or fails: never planned again)."""
         result = run.finish()
+        self._after_commit(run)
+        return result
+
+    def _after_commit(self, run: SaveRun) -> None:
         if self.node is not None:
             self._after_levels(run)
-        return result
 
     def _after_levels(self, run: SaveRun) -> None:
         """Node-local retention, then the version's flush to the root when one is due (else it is kept as the

@@ -538,11 +538,14 @@ class SaveRun:
         parts_on_root = []
 
         def sizes_on_root(parts):
-            settle(parts)
+            if settle(parts) is None:
+                return None
             parts_on_root.extend(parts)
             return [p.file_bytes for p in parts]
 
         sizes = root_phase(self.comm, self.what, failure, mine, sizes_on_root)
+        if sizes is None:  # planned again collectively (see :meth:`_settle`)
+            return None, None
         fsync = self.options.fsync
         with self.timer.phase("levels"):
             described = levels.protect(self.planned.directory, sizes, self.due, fsync, self.what)
@@ -605,8 +608,9 @@ class SaveRun:
         if series.levels is not None:
             series.levels.discard(planned.name)
         if planned.directory != planned.path or self.rank != 0:
-            _drop_own(series.storage, planned.directory, self.rank)
-        self.comm.Barrier()  # every rank raises once the clean-up is done everywhere
+            _drop_own(series.target_storage, planned.directory, self.rank)
+        if series.levels is not None:
+            self.comm.Barrier()  # node leaders clear the node directories the other ranks wrote into
 
     def _committed(self, report: CommitReport, settled, mine: WrittenPart, commit_seconds: float) -> SaveResult:
         """Every rank, after the commit: what the next save reuses, retention, the levels' flush; the SaveResult."""
@@ -660,6 +664,17 @@ class SaveRun:
         if self.writer is not None:
             seconds.update(self.writer.timer.seconds)
         return seconds.get("stage", 0.0) + seconds.get("write", 0.0) + seconds.get("levels", 0.0)
+
+
+def save_now(comm, series: Series, request: SaveRequest) -> tuple[SaveResult, SaveRun]:
+    """A save written and committed now: ``(its SaveResult, the run)``; a run planned on the ranks whose plan
+    cannot stand is planned collectively once more (:meth:`SaveRun.finish` returned None, and the plan cache
+    is invalid by then, so the second run agrees its plan)."""
+    while True:
+        run = SaveRun(comm, series, request).start()
+        result = run.finish()
+        if result is not None:
+            return result, run
 
 
 def _merge_reports(a: tuple, b: tuple) -> tuple:
