@@ -32,14 +32,15 @@ def __getattr__(name: str):
     return value
 
 
-#: Modules that moved into the package's wings, by the name scripts written for older versions import them.
+#: Short module names that scripts may import (``hpcckpt.catalog``), and the modules in the package's wings they
+#: stand for.
 _MOVED = {"catalog": "root.catalog", "collective": "mpi.collective", "regions": "core.regions",
           "report": "mpi.report", "halt": "root.halt", "rootlock": "root.lock", "metadata": "format.metadata",
           "names": "core.names", "redistribution": "loading.redistribution", "view": "loading.view"}
 
 
 class _MovedModules:
-    """Import finder: ``import hpcckpt.catalog`` gives the module now at ``hpcckpt.root.catalog`` (the same
+    """Import finder: ``import hpcckpt.catalog`` gives the module ``hpcckpt.root.catalog`` (the same
     module object, so both names see one state)."""
 
     @staticmethod

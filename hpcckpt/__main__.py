@@ -1,4 +1,4 @@
-"""``python -m hpcckpt``: the same command as the ``hpcckpt`` console script (see hpcckpt/cli.py)."""
+"""``python -m hpcckpt``: the same command as the ``hpcckpt`` console script (see hpcckpt/cli/)."""
 
 import sys
 

@@ -111,7 +111,7 @@ def load(state, path, comm=None, *, strict: bool | str = True, storage: Storage 
                         shared_directory=True)
 
 
-def open(path, storage: Storage = POSIX) -> CheckpointView:  # noqa: A001 - the public name the issue asks for
+def open(path, storage: Storage = POSIX) -> CheckpointView:  # noqa: A001 - the public name
     """A read-only view of the checkpoint at ``path`` for one plain Python process (no MPI needed).
 
     ``path``: a version directory, its ``metadata.json``, or a Checkpointer

@@ -306,7 +306,7 @@ class Checkpointer:
         directories are deleted by a worker thread of rank 0, which a save
         that lists the root (one that plans collectively) and :meth:`close`
         wait for (catalog.Retirement).  A repeated full save with
-        ``strategy="file-per-rank"`` makes two collectives (save_pipeline).
+        ``strategy="file-per-rank"`` makes two collectives, the commit's gather and broadcast (saving/run.py).
         """
         state, step = self._state_and_step(state, step, "save")
         self._check_open()

@@ -19,9 +19,9 @@ Nested state: a dict value that holds a Block or Ragged (at any depth) is a
 group; its entries are stored under path names ``"group/name"``
 (:data:`SEPARATOR`) and restored with the same nesting.  A key inside a group
 may not contain the separator.  Any other dict value is a replicated value,
-stored whole, exactly as before.
+stored whole, as at the top level.
 
-Every kind of save gets the resolution from save_pipeline.describe (once per
+Every kind of save gets the resolution from saving.pipeline.describe (once per
 save, at its start, inside the agreed describe stage) and every restore from
 loading.load_version (inside its agreed template check): a getter or
 ``state_dict()`` that raises on one rank is the same TemplateMismatchError on

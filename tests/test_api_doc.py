@@ -50,3 +50,35 @@ def test_every_public_method_and_result_field_is_documented():
     fields = [f.name for f in dataclasses.fields(SaveResult)]
     missing = sorted(n for n in methods + fields if f"`{n}" not in doc)
     assert not missing, f"docs/api.md lacks {missing}"
+
+
+ARCHITECTURE = os.path.join(os.path.dirname(DOC), "architecture.md")
+
+
+def _drawn_modules() -> set[str]:
+    """The modules the package tree of docs/architecture.md draws, as paths under hpcckpt/."""
+    with open(ARCHITECTURE, encoding="utf-8") as f:
+        lines = f.read().split("\n")
+    start = lines.index("hpcckpt/")
+    drawn, wing = set(), None
+    for line in lines[start + 1:]:
+        if line.startswith("```"):
+            break
+        name = line.split()[0]
+        indent = len(line) - len(line.lstrip())
+        if indent == 2 and name.endswith("/"):
+            wing = name
+        elif indent == 2:
+            drawn.add(name)
+        elif indent == 4:
+            drawn.add(wing + name)
+    return drawn
+
+
+def test_the_architecture_page_draws_every_module():
+    package = os.path.dirname(os.path.abspath(hpcckpt.__file__))
+    actual = {os.path.relpath(os.path.join(d, f), package).replace(os.sep, "/")
+              for d, _, files in os.walk(package) for f in files if f.endswith(".py")}
+    drawn = _drawn_modules()
+    assert not actual - drawn, f"docs/architecture.md lacks {sorted(actual - drawn)}"
+    assert not drawn - actual, f"docs/architecture.md draws modules that do not exist: {sorted(drawn - actual)}"

@@ -3,6 +3,7 @@ runs at the commit and its restore half rebuilds a lost data file, with no edit 
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from dataclasses import dataclass
@@ -101,6 +102,29 @@ def test_a_registered_level_saves_and_restores_a_lost_file(tmp_path, mirror):
         got = ck.restore(template)
         assert got["step"] == 2 and ck.engine.restored_level == "MIRROR"
         assert np.array_equal(template["u"].local, _state(2)["u"].local)
+
+
+def test_hpcckpt_ls_shows_a_registered_level_as_a_column(tmp_path, mirror, capsys):
+    """``hpcckpt ls`` names its level columns from the registry: a registered level has its own column."""
+    from hpcckpt.cli import main
+
+    kw = {"local_dir": tmp_path / "local", "mirror_dir": str(tmp_path / "mirror"), "track_failures": False}
+    with Checkpointer(tmp_path / "root", mirror_every=2, flush_every=1, **kw) as ck:
+        for step in (1, 2):
+            ck.save(_state(step), step)
+    main(["ls", str(tmp_path / "root")])
+    out = capsys.readouterr().out
+    assert "MIRROR every 2" in out
+    table = [line.split() for line in out.splitlines() if line.strip().startswith(("VERSION", "step-"))]
+    header = table[0]
+    assert header == ["VERSION", "L1", "L2", "L3", "RS", "PM", "MIRROR", "L4"]
+    rows = {row[0]: dict(zip(header, row)) for row in table[1:]}
+    assert rows["step-000000000001"]["MIRROR"] == "yes"  # the 0th checkpoint of the run
+    assert rows["step-000000000002"]["MIRROR"] == "-"
+    assert all(row["L4"] == "yes" for row in rows.values())
+    main(["ls", "--json", str(tmp_path / "root")])
+    doc = json.loads(capsys.readouterr().out)
+    assert [v["MIRROR"] for v in doc["levels"]["versions"]] == [True, False]
 
 
 def test_a_registered_level_options_are_checked_like_the_built_in_ones(tmp_path, mirror):

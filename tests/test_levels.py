@@ -225,10 +225,10 @@ def test_ls_shows_levels_and_a_flush_in_progress(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "levels: L1 in" in out and "flush every 2" in out and "flush to L4" not in out
     lines = {line.split()[0]: line.split()[1:] for line in out.splitlines() if line.strip().startswith("step-")
-             and len(line.split()) == 6}
-    assert lines["step-000000000001"] == ["1/1", "-", "-", "-", "yes"]  # L1 and L4 (not L2, L3, RS)
-    assert lines["step-000000000002"] == ["1/1", "-", "-", "-", "-"]  # L1 only
-    assert lines["step-000000000003"] == ["1/1", "-", "-", "-", "yes"]
+             and len(line.split()) == 7}
+    assert lines["step-000000000001"] == ["1/1", "-", "-", "-", "-", "yes"]  # L1 and L4 (not L2, L3, RS, PM)
+    assert lines["step-000000000002"] == ["1/1", "-", "-", "-", "-", "-"]  # L1 only
+    assert lines["step-000000000003"] == ["1/1", "-", "-", "-", "-", "yes"]
     main(["ls", "--json", str(tmp_path / "root")])
     doc = json.loads(capsys.readouterr().out)
     assert [v["L4"] for v in doc["levels"]["versions"]] == [True, False, True]

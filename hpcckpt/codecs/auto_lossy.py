@@ -38,8 +38,8 @@ from hpcckpt.codecs.lossy import Lossy
 ID = "hpcckpt.auto-lossy"
 #: Bytes of a rank's sample (three blocks of the array's own axes: SZ3 and ZFP predict in 2-D/3-D neighbourhoods).
 SAMPLE_BYTES = 96 << 10
-#: Timed encodes of the sample per candidate (the least counts): the candidates' speeds differ by 2-10x, a
-#: scheduler hiccup in one run must not decide.
+#: Timed encodes of the sample per candidate (the least counts): a scheduler hiccup in one run must not
+#: decide.
 TIMED_RUNS = 2
 #: Candidate names in the order ties are broken.
 CANDIDATES = ("quantize", "sz3", "zfp")

@@ -41,7 +41,7 @@ class Lossy:
     "lz4", or a numcodecs config dict of blosc/zstd/lz4.
     """
 
-    def __init__(self, abs=None, rel=None, compressor="zstd"):  # noqa: A002 - the issue's spelling
+    def __init__(self, abs=None, rel=None, compressor="zstd"):  # noqa: A002 - the public keyword
         if (abs is None) == (rel is None):
             raise CheckpointError("Lossy needs exactly one of abs=... or rel=...")
         value = abs if abs is not None else rel

@@ -1,13 +1,11 @@
 """nvCOMP (``nvidia-nvcomp-cu12``/``-cu13``) as the device-side Zstd stage of chain codecs: opt-in.
 
-Off unless ``HPCCKPT_NVCOMP=1``, because on the one GPU measured (an H200 with
-16 host cores, bench/gpu_bench.py, docs/compression.md) it lost to the default
-device shuffle + host zstd: 0.75 GB/s compress and 1.5 GB/s decompress per
-8 MiB chunk against 1.4 and 2.8 GB/s on one host thread.
+Off unless ``HPCCKPT_NVCOMP=1``: the default device shuffle + host zstd is
+the faster pipeline where it was compared (bench/gpu_bench.py; the figures
+are in docs/compression.md).
 
-nvCOMP is fast only on many independent chunks at once: a whole 8 MiB chunk
-compressed as one raw stream ran at 0.03 GB/s (LZ4) and 0.2 GB/s (Zstd) on
-that H200.  So a chunk is cut into ``SUB_BYTES``
+nvCOMP is fast only on many independent chunks at once, not on one whole
+chunk compressed as one raw stream.  So a chunk is cut into ``SUB_BYTES``
 sub-chunks that nvCOMP compresses in one batch, each into one standard
 Zstandard frame (nvCOMP's RAW bitstream).  The stored bytes are those frames,
 concatenated: still exactly what numcodecs' Zstd decodes (a Zstandard stream

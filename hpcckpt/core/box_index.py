@@ -124,8 +124,8 @@ def tiling_problem_indexed(starts: np.ndarray, stops: np.ndarray, shape, label: 
     """:func:`hpcckpt.core.regions.tiling_problem`, answered in O(n) vectorised when the boxes form a grid.
 
     The sweep of tiling_problem keeps every box of an axis-0 slab active, so a
-    3-D grid of P boxes costs it O(P^2/px) Python steps (3 s at 1,024 ranks x
-    20 variables); a grid that fills the array is accepted through its index,
+    3-D grid of P boxes costs it O(P^2/px) Python steps; a grid that fills the
+    array is accepted through its index,
     and anything else (including every layout that does not tile) still gets
     the sweep and its message.
     """
@@ -145,7 +145,7 @@ def covering_problem_indexed(starts: np.ndarray, stops: np.ndarray, shape, label
 
 
 def _distinct(values: np.ndarray) -> np.ndarray:
-    """The sorted distinct values (np.unique without its first-call import of numpy.ma, about 0.2 s)."""
+    """The sorted distinct values (np.unique without its first-call import of numpy.ma)."""
     values = np.sort(values)
     keep = np.ones(len(values), bool)
     keep[1:] = values[1:] != values[:-1]

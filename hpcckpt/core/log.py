@@ -14,7 +14,7 @@ import sys
 class _Logger:
     """The ``logging.getLogger("hpcckpt")`` logger, made on first use that can reach a handler.
 
-    ``import logging`` is 4-15 ms of a fresh process's ``import hpcckpt`` (a
+    ``import logging`` is not part of a fresh process's ``import hpcckpt`` (a
     restart that loads once; bench/latency.py, "restart").  Until the
     application has imported logging (which it needs to give any logger a
     handler or a level) or set HPCCKPT_LOG_LEVEL, a record of hpcckpt's could

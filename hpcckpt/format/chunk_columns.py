@@ -1,10 +1,10 @@
 """The columnar chunk table of format version 3: a variable's chunks as uint64 columns, deflated, base64.
 
-A chunk table of many rows costs more to parse as JSON arrays (``json.loads``
-builds one Python object per number, then they become arrays again) than the
-1 s per million chunks a reader may spend; as one block of little-endian uint64
-columns it is decoded by ``numpy.frombuffer``.  The block is deflated (zlib
-level 1: 14.6 bytes per chunk against 50 for the JSON columns) and stored as a
+A chunk table of many rows parsed as JSON arrays costs one Python object per
+number (``json.loads``), then they become arrays again; as one block of
+little-endian uint64 columns it is decoded by ``numpy.frombuffer``.  The
+block is deflated (zlib level 1; docs/performance.md, "Columnar chunk
+tables", has the sizes and timings) and stored as a
 base64 string *inside* metadata.json, so the metadata's own checksum covers it
 and no second file can go missing or be swapped.  docs/format.md, section
 3.3.1, specifies it; this module encodes and decodes it (pure: no I/O, no MPI)

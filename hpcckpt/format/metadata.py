@@ -11,8 +11,8 @@ file's own checksum (every byte is covered, see :func:`seal`), then validates
 types, ranges and paths (vectorised) before any caller allocates or reads a
 byte.  A chunk table of many chunks is stored as a columnar block
 (hpcckpt.format.chunk_columns, format version 3), decoded without a Python object per
-row: parse and validation take about 0.5 s of CPU per million chunks, against
-about 2 s as JSON arrays (docs/performance.md, "Many ranks").
+row, so parse and validation cost a vectorised pass over the columns (docs/performance.md,
+"Columnar chunk tables", has the timings).
 """
 
 from __future__ import annotations

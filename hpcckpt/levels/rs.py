@@ -38,9 +38,9 @@ from hpcckpt.levels.parity import close_all, parity_groups, read_clipped, settle
 from hpcckpt.levels import rs_coder
 from hpcckpt.levels.rs_layout import data_stripe, holder, leader, parity_stripe, rebuild_plan, segment_bytes
 
-#: Rows of each segment moved per round (memory per rank: about 2 (k + m) times this).  1 MiB: 4 MiB rounds
-#: encoded 1.0-1.2x slower at the level (rebuilds: mixed), 256 KiB ones 1.7-2.1x (more, smaller messages):
-#: bench/levels.py --rs-round-kib, docs/performance.md.
+#: Rows of each segment moved per round (memory per rank: about 2 (k + m) times this).  Smaller rounds send
+#: more, smaller messages, larger ones hold more memory; the figures behind 1 MiB are in docs/performance.md
+#: ("Reed-Solomon against XOR parity", bench/levels.py --rs-round-kib).
 ROUND_BYTES = 1 << 20
 
 

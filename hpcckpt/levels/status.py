@@ -10,7 +10,11 @@ first save removes it).  From those and the version directories:
   present), e.g. ``2/2`` nodes.  Only the node directories this machine can
   see are looked at (all of them with simulated nodes; with real nodes, run
   ``ls`` on a compute node).
-* L2 / L3 / RS: the version's metadata records partner copies / XOR parity / Reed-Solomon parity.
+* one column per level registered in ``levels.registry.LEVELS``, in the
+  registry's order and named by its ``label`` (L2 partner copies, L3 XOR
+  parity, RS Reed-Solomon parity, PM the persistent-memory tier, then any
+  level registered from outside the package): the version's metadata records
+  that level's description (``extra.levels[key]``) and the version is on L1.
 * L4: the version is committed on the root.
 """
 
@@ -25,6 +29,7 @@ from hpcckpt.core.humanize import format_duration, table_lines
 from hpcckpt.core.names import METADATA_FILE
 from hpcckpt.storage.posix import read_bounded
 from hpcckpt.levels import FLUSH_MARKER, LEVELS_FILE
+from hpcckpt.levels.registry import LEVELS
 
 
 #: The longest levels.json or flush marker read: far beyond any real one.
@@ -38,8 +43,17 @@ def _load_json(path: str):
         return None
 
 
+def level_columns() -> list[tuple[str, str]]:
+    """``(key, label)`` of every registered level, in the registry's order: the columns between L1 and L4."""
+    return [(cls.key, cls.label) for cls in LEVELS.values()]
+
+
 def levels_status(root: str) -> dict | None:
-    """The levels of every version under ``root`` (None when the root has no ``levels.json``)."""
+    """The levels of every version under ``root`` (None when the root has no ``levels.json``).
+
+    Each version's entry has ``L1_nodes`` and ``nodes``, one boolean per
+    registered level under its label (:func:`level_columns`) and ``L4``.
+    """
     conf = _load_json(os.path.join(root, LEVELS_FILE))
     marker = _load_json(os.path.join(root, FLUSH_MARKER))
     if not isinstance(conf, dict):
@@ -64,7 +78,7 @@ def levels_status(root: str) -> dict | None:
         lv = (meta.get("extra") or {}).get("levels") if isinstance(meta.get("extra"), dict) else None
         lv = lv if isinstance(lv, dict) else {}
         versions.append({"name": name, "step": info["step"], "L1_nodes": info["nodes"], "nodes": len(node_dirs),
-                         "L2": bool(lv.get("partner")), "L3": bool(lv.get("parity")), "RS": bool(lv.get("rs")), "L4": name in on_root})
+                         **{label: bool(lv.get(key)) for key, label in level_columns()}, "L4": name in on_root})
     return {"config": conf, "visible_node_dirs": len(visible), "versions": versions, "flush": _flush(root, marker)}
 
 
@@ -81,16 +95,16 @@ def format_levels(status: dict) -> list[str]:
     out = []
     conf = status.get("config")
     if conf:
+        columns = level_columns()
+        intervals = "".join(f"{label} every {conf.get(f'{key}_every') or 0}, " for key, label in columns)
         out.append(f"levels: L1 in {conf.get('local_dir')} ({len(conf.get('node_dirs') or [])} node dir(s), "
-                   f"{status.get('visible_node_dirs', 0)} visible here); partner every {conf.get('partner_every')}, "
-                   f"parity every {conf.get('parity_every')}, Reed-Solomon every {conf.get('rs_every', 0)}, flush every {conf.get('flush_every')}"
+                   f"{status.get('visible_node_dirs', 0)} visible here); {intervals}flush every {conf.get('flush_every')}"
                    + (" (derived from costs %s)" % ", ".join(map(format_duration, conf["derived_from_costs"]))
                       if conf.get("derived_from_costs") else ""))
-        rows = [("VERSION", "L1", "L2", "L3", "RS", "L4")]
+        rows = [("VERSION", "L1", *(label for _, label in columns), "L4")]
         for v in status["versions"]:
             rows.append((v["name"], f"{v['L1_nodes']}/{v['nodes']}" if v["L1_nodes"] else "-",
-                         "yes" if v["L2"] and v["L1_nodes"] else "-", "yes" if v["L3"] and v["L1_nodes"] else "-",
-                         "yes" if v["RS"] and v["L1_nodes"] else "-",
+                         *("yes" if v.get(label) and v["L1_nodes"] else "-" for _, label in columns),
                          "yes" if v["L4"] else "-"))
         out += table_lines(rows, indent="  ")
     f = status.get("flush")

@@ -253,7 +253,7 @@ def fast_summary(meta: Metadata, boxes: dict, roles: dict, signature: tuple, ran
 
     A rank that shares a chunk (``NEEDS``, or ``HOLDS``) rules the short way out in any case: in a tiling
     the other users of a shared chunk need their parts, and a template that does not tile takes the second
-    exchange anyway; so in a reshard most slots stay None, as small as before.
+    exchange anyway; so in a reshard most slots stay None (a few bytes each).
 
     The fingerprints are the sums of :func:`box_fingerprint` of this rank's
     boxes, minus (on rank 0) the whole arrays' of the names it loads: they sum

@@ -215,8 +215,8 @@ def reads_metadata_itself(nranks: int) -> bool:
     """Whether every rank of a load on ``nranks`` ranks reads the version's metadata itself instead of receiving
     rank 0's broadcast: on at most PER_RANK_METADATA_MAX_RANKS ranks.
 
-    One collective fewer (a restart on the saved decomposition is then one alltoall): 0.78x the time of a
-    64 KiB load on 2 ranks, 0.86x on 4 (docs/performance.md, "Small loads").  Every rank sees the
+    One collective fewer (a restart on the saved decomposition is then one alltoall; docs/performance.md,
+    "Small loads", has the timings).  Every rank sees the
     same bytes (``load_version(..., shared_directory=True)``, hpcckpt.load: one directory on a storage whose
     files every process sees; a committed version is immutable, docs/format.md section 2) and reuses what it
     parsed before

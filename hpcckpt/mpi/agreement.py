@@ -97,7 +97,7 @@ def _difference(a: dict, ra: int, b: dict, rb: int) -> str:
 
 def check_digests(comm, what: str, totals: list, details: dict | None) -> None:
     """Collective when ``totals`` differ: every rank's :func:`total`, or any list of them that holds the smallest
-    and the largest (save_plan.Ballot), the same list on every rank.
+    and the largest (saving.plan.Ballot), the same list on every rank.
 
     Then every rank sends its entries (one allgather) and every rank raises the
     same CheckpointError naming what differs and two ranks; otherwise no MPI.

@@ -122,7 +122,7 @@ class KnownNames:
     """Every version name a root may hold, the same on every rank of a Checkpointer: rank 0's listing when a save
     last planned collectively (handed to every rank with the plan), plus each version committed since.
 
-    What a save planned without a collective (save_pipeline: checked at the
+    What a save planned without a collective (saving/run.py: checked at the
     commit) names its version from on every rank, with no listing: kept as
     the highest revision of each step, so that, as :func:`new_version_name`,
     a new version sorts after every revision of its step and no name is taken
@@ -243,8 +243,7 @@ class Retirement:
     more the moment it returns: what a kill would leave anyway) and queues
     their directories (unlinking every data file: the slow part) for one
     worker thread, started at the first retirement and kept while saves come
-    (starting a thread per save cost 0.5-3 ms on a loaded machine), so the
-    save returns without waiting.  :meth:`wait` returns once every queued
+    (no thread is started per save), so the save returns without waiting.  :meth:`wait` returns once every queued
     directory is deleted and stops the worker; a save that lists the root
     calls it first, and so does close.  A directory the thread could not
     delete (or whose deletion the end of the process cut short: the worker

@@ -71,7 +71,7 @@ class WrittenPart:
     ``version``, the version name it wrote; ``own``, the plan it made itself when its layout changed (else
     None); ``details``, its agreement entries (None when the plan was
     agreed); ``other_options``: it asked for other options than the plan was agreed for and wrote nothing.
-    ``file_bytes``: the size of its file of the version (an asynchronous save: what the levels protect).
+    ``file_bytes``: the size of its file of the version (what the node-local levels protect).
     """
 
     stats: dict

@@ -65,7 +65,7 @@ def select(comm, what: str, local: Described, cache: PlanCache, options: SaveOpt
     selection.select_changed)."""
     if is_incremental(options):
         return select_changed(comm, what, local.arrays, cache, options, index, per_rank_files, precopied, probed)
-    if starts is not None:  # a plan made locally (asynchronous saves): never one with replicated Blocks
+    if starts is not None:  # a plan made on this rank: never one with replicated Blocks
         return select_full(local.arrays, starts)
     return select_full(local.arrays, {n: b[0] for n, b in cache.boxes.items()}, cache.replicas)
 

@@ -11,9 +11,10 @@ layout changes.  The cache is used in one of two ways, by the kind of writer:
   rank count (a few fields, the reduction's tree: O(log P) messages).  A repeated save of the same layout then needs no
   planning collective, and a collective transport runs over a plan that every
   rank holds.
-* checked at the commit (:func:`plan_locally`, :func:`check_at_commit` + :func:`reconcile`; asynchronous
-  full saves, and a blocking full file-per-rank save whose last save agreed
-  its plan: ``PlanCache.checked_at_commit``): nothing collective before the
+* checked at the commit (:func:`plan_locally`, :func:`check_at_commit` + :func:`reconcile`; a full save
+  after a commit that set ``PlanCache.checked_at_commit``: each rank writes
+  its own file, background or on the node-local levels, or a repeated
+  file-per-rank save; saving/run.py): nothing collective before the
   data move.  A rank whose layout changed plans its own part; rank 0 checks
   what the allreduce would have checked (failures, the ranks' digests, one
   version name) and reconciles every rank's plan when the commit gathers them,
@@ -243,7 +244,7 @@ def plan_at_once(comm, what, local: Described | None, failure, options: SaveOpti
 
 
 def plan_locally(local: Described, cache: PlanCache, options: SaveOptions) -> tuple[dict, dict, OwnPlan | None]:
-    """No MPI: ``(box starts, codecs, own)`` of an asynchronous save planned against the cached plan.
+    """No MPI: ``(box starts, codecs, own)`` of a save planned on this rank against the cached plan.
 
     With this rank's layout unchanged the cached plan stands (``own`` is None).
     Otherwise this rank plans its own part: Blocks start where they say,
@@ -271,7 +272,7 @@ def plan_locally(local: Described, cache: PlanCache, options: SaveOptions) -> tu
 
 @dataclass
 class Reconciled:
-    """Rank 0's plan for the commit of an asynchronous save: chunk rows fixed to it; ``changed`` if re-planned."""
+    """Rank 0's plan for a commit: every rank's chunk rows, the variables and codecs; ``changed`` if re-planned."""
 
     tables: list
     variables: dict
@@ -348,10 +349,3 @@ def check_at_commit(parts: list[WrittenPart]) -> None:
     if len(names) != 1:
         raise CheckpointError(f"the ranks saved different versions {sorted(names)} (different steps?)")
 
-
-def settle(cache: PlanCache, parts: list[WrittenPart]) -> Reconciled:
-    """Rank 0, pure: :func:`check_at_commit`, then the plan the version commits with (:func:`reconcile` of the
-    ranks' own plans; rows in dicts are an incremental save's, whose plan was agreed before the data moved)."""
-    check_at_commit(parts)
-    tables = [p.part for p in parts]
-    return reconcile(cache, tables, [None] * len(parts) if isinstance(tables[0], dict) else [p.own for p in parts])

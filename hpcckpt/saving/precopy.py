@@ -1,6 +1,7 @@
-"""Self-adaptive pre-copy for asynchronous incremental saves: the next version's blocks written ahead of it.
+"""Self-adaptive pre-copy for incremental saves: the next version's blocks written ahead of it.
 
-``Checkpointer(root, asynchronous=True, incremental=True, precopy=True)``:
+``Checkpointer(root, incremental=True, precopy=True)``, blocking or
+``asynchronous=True``, on the root or with ``local_dir``:
 between checkpoints, ``ck.maybe_save(step)`` (a step at which no save is due)
 starts a pre-copy round when the rules of saving/precopy_plan.py say so (paced by the
 interval policy's progress towards the next checkpoint, which the decision's
@@ -54,6 +55,10 @@ Pre-copy is an optimisation, never a failure: a round that fails on a rank
 (a write error, a state that cannot be described) is logged and drops that
 rank's pre-copy for the interval; the checkpoint then writes every changed
 block itself.  Nothing here is collective, so ranks may run different rounds.
+
+With node-local levels (``local_dir``) every round is a probe: the levels
+protect and flush each rank's own data file of the version, so blocks written
+into another file ahead of the checkpoint would not be covered by them.
 """
 
 from __future__ import annotations
@@ -191,7 +196,7 @@ class Round:
 
 
 class PreCopy:
-    """One rank's pre-copy between checkpoints (see the module docstring); owned by the asynchronous Engine.
+    """One rank's pre-copy between checkpoints (see the module docstring); owned by the Engine.
 
     ``precopied``: ``{Key: Location}`` of the blocks the finished rounds of
     this interval wrote (files relative to the version); ``probed``: the keys

@@ -28,7 +28,7 @@ def read_metadata_reused(directory: str, storage: Storage = POSIX) -> Metadata:
     and validation are skipped when they are the bytes of one of the last few versions this process parsed.
 
     A committed version is immutable, and equal bytes parse to equal Metadata, so this changes no answer; it
-    takes the parse (0.3 ms for a small version) off every repeated load of a small version.  Only metadata of
+    takes the parse off every repeated load of a small version.  Only metadata of
     at most REUSE_MAX_BYTES is kept (REUSE_ENTRIES of them).  The Metadata returned is shared between the
     loads that get it: the load path only reads it (chain compaction, which rewrites one, uses
     :func:`read_metadata`).

@@ -29,8 +29,8 @@ def write_all(fd: int, buffer, hasher=None) -> int:
     """Write every byte of ``buffer`` to ``fd`` (looping over short writes); return the count.
 
     The bytes go a cache-sized step at a time, hashed or not: with several ranks
-    writing at once, 1 MiB writes were measured slower than 256 KiB ones
-    (docs/incremental.md, "Benchmark").  With ``hasher`` (checksum.new_hasher),
+    writing at once, 256 KiB writes beat 1 MiB ones (docs/incremental.md,
+    "Benchmark").  With ``hasher`` (checksum.new_hasher),
     each step is also hashed right after it is written, instead of in a second pass.
     """
     view = _bytes(buffer)
@@ -267,7 +267,7 @@ def read_head(path: str, nbytes: int) -> bytes:
 def remove_tree(path: str) -> None:
     """``shutil.rmtree`` of ``path``, where an entry deleted meanwhile (by retention's thread, or a ``hpcckpt gc``
     run beside it) is what was wanted; any other error propagates (a link at ``path`` itself is one)."""
-    import shutil  # here: shutil (with bz2 and lzma) is 2-12 ms of a restart's import, which never removes
+    import shutil  # here: shutil (with bz2 and lzma) stays out of a restart's import, which never removes
 
     shutil.rmtree(path, onerror=_already_gone)
 
@@ -360,7 +360,7 @@ class PosixStorage(Storage):
 
     def remove(self, path: str) -> None:
         if os.path.isdir(path) and not os.path.islink(path):
-            import shutil  # here: shutil (with bz2 and lzma) is 2-12 ms of a restart's import, which never removes
+            import shutil  # here: shutil (with bz2 and lzma) stays out of a restart's import, which never removes
 
             shutil.rmtree(path)
         elif os.path.lexists(path):
@@ -441,7 +441,7 @@ class PosixStorage(Storage):
 
     def discard_tree(self, path: str) -> None:
         """``shutil.rmtree`` ignoring errors: it goes on past an entry that resists, removing all the rest."""
-        import shutil  # here: shutil (with bz2 and lzma) is 2-12 ms of a restart's import, which never removes
+        import shutil  # here: shutil (with bz2 and lzma) stays out of a restart's import, which never removes
 
         shutil.rmtree(path, ignore_errors=True)
 

@@ -74,9 +74,9 @@ def _aggregate(ctx: TransportContext, pieces, members: list[int]) -> Written:
 
     The file holds each rank's pieces together, in group order, whatever the
     order they arrive in: a rank's rows are then one run of the file, read in
-    one pass on a restart on the saved decomposition (written in arrival order,
-    they interleaved every piece, and a cold load of 512 MiB on 4 ranks took
-    1.4x as long: docs/performance.md, "Aggregated files in rank order").
+    one pass on a restart on the saved decomposition (in arrival order the
+    ranks' pieces would interleave: docs/performance.md, "Aggregated files in
+    rank order").
     A member whose turn has not come waits in its send.  That costs nothing
     when its pieces are views of its arrays; when the save compresses
     (``ctx.encoded``), the members would compress one after the other, so the
@@ -85,11 +85,8 @@ def _aggregate(ctx: TransportContext, pieces, members: list[int]) -> Written:
     and written at their turn; a piece that does not fit waits with its
     sender (its header is taken, its bytes stay unsent until that member's
     turn).  An aggregator holds at most one slice plus ``aggregator_buffer``
-    bytes of waiting pieces.  Measured (4 ranks, 512 MiB, one aggregator):
-    uncompressed, waiting in the send kept the save at 0.94x of arrival order,
-    while buffering cost 1.2x (fresh buffers, received from descheduled
-    senders); with zstd, waiting in the send made the save 1.6x slower and
-    the buffers 1.03x.
+    bytes of waiting pieces (docs/performance.md, "Aggregated files in rank
+    order", compares waiting in the send with buffering).
     """
     from mpi4py import MPI
 

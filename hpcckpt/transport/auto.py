@@ -11,8 +11,8 @@ The rule (also in docs/io.md):
 3. If only file-per-rank was measured at this scale, the writes are small
    (under ``SMALL_BYTES`` per rank on average) and nodes hold several ranks,
    try aggregation once: whether one file per node beats one file per rank
-   depends on the file system's per-file cost (large on Lustre/GPFS, about
-   0.3 ms on a local ext4), which only a measurement tells; rule 2 then keeps
+   depends on the file system's per-file cost (large on Lustre/GPFS, small
+   on a local file system), which only a measurement tells; rule 2 then keeps
    the faster.
 4. Otherwise file-per-rank: no extra copy or message, and without a
    measurement it is the safe choice (bench/compare.py: aggregation lost on a

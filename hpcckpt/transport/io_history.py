@@ -3,8 +3,7 @@
 Read by ``strategy="auto"``; recorded by rank 0 after each such save.  While a
 Checkpointer holds its root the measurements are kept in this process's memory
 and the file is rewritten at most every WRITE_SECONDS, and at close (a code
-saving small states every second does not pay a write per save: about 1.6 ms
-a save in a cProfile of 200 back-to-back 64 KiB saves on one rank).  The file is
+saving small states every second does not pay a write per save).  The file is
 advisory: a missing, malformed or unreadable file (a FIFO or a directory in its
 place included: it is opened without blocking) is treated as empty, and a
 failed write is one warning on rank 0, never an error (``collective.best_effort``).
