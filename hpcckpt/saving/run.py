@@ -41,6 +41,7 @@ from hpcckpt.errors import CheckpointError
 from hpcckpt.incremental import chain_cache
 from hpcckpt.mpi.collective import attempt, best_effort, bcast_checked, describe_failure, root_phase
 from hpcckpt.options import SaveOptions, SaveResult
+from hpcckpt.root.file_manifest import tracked_file
 from hpcckpt.root.catalog import KnownNames, Retirement, check_step, list_versions, removable, remove_versions
 from hpcckpt.saving.background import BackgroundWrite
 from hpcckpt.saving.messages import CommitReport, Described, OwnPlan, VersionToCommit, WrittenPart
@@ -197,6 +198,7 @@ class SaveRun:
         self.references: frozenset = frozenset()  # rank 0, with levels: the versions this one points into
         self.report_metadata: bytes | None = None  # with levels: the committed metadata, for the flush
         self.retention_seconds = 0.0  # rank 0: retention's part of the commit
+        self.wrote = False  # this rank made or wrote into the version's directory
 
     @property
     def what(self) -> str:
@@ -401,6 +403,7 @@ class SaveRun:
         if self.failure is None and not planned.other and series.tracker is not None and series.tracker.patterns:
             self.records, self.failure = attempt(lambda: series.tracker.capture(
                 self.rank, planned.directory, self.options.fsync, self.comm.Get_size()))
+        self.wrote = not planned.other  # a rank that wrote nothing removes nothing (a run planned again)
         if self.request.background:
             self._start_writer()
         elif not planned.other:
@@ -607,7 +610,7 @@ class SaveRun:
             _remove(series.storage, planned.path)
         if series.levels is not None:
             series.levels.discard(planned.name)
-        if planned.directory != planned.path or self.rank != 0:
+        if self.wrote and (planned.directory != planned.path or self.rank != 0):
             _drop_own(series.target_storage, planned.directory, self.rank)
         if series.levels is not None:
             self.comm.Barrier()  # node leaders clear the node directories the other ranks wrote into
@@ -701,17 +704,17 @@ def _ensure_directory(storage: Storage, directory: str) -> None:
 
 
 def _remove(storage: Storage, path: str) -> None:
-    """Remove a version that failed; never raises."""
-    try:
-        storage.remove(path)
-    except OSError:
-        pass
+    """Rank 0: remove a version that failed, going on past entries the other ranks remove at the same time;
+    never raises."""
+    storage.discard_tree(path)
 
 
 def _drop_own(storage: Storage, directory: str, rank: int) -> None:
-    """A rank other than rank 0 (or any rank on its node directory): remove its own file of a failed version and
-    the directories if empty; never raises, whatever order the ranks come in."""
-    for remove, target in ((storage.remove_file, os.path.join(directory, DATA_DIR, rank_file(rank))),
+    """A rank other than rank 0 (or any rank on its node directory): remove its own files of a failed version
+    (its data file, its blocks of tracked files) and the directories if empty; never raises, whatever order the
+    ranks come in."""
+    for remove, target in ((storage.remove_file, os.path.join(directory, rank_file(rank))),
+                           (storage.remove_file, os.path.join(directory, tracked_file(rank))),
                            (storage.remove_directory, os.path.join(directory, DATA_DIR)),
                            (storage.remove_directory, directory)):
         try:
