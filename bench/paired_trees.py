@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -51,6 +52,7 @@ def run(tree: str, ranks: int, script: str, args: list[str], log: str | None = N
                 f.write(f"# {' '.join(cmd)}\n# load average before: {open('/proc/loadavg').read()}")
                 f.flush()
                 subprocess.run(cmd, check=True, env=env, cwd=tree, stdout=f, stderr=subprocess.STDOUT)
+            shutil.copy(out, log[:-len(".txt")] + ".json")
         with open(out) as f:
             return flatten(json.load(f))
 
