@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -37,13 +38,21 @@ def flatten(doc, prefix=""):
     return out
 
 
-def run(tree: str, ranks: int, script: str, args: list[str]) -> dict:
+def run(tree: str, ranks: int, script: str, args: list[str], log: str | None = None) -> dict:
     with tempfile.TemporaryDirectory(prefix="paired-") as tmp:
         out = os.path.join(tmp, "out.json")
         env = dict(os.environ, PYTHONPATH=tree, MPIR_CVAR_CH4_PROGRESS_THROTTLE="1", MPIR_CVAR_POLLS_BEFORE_YIELD="1")
-        cmd = [os.path.join(os.path.dirname(sys.executable), "mpiexec"), "-n", str(ranks), sys.executable,
-               os.path.join(tree, script), *args, "--json", out]  # the venv's, whatever MPI is first on PATH
-        subprocess.run(cmd, check=True, env=env, cwd=tree, stdout=subprocess.DEVNULL)
+        cmd = [sys.executable, os.path.join(tree, script), *args, "--json", out]
+        if ranks > 0:  # the venv's mpiexec, whatever MPI is first on PATH
+            cmd = [os.path.join(os.path.dirname(sys.executable), "mpiexec"), "-n", str(ranks), *cmd]
+        if log is None:
+            subprocess.run(cmd, check=True, env=env, cwd=tree, stdout=subprocess.DEVNULL)
+        else:
+            with open(log, "w") as f:
+                f.write(f"# {' '.join(cmd)}\n# load average before: {open('/proc/loadavg').read()}")
+                f.flush()
+                subprocess.run(cmd, check=True, env=env, cwd=tree, stdout=f, stderr=subprocess.STDOUT)
+            shutil.copy(out, log[:-len(".txt")] + ".json")
         with open(out) as f:
             return flatten(json.load(f))
 
@@ -55,13 +64,17 @@ def main() -> int:
     ap.add_argument("old")
     ap.add_argument("new")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--ranks", type=int, default=4)
+    ap.add_argument("--ranks", type=int, default=4, help="0: without mpiexec")
+    ap.add_argument("--logs", default=None, help="keep each run's output in this directory")
     a = ap.parse_args(argv[:cut])
     script, *args = argv[cut + 1:]
     ratios: dict[str, list[float]] = {}
-    for _ in range(a.rounds):
-        old = run(os.path.abspath(a.old), a.ranks, script, args)
-        new = run(os.path.abspath(a.new), a.ranks, script, args)
+    if a.logs:
+        os.makedirs(a.logs, exist_ok=True)
+    for i in range(a.rounds):
+        logs = [os.path.join(a.logs, f"{i}-{which}.txt") if a.logs else None for which in ("old", "new")]
+        old = run(os.path.abspath(a.old), a.ranks, script, args, logs[0])
+        new = run(os.path.abspath(a.new), a.ranks, script, args, logs[1])
         for key in sorted(set(old) & set(new)):
             if old[key] > 0 and new[key] >= 0:
                 ratios.setdefault(key, []).append(new[key] / old[key])
