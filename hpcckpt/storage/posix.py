@@ -106,7 +106,7 @@ _SHIFT = 2048
 def _short_distance(view: memoryview, offset: int) -> bool:
     """Whether the kernel copies a read at ``offset`` into ``view`` over a short distance: the target's
     address minus the file offset, modulo the page size, between 1 and 63 bytes (there the copy, ``rep
-    movsb`` on x86, runs at about half speed on this machine: docs/performance.md, "Loads")."""
+    movsb`` on x86, runs at about half speed on this machine: docs/performance.md, "Loads by phase")."""
     import ctypes
 
     try:
