@@ -66,25 +66,63 @@ def read_segments(fd: int, offset: int, buffer, name: str, segments) -> None:
     its start (several chunks stored back to back, read in one pass).  Each
     cache-sized step, never straddling two segments, is hashed right after it
     is read.  CorruptCheckpointError if the file ends first.
+
+    When the target lies a short distance past the file's bytes in page
+    offset (:func:`_short_distance`: a numpy array of the malloc'd kind, 16
+    bytes into its page, read from a page-aligned chunk), the kernel's copy
+    runs at about half speed; each hashed step but the last is then read
+    :data:`_SHIFT` bytes further on in the buffer (into the part that the
+    next steps fill later) and moved back in userspace while it is in cache.
     """
     view = _bytes(buffer)
     total = len(view)
+    shift = _SHIFT if total > 2 * PIECE and _short_distance(view, offset) else 0
+    move = _memmove(view) if shift else None
     lo = 0
     for nbytes, hasher in segments:
         end = lo + nbytes
         step = PIECE if hasher is not None else _MAX_IO
         for a in range(lo, end, step):
             b = min(a + step, end)
+            s = shift if hasher is not None and b + shift <= total else 0
             done = a
             while done < b:
-                n = os.preadv(fd, [view[done:b]], offset + done)
+                n = os.preadv(fd, [view[done + s:b + s]], offset + done)
                 if n == 0:
                     raise CorruptCheckpointError(f"{name} is truncated: wanted {total} bytes at offset {offset}, "
                                                  f"the file ends after {done}")
                 done += n
+            if s:
+                move(a, a + s, b - a)
             if hasher is not None:
                 hasher.update(view[a:b])
         lo = end
+
+
+#: How far :func:`read_segments` reads a step past its place when the copy's distance is short.
+_SHIFT = 2048
+
+
+def _short_distance(view: memoryview, offset: int) -> bool:
+    """Whether the kernel copies a read at ``offset`` into ``view`` over a short distance: the target's
+    address minus the file offset, modulo the page size, between 1 and 63 bytes (there the copy, ``rep
+    movsb`` on x86, runs at about half speed on this machine: docs/performance.md, "Loads by phase")."""
+    import ctypes
+
+    try:
+        address = ctypes.addressof(ctypes.c_char.from_buffer(view))
+    except (TypeError, ValueError):  # a read-only or otherwise unusual buffer: read it as it is
+        return False
+    return 0 < (address - offset) % 4096 < 64
+
+
+def _memmove(view: memoryview):
+    """``move(dst, src, n)``: libc's memmove between byte positions of ``view`` (overlapping allowed)."""
+    import ctypes
+
+    base = ctypes.addressof(ctypes.c_char.from_buffer(view))
+    memmove = ctypes.memmove
+    return lambda dst, src, n: memmove(base + dst, base + src, n)
 
 
 def copy_data(src: int, dst: int, size: int, name: str, pace=None) -> int:
