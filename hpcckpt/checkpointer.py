@@ -5,9 +5,9 @@ from __future__ import annotations
 import functools
 import os
 import time
-import warnings
 import weakref
 
+from hpcckpt.core.warn import warn
 from hpcckpt.root import lock as rootlock
 from hpcckpt.mpi.collective import agree, attempt, bcast_checked, on_root, resolve_comm
 from hpcckpt.root.catalog import KnownNames, current, list_versions, retained
@@ -434,7 +434,7 @@ class Checkpointer:
                     raise
                 skipped.append(entry.name)
                 if self.comm.Get_rank() == 0:
-                    warnings.warn(f"hpcckpt: skipping unusable version {entry.path}: {exc}", stacklevel=2)
+                    warn(f"hpcckpt: skipping unusable version {entry.path}: {exc}")
                 continue
             if self.files.patterns:
                 self._roll_back(entry.path)
