@@ -5,9 +5,9 @@ from __future__ import annotations
 import functools
 import os
 import time
-import warnings
 import weakref
 
+from hpcckpt.core.warn import warn
 from hpcckpt.root import lock as rootlock
 from hpcckpt.mpi.collective import agree, attempt, bcast_checked, on_root, resolve_comm
 from hpcckpt.root.catalog import KnownNames, current, list_versions, retained
@@ -21,6 +21,10 @@ from hpcckpt.saving.pipeline import is_incremental
 from hpcckpt.saving.run import SaveRequest, Series, save_now
 from hpcckpt.storage import POSIX, Storage
 from hpcckpt.transport import io_history
+
+
+#: ``restore()``'s default state: the registered one (a sentinel, as ``None`` asks for no template).
+_REGISTERED = object()
 
 
 def _shielded(method):
@@ -373,15 +377,19 @@ class Checkpointer:
         return self.pacer.stop_reason
 
     @_shielded
-    def restore(self, state=None, step: int | None = None, strict: bool | str = True, cast: bool = False) -> dict:
+    def restore(self, state=_REGISTERED, step: int | None = None, strict: bool | str = True,
+                cast: bool = False) -> dict:
         """Load the newest valid version (or the given step) into ``state``; collective.
 
         ``state``: the template, as for :meth:`save` (omitted: the registered
-        one; with none registered, every variable of the version, split
-        evenly over the ranks as :func:`hpcckpt.load` with ``None`` gives
-        them); Blocks are filled in place (a getter Block: the array the getter
+        one); Blocks are filled in place (a getter Block: the array the getter
         returns now), a Stateful object gets ``load_state_dict`` with the
         restored dict, which is also returned (nested as the template is).
+        ``None``: no template, every variable of the version in new arrays,
+        split evenly over the ranks as :func:`hpcckpt.load` with ``None``
+        gives them.  Omitted with nothing registered, it is ``None`` too, with
+        a warning on rank 0: such a restore fills none of the application's
+        arrays.
 
         A version that cannot be read -- data truncated or failing a checksum,
         a file that cannot be opened (EACCES, a directory in its place),
@@ -399,8 +407,13 @@ class Checkpointer:
         content there (docs/files.md); a file missing or replaced is a
         CheckpointError on every rank, and then no file is touched.
         """
-        if state is None:
-            state = self._registered  # None as well: every variable of the version (loading.default_template)
+        if state is _REGISTERED:
+            state = self._registered
+            if state is None and self.comm.Get_rank() == 0:
+                warn("hpcckpt: Checkpointer.restore() without a state, and none is registered: every variable "
+                     "comes back in new arrays and none of the application's is filled (ck.register(state) or "
+                     "restore(state) fills them; restore(None) or hpcckpt.load(None, path) asks for new arrays "
+                     "without this warning)")
         if self.engine is not None and self.engine.node is not None:
             self._check_open()
             out = self.engine.restore(state, step, strict, cast)
@@ -426,7 +439,7 @@ class Checkpointer:
                     raise
                 skipped.append(entry.name)
                 if self.comm.Get_rank() == 0:
-                    warnings.warn(f"hpcckpt: skipping unusable version {entry.path}: {exc}", stacklevel=2)
+                    warn(f"hpcckpt: skipping unusable version {entry.path}: {exc}")
                 continue
             if self.files.patterns:
                 self._roll_back(entry.path)

@@ -52,7 +52,7 @@ class Block:
     """
 
     def __init__(self, local, offset=None, global_shape=None, codec=None, replicated: bool = False):
-        self.local = local
+        self.local = plain_ndarray(local)
         self.codec = codec  # None: the save's default (see hpcckpt.codecs)
         self.replicated = bool(replicated)
         if callable(local):  # a getter (hpcckpt.stateful): the defaults come from the array it returns
@@ -114,6 +114,18 @@ class PerRank:
         return isinstance(other, PerRank) and other.value == self.value
 
     __hash__ = None
+
+
+def plain_ndarray(local):
+    """A numpy array subclass as a plain ndarray view of the same memory; anything else as it is.
+
+    Subclasses may give indexing another meaning (Devito's ``Data`` indexes a
+    distributed array by global indices under MPI): hpcckpt reads and fills
+    the rank's own elements through a plain view, in place.
+    """
+    if isinstance(local, np.ndarray) and type(local) is not np.ndarray:
+        return local.view(np.ndarray)
+    return local
 
 
 def is_distributed(value: Any) -> bool:

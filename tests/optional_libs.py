@@ -19,6 +19,13 @@ libraries"), while Debian's installs in under a minute, for Debian's Python
 and OpenMPI, so its programs run in a venv of that Python under OpenMPI's
 mpiexec.
 
+Devito (tests/test_devito.py) is installed with pip in two steps
+(``DEVITO_INSTALL``): its requirements within its ranges, then devito itself
+with ``--no-deps``, because devito 4.8.23 caps numpy, pip and packaging at the
+releases of its day (``numpy<=2.4.3``, ``pip<=26.2``, ``packaging<26.3``) and
+resolving those caps would downgrade this environment's.  It compiles its
+operators with the C compiler at run time: without one the tests skip.
+
 heat is installed only when ``HPCCKPT_INSTALL_HEAT=1`` is set, and never from
 setup.cfg: heat 1.8.0 declares ``torch<2.11.1`` while the project's torch is
 2.13.0 (CPU), so its requirements are installed first with torch pinned, then
@@ -36,6 +43,7 @@ import fcntl
 import importlib
 import importlib.util
 import os
+import shutil
 import subprocess
 import sys
 
@@ -54,6 +62,9 @@ LIBRARIES = {
     "heat": ("heat", (), None, "HPCCKPT_INSTALL_HEAT"),
 }
 
+#: libraries installed the same way whose tests are their own file, not tests/test_adapters.py's library loop
+OWN_TESTS = {"devito": ("devito", (), None, None)}
+
 #: held while pip installs a library into this environment: parallel test processes (pytest-xdist workers)
 #: install it once, one after the other, never two pips into one environment at a time
 PIP_LOCK = os.path.join(sys.prefix, ".hpcckpt-pip-install.lock")
@@ -61,6 +72,15 @@ PIP_LOCK = os.path.join(sys.prefix, ".hpcckpt-pip-install.lock")
 #: heat's pip installs, in order: its requirements with torch pinned to the project's 2.13.0 (torchvision 0.28.0
 #: is the release made for it), then heat itself with --no-deps (its torch<2.11.1 pin must never be resolved)
 HEAT_INSTALL = (("torch==2.13.0", "torchvision==0.28.0", "scipy~=1.14"), ("--no-deps", "heat==1.8.0"))
+
+
+#: devito's pip installs, in order: its requirements within its own ranges but for the caps on numpy, pip and
+#: packaging, which this environment already satisfies with newer releases; then devito itself with --no-deps
+DEVITO_INSTALL = (("sympy>=1.12.1,<1.15", "psutil>=5.1,<8", "py-cpuinfo<10", "cgen>=2020.1,<2026",
+                   "codepy>=2019.1,<2025", "multidict<6.3", "anytree>=2.4.3,<=2.13.0"), ("--no-deps", "devito==4.8.23"))
+
+#: library -> its pip installs, in order, where they are not the library's line of setup.cfg's adapters extra
+PIP_INSTALLS = {"heat": HEAT_INSTALL, "devito": DEVITO_INSTALL}
 
 
 def _pip_spec(module: str) -> str:
@@ -76,7 +96,7 @@ def _pip_spec(module: str) -> str:
 
 def _pip_install(lib: str, module: str) -> None:
     """pip's installs of ``lib`` into this environment; a failed one fails the test."""
-    for args in HEAT_INSTALL if lib == "heat" else ((_pip_spec(module),),):
+    for args in PIP_INSTALLS.get(lib, ((_pip_spec(module),),)):
         proc = subprocess.run([sys.executable, "-m", "pip", "install", "-q", *args], capture_output=True,
                               text=True, timeout=3600)
         if proc.returncode != 0:
@@ -86,9 +106,11 @@ def _pip_install(lib: str, module: str) -> None:
 def ensure_library(lib: str) -> Runtime | None:
     """Import ``lib``'s module, installing it (and its build's Debian packages) first when missing; the Runtime
     of ``lib``'s programs (None: this environment's own)."""
-    module, packages, header, opt_in = LIBRARIES[lib]
+    module, packages, header, opt_in = {**LIBRARIES, **OWN_TESTS}[lib]
     if lib == "petsc" and importlib.util.find_spec(module) is None:
         return debian_runtime()
+    if lib == "devito" and shutil.which("gcc") is None:
+        pytest.skip("Devito compiles its operators with gcc, and there is no gcc on PATH")
     if importlib.util.find_spec(module) is None:
         if opt_in and os.environ.get(opt_in) != "1":
             pytest.skip(f"{module} is not installed; {opt_in}=1 lets the tests install it (tests/optional_libs.py)")

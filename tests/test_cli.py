@@ -183,9 +183,13 @@ def test_ls_failure_history_footer(capsys, tmp_path):
     rc, out, err = run_cli(capsys, "ls", path)
     assert rc == 0, err
     footer = out.splitlines()[-1]
-    assert footer.startswith("failure history: ")
-    assert str(expected) in footer
+    assert footer == (f"failure history: 5 runs; {expected.n_failures} failures in "
+                      f"{cli.common.duration_text(expected.exposure)} of running time, so a failure is expected "
+                      f"about every {cli.common.duration_text(expected.mtbf)}")
     assert expected.n_failures >= 3
+    rc, out, err = run_cli(capsys, "ls", path, "--details")
+    assert rc == 0, err
+    assert out.splitlines()[-1] == footer + f"; estimate: {expected}"  # the estimator's own words, on request
     rc, out, _ = run_cli(capsys, "ls", path, "--prior-mtbf", "2h", "--json")
     doc = json.loads(out)["failure_history"]
     assert doc["mtbf_s"] == pytest.approx(estimate_mtbf(FailureHistory.load(path), prior_mtbf=7200).mtbf)
@@ -214,6 +218,29 @@ def test_ls_errors(capsys, tmp_path, root):
     assert_one_line_error(rc, err, "no such checkpoint root")
     rc, _, err = run_cli(capsys, "ls", step_dir(root, 5))
     assert_one_line_error(rc, err, "single checkpoint version", "hpcckpt inspect")
+
+
+def test_ls_of_a_directory_holding_roots_below_names_them(capsys, tmp_path):
+    for sub, steps in (("a/ckpt", (1, 2)), ("b/c/ckpt", (3,)), ("d/e/f/ckpt", (4,))):  # the last is 4 levels down
+        with hpcckpt.Checkpointer(str(tmp_path / sub), comm=None) as ck:
+            for step in steps:
+                ck.save(make_state(step), step=step)
+    rc, out, err = run_cli(capsys, "ls", tmp_path)
+    assert rc == 0, err
+    a, c = str(tmp_path / "a" / "ckpt"), str(tmp_path / "b" / "c" / "ckpt")
+    assert out.splitlines() == [f"{tmp_path} is not a Checkpointer root (it holds no versions); the roots below it:",
+                                f"  {a}    2 versions", f"  {c}  1 version",
+                                f"point hpcckpt at one of them: hpcckpt ls {a}"]
+    rc, out, _ = run_cli(capsys, "ls", tmp_path, "--json")
+    assert rc == 0 and json.loads(out)["roots_below"] == [{"root": a, "versions": 2}, {"root": c, "versions": 1}]
+
+
+def test_ls_of_a_directory_with_no_root_within_reach_fails(capsys, tmp_path):
+    (tmp_path / "x" / "y").mkdir(parents=True)
+    rc, _, err = run_cli(capsys, "ls", tmp_path)
+    assert_one_line_error(rc, err, f"{tmp_path}: no checkpoint versions", "no Checkpointer root up to 3 levels below")
+    rc, out, _ = run_cli(capsys, "ls", tmp_path, "--json")
+    assert rc == 1 and json.loads(out)["versions"] == [] and json.loads(out)["roots_below"] == []
 
 
 # --------------------------------------------------------------------------- inspect

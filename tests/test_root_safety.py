@@ -98,8 +98,9 @@ def test_lock_of_an_unclosed_checkpointer_of_this_process_is_taken_over(tmp_path
     first = Checkpointer(tmp_path, track_failures=False)
     first.save({"a": Block(np.zeros(N))}, 1)
     second = Checkpointer(tmp_path, track_failures=False)
-    with pytest.warns(RuntimeWarning, match="not closed"):
+    with pytest.warns(RuntimeWarning, match="not closed") as caught:
         second.save({"a": Block(np.ones(N))}, 2)
+    assert [w.filename for w in caught] == [__file__]  # the application's call, not a line of hpcckpt's
     first.close()  # must not remove the lock that is now the second's
     assert json.loads((tmp_path / rootlock.LOCK_FILE).read_text())["pid"] == os.getpid()
     second.close()
@@ -151,10 +152,11 @@ def test_lock_left_by_a_sigkilled_job_on_this_host_is_taken_over(tmp_path):
     out = run_mpi(2, SCRIPT, "hold", tmp_path, check=False)
     assert out.stdout.count("OK holding") == 2 and out.returncode != 0
     assert os.path.exists(tmp_path / rootlock.LOCK_FILE)
-    with pytest.warns(RuntimeWarning, match="is gone"):
+    with pytest.warns(RuntimeWarning, match="is gone") as caught:
         with Checkpointer(tmp_path, track_failures=False) as ck:
             ck.save({"u": Block(np.zeros(2 * N)), "tag": 0}, 2)
             assert ck.steps() == [1, 2]
+    assert [w.filename for w in caught] == [__file__]
     assert not os.path.exists(tmp_path / rootlock.LOCK_FILE)
 
 

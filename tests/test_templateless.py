@@ -1,7 +1,7 @@
 """Restore without a template, restore results for codes that rebind arrays, read-only templates.
 
-``hpcckpt.load(None, path)`` and ``Checkpointer.restore()`` with nothing
-registered return every variable by its stored name: a Block variable as
+``hpcckpt.load(None, path)`` and ``Checkpointer.restore(None)`` (or
+``restore()`` with nothing registered, which warns) return every variable by its stored name: a Block variable as
 this rank's even share of the first axis, Ragged rows as ``Ragged()`` splits
 them, values whole, PerRank by its resize rule.  Under mpiexec (marker mpi)
 on the saving rank count and on one rank fewer.
@@ -10,6 +10,7 @@ on the saving rank count and on one rank fewer.
 from __future__ import annotations
 
 import os
+import warnings
 
 import numpy as np
 import pytest
@@ -76,8 +77,30 @@ def test_checkpointer_restore_without_template_or_registered_state(mpi_tmp):
     n, r = comm.size, comm.rank
     with Checkpointer(os.path.join(mpi_tmp, "root"), comm=comm, track_failures=False) as ck:
         ck.save(saved_state(n, r), 4)
-        check_templateless(ck.restore(), comm, n)
-        check_templateless(ck.restore(step=4), comm, n)
+        check_templateless(ck.restore(None), comm, n)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            check_templateless(ck.restore(step=4), comm, n)
+        assert [str(w.message)[:60] for w in caught] == (
+            ["hpcckpt: Checkpointer.restore() without a state, and none is"] if r == 0 else [])
+
+
+def test_restore_without_a_state_or_a_registered_one_warns_and_fills_nothing(tmp_path):
+    u = np.arange(6.0)
+    with Checkpointer(tmp_path, comm=None, track_failures=False) as ck:
+        ck.save({"u": Block(u), "step": 3}, 3)
+        u[:] = 0
+        with pytest.warns(UserWarning, match=r"restore\(\) without a state, and none is registered.*none of the "
+                                             r"application's is filled.*restore\(None\)") as caught:
+            got = ck.restore()
+        assert [w.filename for w in caught] == [__file__]
+        assert np.array_equal(u, np.zeros(6)) and np.array_equal(got["u"].local, np.arange(6.0)) and got["step"] == 3
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert np.array_equal(ck.restore(None)["u"].local, np.arange(6.0))  # asked for: no warning
+            ck.register(lambda: {"u": Block(u), "step": 0})
+            assert ck.restore(None)["u"].local is not u  # None is no template even with one registered
+            assert ck.restore()["step"] == 3 and np.array_equal(u, np.arange(6.0))
 
 
 @pytest.mark.mpi(min_size=2)

@@ -21,8 +21,9 @@ The protocol is one function ``fn(obj) -> Block``.  It comes from, in this order
    to support hpcckpt itself).
 
 Built in: ``mpi4py_fft.distarray.DistArray`` (hpcckpt/adapters/mpi4py_fft.py),
-``petsc4py.PETSc.Vec`` (hpcckpt/adapters/petsc.py, plain and DMDA vectors)
-and heat's ``DNDarray`` (hpcckpt/adapters/heat.py).  They are registered by name and use only the object's attributes:
+``petsc4py.PETSc.Vec`` (hpcckpt/adapters/petsc.py, plain and DMDA vectors),
+heat's ``DNDarray`` (hpcckpt/adapters/heat.py) and Devito's ``Function`` and
+``TimeFunction`` (hpcckpt/adapters/devito.py).  They are registered by name and use only the object's attributes:
 importing hpcckpt imports none of these libraries.
 """
 
@@ -32,7 +33,7 @@ from typing import Any, Callable
 
 from hpcckpt.errors import TemplateMismatchError
 from hpcckpt.state import Block
-from hpcckpt.adapters import heat, mpi4py_fft, petsc
+from hpcckpt.adapters import devito, heat, mpi4py_fft, petsc
 
 __all__ = ["block", "register_adapter"]
 
@@ -90,3 +91,4 @@ def block(obj, codec=None) -> Block:
 register_adapter("mpi4py_fft.distarray.DistArray", mpi4py_fft.distarray_block)
 register_adapter("petsc4py.PETSc.Vec", petsc.vec_block)
 register_adapter("heat.core.dndarray.DNDarray", heat.dndarray_block)
+register_adapter("devito.types.dense.Function", devito.function_block)

@@ -2,7 +2,7 @@
 
 Subcommands (``hpcckpt SUBCOMMAND --help`` for each)::
 
-    hpcckpt ls ROOT                 versions under a Checkpointer root (+ the learned MTBF)
+    hpcckpt ls ROOT                 versions under a Checkpointer root (+ the learned failure rate)
     hpcckpt inspect PATH            variables, values, files of one version [--chunks] [--json]
     hpcckpt verify PATH             read every chunk and check its checksum (a version or a root)
     hpcckpt gc ROOT                 remove partial leftovers, superseded revisions [--keep N]
@@ -52,12 +52,16 @@ def build_parser() -> argparse.ArgumentParser:
                        description="List the versions under a Checkpointer root: step, directory, state "
                                    "(committed, superseded by a newer revision of the same step, partial = an "
                                    "interrupted save, damaged = unreadable metadata), size on disk, creation "
-                                   "time and number of variables and replicated values; then the MTBF "
-                                   "estimated from the root's failure history, when it has one. "
+                                   "time and number of variables and replicated values; then how often "
+                                   "a failure is expected, learned from the root's failure history, when it "
+                                   "has one. Given a directory without versions, it names the Checkpointer "
+                                   "roots up to 3 levels below it (exit status 1 when there is none). "
                                    "Reads metadata only (hpcckpt verify checks the data).")
     p.add_argument("root", metavar="ROOT", help="the Checkpointer root directory")
     p.add_argument("--prior-mtbf", type=duration, default=None, metavar="DURATION",
                    help="prior MTBF for the estimate (e.g. 12h; default that of hpcckpt.policy, 24h)")
+    p.add_argument("--details", action="store_true",
+                   help="add how the failure rate is estimated (estimator, exposure, prior)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_ls)
 

@@ -208,10 +208,13 @@ def version_rows(root: str) -> list[VersionRow]:
     return rows
 
 
-def failure_estimate(root: str, prior_mtbf: float | None):
+def failure_estimate(root: str, prior_mtbf: float | None, details: bool = False):
     """(summary dict, footer line) of the failure history under ``root``, or None when there is none.
 
-    The history is read read-only: a malformed file stays where it is.
+    The footer says in plain words how many runs failed and how often a
+    failure is expected; ``details`` adds the estimator's own line (method,
+    exposure, prior; see :class:`hpcckpt.policy.Estimate`).  The history is
+    read read-only: a malformed file stays where it is.
     """
     from hpcckpt.policy import FailureHistory, estimate_mtbf
     from hpcckpt.policy.history import HISTORY_FILENAME
@@ -232,8 +235,15 @@ def failure_estimate(root: str, prior_mtbf: float | None):
                "weibull_shape": est.weibull_shape}
     runs = f"{len(history.runs)} run{'s' if len(history.runs) != 1 else ''}"
     if nopen:
-        runs += ", the last still open (not counted)"
-    return summary, f"failure history: {runs}; estimate: {est}"
+        runs += ", the last still running or not yet seen to fail (not counted)"
+    if est.method == "prior":
+        expect = f"no finished run yet, so a failure is assumed every {duration_text(est.mtbf)}"
+    else:
+        failures = f"{est.n_failures} failure{'s' if est.n_failures != 1 else ''}"
+        expect = (f"{failures} in {duration_text(est.exposure)} of running time, so a failure is expected "
+                  f"about every {duration_text(est.mtbf)}")
+    line = f"failure history: {runs}; {expect}"
+    return summary, line + (f"; estimate: {est}" if details else "")
 
 
 def add_progress_flags(p: argparse.ArgumentParser, default: str) -> None:

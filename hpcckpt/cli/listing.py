@@ -1,12 +1,23 @@
-"""``hpcckpt ls``: the versions under a Checkpointer root, and the MTBF learned from its failure history."""
+"""``hpcckpt ls``: the versions under a Checkpointer root, and the failure rate learned from its failure history.
+
+Given a directory that holds no versions, ``ls`` names the Checkpointer roots
+it finds below it (at most :data:`SEARCH_DEPTH` levels down), so that a user
+who points it at a run directory learns where the checkpoints are.
+"""
 
 from __future__ import annotations
 
 import json
+import os
 
+from hpcckpt.cli.common import (EXIT_FAIL, EXIT_OK, VersionRow, failure_estimate, human_bytes, print_table,
+                                require_root, time_text, version_rows)
+from hpcckpt.core.names import parse_version_name
+from hpcckpt.errors import CheckpointError
+from hpcckpt.root.catalog import list_versions
 
-from hpcckpt.cli.common import (EXIT_OK, VersionRow, failure_estimate, human_bytes, print_table, require_root, time_text,
-                     version_rows)
+#: How many directory levels below a directory without versions ``hpcckpt ls`` looks for Checkpointer roots.
+SEARCH_DEPTH = 3
 
 
 # --------------------------------------------------------------------------- ls
@@ -14,17 +25,28 @@ from hpcckpt.cli.common import (EXIT_OK, VersionRow, failure_estimate, human_byt
 def cmd_ls(args) -> int:
     root = require_root(args.root)
     rows = version_rows(root)
-    estimate = failure_estimate(root, args.prior_mtbf)
+    estimate = failure_estimate(root, args.prior_mtbf, details=args.details)
     from hpcckpt.levels.status import format_levels, levels_status
 
     levels = levels_status(root)  # None unless a multi-level Checkpointer used this root
+    below = [] if rows else roots_below(root)
+    found = bool(rows or below or levels)
     if args.json:
         doc = {"root": root, "versions": [_row_json(r) for r in rows],
-               "failure_history": estimate[0] if estimate else None, "levels": levels}
+               "failure_history": estimate[0] if estimate else None, "levels": levels,
+               "roots_below": [{"root": path, "versions": n} for path, n in below]}
         print(json.dumps(doc, indent=1))
-        return EXIT_OK
-    if not rows:
-        print(f"{root}: no versions")
+        return EXIT_OK if found else EXIT_FAIL
+    if below:
+        print(f"{root} is not a Checkpointer root (it holds no versions); the roots below it:")
+        print_table([(path, f"{n} version{'s' if n != 1 else ''}") for path, n in below], indent="  ")
+        print(f"point hpcckpt at one of them: hpcckpt ls {below[0][0]}")
+    elif not rows:
+        nothing = (f"{root}: no checkpoint versions, and no Checkpointer root up to {SEARCH_DEPTH} levels below it "
+                   "(a root is the directory given to Checkpointer(...))")
+        if levels is None and estimate is None:
+            raise CheckpointError(nothing)
+        print(nothing)
     else:
         chains = any(_chain(r) for r in rows)  # an incremental root: say what each version builds on
         table = [("STEP", "VERSION", "STATE", "SIZE", "CREATED", "VARS", "VALUES") + (("KIND",) if chains else ())]
@@ -49,7 +71,34 @@ def cmd_ls(args) -> int:
         print("\n".join(format_levels(levels)))
     if estimate:
         print(estimate[1])
-    return EXIT_OK
+    return EXIT_OK if found else EXIT_FAIL
+
+
+def roots_below(top: str, depth: int = SEARCH_DEPTH) -> list[tuple[str, int]]:
+    """(path, number of version directories) of each Checkpointer root at most ``depth`` levels below ``top``.
+
+    A root is a directory holding at least one version directory.  The search
+    follows no symbolic link and enters neither a root, a version directory
+    nor a hidden directory; the roots come sorted by path.
+    """
+    found, level = [], [top]
+    for _ in range(depth):
+        deeper = []
+        for path in level:
+            try:
+                with os.scandir(path) as it:
+                    dirs = [e.path for e in it if e.is_dir(follow_symlinks=False) and not e.name.startswith(".")
+                            and parse_version_name(e.name) is None]
+            except OSError:
+                continue
+            for d in dirs:
+                n = len(list_versions(d))
+                if n:
+                    found.append((d, n))
+                else:
+                    deeper.append(d)
+        level = deeper
+    return sorted(found)
 
 
 def _chain(r: VersionRow) -> dict | None:

@@ -24,9 +24,9 @@ import dataclasses
 import json
 import os
 import time
-import warnings
 from dataclasses import dataclass
 
+from hpcckpt.core.warn import warn
 from hpcckpt.root.catalog import list_versions, removable, remove_versions
 from hpcckpt.mpi.collective import agree, best_effort, on_root
 from hpcckpt.storage.commit import commit_version
@@ -89,7 +89,7 @@ class NodeLevels:
         agree(comm, f"creating {self.node_dir!r}", lambda: storage.make_directories(self.node_dir))
         reasons = [level.unavailable(self) for level in unavailable if self.levels.every[level.key]]
         if self.rank == 0 and reasons:
-            warnings.warn("hpcckpt: " + "; ".join(reasons), stacklevel=4)
+            warn("hpcckpt: " + "; ".join(reasons))
         self._node_dirs = [node_dir(options.local_dir, self.layout, r, self._simulated)
                            for r in (self.layout.ranks_on(k)[0] for k in range(self.layout.nnodes))]
         self._write_levels_file()
@@ -111,7 +111,7 @@ class NodeLevels:
             self.storage.atomic_write(os.path.join(self.root, LEVELS_FILE), json.dumps(doc, indent=1).encode(),
                                       fsync=False)
         except OSError as exc:
-            warnings.warn(f"hpcckpt: cannot write {LEVELS_FILE} under {self.root!r}: {exc}", stacklevel=4)
+            warn(f"hpcckpt: cannot write {LEVELS_FILE} under {self.root!r}: {exc}")
 
     def _derive_intervals(self, local_cost: float, flush_cost: float) -> None:
         """Set ``flush_every`` from the two levels' costs (the same inputs, hence result, on every rank)."""
@@ -218,7 +218,7 @@ class NodeLevels:
         except FileNotFoundError:
             pass
         except OSError as exc:
-            warnings.warn(f"hpcckpt: flush marker {path}: {exc}", stacklevel=4)
+            warn(f"hpcckpt: flush marker {path}: {exc}")
 
     def poll_flush(self, block: bool) -> bool:
         """Collective: commit the flushed version on the root once every rank's copy is done; True if none left.
@@ -250,8 +250,8 @@ class NodeLevels:
             self.on_root.discard(f.name)
             if self.rank == 0:
                 self.storage.discard_tree(path)
-                warnings.warn(f"hpcckpt: flushing {f.name} to the shared root failed ({failed}); "
-                              "it stays on the node-local levels only", stacklevel=4)
+                warn(f"hpcckpt: flushing {f.name} to the shared root failed ({failed}); "
+                     "it stays on the node-local levels only")
             return True
 
         def commit():
@@ -262,8 +262,8 @@ class NodeLevels:
             if missing:
                 self.on_root.discard(f.name)
                 self.storage.discard_tree(path)
-                warnings.warn(f"hpcckpt: {f.name} is not committed on the shared root: the versions it builds on "
-                              f"({missing}) are not there; it stays on the node-local levels only", stacklevel=6)
+                warn(f"hpcckpt: {f.name} is not committed on the shared root: the versions it builds on "
+                     f"({missing}) are not there; it stays on the node-local levels only")
                 return
             commit_version(path, f.meta, fsync=True, storage=self.storage)
             best_effort(f"retention under {self.root!r}", lambda: remove_versions(

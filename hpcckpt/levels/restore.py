@@ -33,8 +33,8 @@ skipped (to the root, or older versions) with a warning that names it.
 from __future__ import annotations
 
 import os
-import warnings
 
+from hpcckpt.core.warn import warn
 from hpcckpt.root.catalog import list_versions
 from hpcckpt.mpi.collective import agree, allgather_checked, bcast_checked
 from hpcckpt.storage.commit import commit_version
@@ -155,7 +155,7 @@ def restore_levels(engine, state, step, strict, cast=False):
 def _report(rank: int, name: str, level: str, reasons: list[str]) -> None:
     if rank == 0 and reasons:
         where = "the shared root (L4)" if level == "L4" else f"the node-local levels ({level})"
-        warnings.warn(f"hpcckpt: restoring {name} from {where}; " + "; ".join(reasons), stacklevel=4)
+        warn(f"hpcckpt: restoring {name} from {where}; " + "; ".join(reasons))
 
 
 def _try_local(engine, attempt: Attempt):

@@ -14,9 +14,9 @@ that the rest of the code never branches on "is there MPI".
 from __future__ import annotations
 
 import os
-import warnings
 from typing import Any, Callable, NamedTuple, TypeVar
 
+from hpcckpt.core.warn import warn
 from hpcckpt.errors import CheckpointError, CorruptCheckpointError, TemplateMismatchError
 from hpcckpt.mpi.watchdog import watch
 
@@ -265,8 +265,8 @@ def best_effort(what: str, fn: Callable[[], Any]) -> bool:
     try:
         fn()
     except Exception as exc:  # noqa: BLE001 - bookkeeping must never raise between collectives
-        warnings.warn(f"hpcckpt: {what} failed ({type(exc).__name__}: {exc}); continuing without it",
-                      RuntimeWarning, stacklevel=3)
+        warn(f"hpcckpt: {what} failed ({type(exc).__name__}: {exc}); continuing without it",
+             RuntimeWarning)
         return False
     return True
 

@@ -45,10 +45,10 @@ from __future__ import annotations
 import json
 import math
 import os
-import warnings
 from dataclasses import asdict, dataclass, field
 from typing import List, Optional, Tuple
 
+from hpcckpt.core.warn import warn
 from hpcckpt.errors import CheckpointError
 from hpcckpt.storage import POSIX, Storage
 
@@ -155,8 +155,8 @@ class FailureHistory:
         except FileNotFoundError:  # none yet (a link to nothing included)
             return h
         except (OSError, CheckpointError) as exc:  # unreadable now (EACCES, EIO, too long): keep it, work in memory
-            warnings.warn(f"hpcckpt: cannot read the failure history {path} ({exc}); not updating it this run",
-                          RuntimeWarning, stacklevel=2)
+            warn(f"hpcckpt: cannot read the failure history {path} ({exc}); not updating it this run",
+                 RuntimeWarning)
             h.directory = None
             return h
         try:
@@ -173,10 +173,9 @@ class FailureHistory:
                 if a.is_open:
                     raise ValueError("an open run is followed by another run")
         except (ValueError, TypeError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-            warnings.warn(
+            warn(
                 f"hpcckpt: ignoring malformed failure history {path} ({exc}); starting a fresh one",
                 RuntimeWarning,
-                stacklevel=2,
             )
             h.runs = []
             if read_only:
@@ -184,7 +183,7 @@ class FailureHistory:
             try:
                 storage.replace(path, path + ".bad")  # keep the evidence next to the fresh history
             except OSError as move_error:
-                warnings.warn(f"hpcckpt: could not set {path} aside: {move_error}", RuntimeWarning, stacklevel=2)
+                warn(f"hpcckpt: could not set {path} aside: {move_error}", RuntimeWarning)
         return h
 
     def save(self) -> None:

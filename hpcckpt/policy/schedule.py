@@ -28,10 +28,10 @@ from __future__ import annotations
 
 import math
 import os
-import warnings
 from dataclasses import dataclass
 from typing import Callable, Mapping, Optional, Union
 
+from hpcckpt.core.warn import warn
 from hpcckpt.errors import CheckpointError
 from hpcckpt.policy.policies import CostEstimator, FixedSteps, Policy
 
@@ -53,8 +53,7 @@ def end_time_from_env(env: Optional[Mapping[str, str]] = None) -> Optional[float
     try:
         t = float(str(raw).strip())
     except ValueError:
-        warnings.warn(f"hpcckpt: ignoring unparsable SLURM_JOB_END_TIME={raw!r}", RuntimeWarning,
-                      stacklevel=2)
+        warn(f"hpcckpt: ignoring unparsable SLURM_JOB_END_TIME={raw!r}", RuntimeWarning)
         return None
     if not math.isfinite(t) or t <= 0:
         return None

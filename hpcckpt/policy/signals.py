@@ -44,8 +44,8 @@ import contextlib
 import os
 import signal
 import threading
-import warnings
 from typing import Iterable, Optional
+from hpcckpt.core.warn import warn
 
 __all__ = ["SignalFlag", "DEFAULT_SIGNALS", "handler_name"]
 
@@ -151,16 +151,15 @@ class SignalFlag:
         if self.installed:
             return self
         if threading.current_thread() is not threading.main_thread():
-            warnings.warn("hpcckpt: SignalFlag.install() called outside the main thread; "
-                          "signal handlers not installed", RuntimeWarning, stacklevel=2)
+            warn("hpcckpt: SignalFlag.install() called outside the main thread; "
+                 "signal handlers not installed", RuntimeWarning)
             return self
         try:
             for s in self.signals:
                 self._original[s] = signal.signal(s, _ChainedHandler(self, signal.getsignal(s)))
         except ValueError as exc:  # e.g. a sub-interpreter
             self._restore()
-            warnings.warn(f"hpcckpt: cannot install signal handlers ({exc})", RuntimeWarning,
-                          stacklevel=2)
+            warn(f"hpcckpt: cannot install signal handlers ({exc})", RuntimeWarning)
             return self
         self.installed = True
         return self
@@ -185,10 +184,10 @@ class SignalFlag:
                 self._warned.add(s)
                 calls = (f"then calls {handler_name(current)}" if chains_to(current)
                          else f"and does not call {handler_name(current)}")
-                warnings.warn(f"hpcckpt: the {signal.Signals(s).name} handler of hpcckpt was replaced by "
-                              f"{handler_name(current)}; hpcckpt re-installed its own, which sets its "
-                              f"checkpoint-and-exit flag {calls} (handle_signals=False leaves "
-                              f"{signal.Signals(s).name} to the application)", RuntimeWarning, stacklevel=3)
+                warn(f"hpcckpt: the {signal.Signals(s).name} handler of hpcckpt was replaced by "
+                     f"{handler_name(current)}; hpcckpt re-installed its own, which sets its "
+                     f"checkpoint-and-exit flag {calls} (handle_signals=False leaves "
+                     f"{signal.Signals(s).name} to the application)", RuntimeWarning)
         return adopted
 
     def _restore(self) -> None:
@@ -205,8 +204,8 @@ class SignalFlag:
         if not self.installed:
             return
         if threading.current_thread() is not threading.main_thread():
-            warnings.warn("hpcckpt: SignalFlag.uninstall() outside the main thread; handlers kept",
-                          RuntimeWarning, stacklevel=2)
+            warn("hpcckpt: SignalFlag.uninstall() outside the main thread; handlers kept",
+                 RuntimeWarning)
             return
         self._restore()
         self.installed = False

@@ -22,9 +22,9 @@ import json
 import os
 import queue
 import threading
-import warnings
 from dataclasses import dataclass, field
 
+from hpcckpt.core.warn import warn
 from hpcckpt.errors import CheckpointError
 from hpcckpt.format.metadata import MAX_METADATA_BYTES
 from hpcckpt.core.names import MAX_VERSION_STEP, METADATA_FILE, parse_version_name, split_reference, version_name
@@ -213,7 +213,7 @@ def uncommit_versions(entries: list[VersionEntry]) -> list[VersionEntry]:
         except FileNotFoundError:
             pass
         except OSError as exc:
-            warnings.warn(f"hpcckpt: could not remove {e.path}: {exc}", stacklevel=3)
+            warn(f"hpcckpt: could not remove {e.path}: {exc}")
             break
         done.append(e)
     return done
@@ -231,7 +231,7 @@ def delete_directories(entries: list[VersionEntry]) -> list[str]:
             e.storage.remove_tree(e.path)
             removed.append(e.name)
         except OSError as exc:
-            warnings.warn(f"hpcckpt: could not remove {e.path}: {exc}", stacklevel=2)
+            warn(f"hpcckpt: could not remove {e.path}: {exc}")
     return removed
 
 

@@ -24,9 +24,9 @@ from __future__ import annotations
 import glob
 import os
 import stat
-import warnings
 
 from hpcckpt.core.checksum import checksum
+from hpcckpt.core.warn import warn
 from hpcckpt.mpi.collective import agree, allgather_checked, bcast_checked
 from hpcckpt.errors import CheckpointError, CorruptCheckpointError
 from hpcckpt.root.file_manifest import (DEFAULT_BLOCK_BYTES, Pattern, Record, block_count, block_span, parse_manifest, patterns,
@@ -237,8 +237,8 @@ def rollback(comm, version_dir: str, registered: list[Pattern]) -> list[Record]:
 def _warn_ignored(version_dir: str, paths: list[str], why: str) -> None:
     if paths:
         shown = ", ".join(repr(p) for p in paths[:5]) + (f" and {len(paths) - 5} more" if len(paths) > 5 else "")
-        warnings.warn(f"hpcckpt: {version_dir!r} records tracked files that this restore leaves alone ({why}): "
-                      f"{shown}", stacklevel=4)
+        warn(f"hpcckpt: {version_dir!r} records tracked files that this restore leaves alone ({why}): "
+             f"{shown}")
 
 
 def _prepare(version_dir: str, r: Record):

@@ -52,10 +52,10 @@ import json
 import os
 import socket
 import time
-import warnings
 from dataclasses import dataclass
 from typing import Callable
 
+from hpcckpt.core.warn import warn
 from hpcckpt.errors import CheckpointError
 from hpcckpt.core.humanize import format_time
 from hpcckpt.storage import POSIX, PosixStorage, Storage
@@ -217,8 +217,7 @@ def acquire(root: str, force: bool = False, storage: Storage = POSIX) -> RootLoc
                     if live or not force:
                         raise CheckpointError(_held_message(root, lock, live)) from None
                     why = "break_lock=True was given"
-            warnings.warn(f"hpcckpt: taking over the lock {path} of {lock.describe()}: {why}", RuntimeWarning,
-                          stacklevel=3)
+            warn(f"hpcckpt: taking over the lock {path} of {lock.describe()}: {why}", RuntimeWarning)
             _remove_if_unchanged(lock)
             continue
         except OSError as exc:

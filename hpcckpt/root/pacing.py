@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import signal
 import time
-import warnings
 
+from hpcckpt.core.warn import warn
 from hpcckpt.root import halt
 from hpcckpt.mpi.collective import allreduce_checked, best_effort
 from hpcckpt.policy import FailureHistory, Learned, Schedule, SignalFlag, end_time_from_env
@@ -103,7 +103,7 @@ class Pacer:
                 mine = max(mine, ({"deadline": _DEADLINE, "interval": _INTERVAL}.get(d.reason, _NONE), 0, ""))
                 progress = self.schedule.progress(now, step)
             except Exception as exc:  # noqa: BLE001 - a policy bug must not leave the other ranks waiting
-                warnings.warn(f"hpcckpt: the checkpoint policy failed ({exc}); not saving at step {step}")
+                warn(f"hpcckpt: the checkpoint policy failed ({exc}); not saving at step {step}")
         # rank 0's progress rides last: the tuples of the other ranks tie with rank 0's up to it unless a save
         # is decided anyway (a signal), so MAX hands every rank rank 0's progress when it matters
         mine = mine + (progress,)

@@ -35,9 +35,10 @@ import os
 import re
 import sys
 import time
-import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Mapping, Optional
+
+from hpcckpt.core.warn import warn
 
 __all__ = ["SlurmEnv", "detect", "expand_hostlist", "parse_tasks_per_node", "HostlistError"]
 
@@ -257,7 +258,7 @@ def _get(env, parse, *names):
     try:
         return parse(value)
     except (ValueError, HostlistError) as exc:
-        warnings.warn(f"hpcckpt: ignoring unparsable {name}={value!r} ({exc})", RuntimeWarning, stacklevel=3)
+        warn(f"hpcckpt: ignoring unparsable {name}={value!r} ({exc})", RuntimeWarning)
         return None
 
 
