@@ -1,0 +1,120 @@
+"""hpcckpt.storage.s3 against a real Ceph object gateway on localhost (tests/ceph_gateway.py), never a mock.
+
+The session starts one single-node cluster (installing Debian's ceph packages,
+and boto3, when missing: about 150 s the first time on a bare machine, then
+about 20 s to start) and stops it at the end.  Where the packages cannot be
+had (not root, no apt-get) the tests skip with the reason.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import subprocess
+import sys
+import uuid
+
+import numpy as np
+import pytest
+
+from hpcckpt.testing import StorageTests
+
+BOTO3 = "boto3>=1.35"  # put_object(IfNoneMatch=...) is in botocore from 1.35 (setup.cfg's s3 extra)
+
+
+def _ensure_boto3() -> None:
+    try:
+        import boto3  # noqa: F401
+        return
+    except ImportError:
+        pass
+    with open(os.path.join(sys.prefix, ".hpcckpt-pip-install.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        proc = subprocess.run([sys.executable, "-m", "pip", "install", "-q", BOTO3], capture_output=True, text=True)
+        assert proc.returncode == 0, f"pip install {BOTO3} failed: {(proc.stdout + proc.stderr)[-800:]}"
+
+
+@pytest.fixture(scope="session")
+def gateway():
+    from ceph_gateway import CephGateway, ensure_packages
+
+    why = ensure_packages()
+    if why is not None:
+        pytest.skip(f"no Ceph object gateway: {why}")
+    _ensure_boto3()
+    gw = CephGateway().start()
+    saved = {k: os.environ.get(k) for k in gw.environment()}
+    os.environ.update(gw.environment())
+    import boto3
+
+    boto3.client("s3").create_bucket(Bucket="hpcckpt")
+    try:
+        yield gw
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        gw.stop()
+
+
+@pytest.fixture(scope="session")
+def s3storage(gateway):
+    from hpcckpt.storage.s3 import S3Storage
+
+    return S3Storage()
+
+
+class TestS3(StorageTests):
+    @pytest.fixture(autouse=True)
+    def _storage(self, s3storage):
+        self.storage = s3storage
+
+    def make(self, tmp_path):
+        base = f"s3://hpcckpt/conformance/{tmp_path.name}-{uuid.uuid4().hex[:8]}"
+        self.storage.make_directories(base)  # as tmp_path is a directory for POSIX (an object store has none)
+        return self.storage, base
+
+
+def test_version_objects_and_a_bounded_parallel_read(s3storage):
+    """A file larger than two parts goes out as a multipart upload and comes back in ranged GETs."""
+    from hpcckpt.core.checksum import hexdigest, new_hasher
+
+    st = s3storage
+    base = f"s3://hpcckpt/multipart-{uuid.uuid4().hex[:8]}"
+    st.make_version(base)
+    data = np.random.default_rng(0).integers(0, 255, 3 * st.part_bytes + 12345, dtype=np.uint8)
+    before = dict(st.requests)
+    handle = st.create(base + "/data/r0.bin")
+    h = new_hasher()
+    for lo in range(0, data.size, 1 << 20):
+        st.append(handle, data[lo:lo + (1 << 20)], h)
+    st.close(handle, fsync=True)
+    assert st.requests["upload_part"] - before.get("upload_part", 0) == 3
+    assert st.requests["complete_multipart_upload"] - before.get("complete_multipart_upload", 0) == 1
+    reader, size = st.open_read(base + "/data/r0.bin")
+    assert size == data.size
+    out = np.empty_like(data)
+    check = new_hasher()
+    gets = st.requests["get_object"]
+    st.read_segments(reader, 0, out, "r0", [(data.size, check)])
+    assert np.array_equal(out, data) and hexdigest(check) == hexdigest(h)
+    assert st.requests["get_object"] - gets == 4
+
+
+def test_save_and_load_by_an_s3_path(gateway):
+    """hpcckpt.save/load/open("s3://...") with the default storage go to the bucket."""
+    import hpcckpt
+    from hpcckpt.storage.s3 import storage_for
+    from hpcckpt.storage import POSIX
+
+    path = f"s3://hpcckpt/api-{uuid.uuid4().hex[:8]}/ck"
+    u = np.arange(20000, dtype=np.float64).reshape(200, 100)
+    hpcckpt.save({"u": hpcckpt.Block(u), "t": 3}, path)
+    st = storage_for(path, POSIX)
+    assert st is not POSIX and st.is_file(path + "/metadata.json")
+    got = hpcckpt.load({"u": hpcckpt.Block(np.zeros_like(u)), "t": None}, path)
+    assert np.array_equal(got["u"].local, u) and got["t"] == 3
+    with hpcckpt.open(path) as view:
+        assert view.verify() == [] and np.array_equal(view.read("u", (slice(5, 9), slice(0, 3))), u[5:9, :3])
