@@ -20,6 +20,7 @@ from hpcckpt.options import SaveOptions, SaveResult
 from hpcckpt.saving.pipeline import is_incremental
 from hpcckpt.saving.run import SaveRequest, SaveRun, Series
 from hpcckpt.storage import POSIX, Storage
+from hpcckpt.storage.s3 import storage_for
 from hpcckpt.transport import io_history
 
 
@@ -91,6 +92,7 @@ class Checkpointer:
                  deadline: float | None = None, handle_signals: bool | None = None,
                  track_failures: bool = True, break_lock: bool = False, files=None, **options):
         self.root = os.fspath(root)
+        self.storage = storage_for(self.root, self.storage)  # an s3://bucket/prefix root: an S3Storage
         self.comm = resolve_comm(comm)
         if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 1):
             raise CheckpointError(f"keep must be a positive integer or None, got {keep!r}")
