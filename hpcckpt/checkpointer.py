@@ -221,7 +221,8 @@ class Checkpointer:
             wanted = [e for e in live if step is None or e.step == step]
             if not wanted:
                 return live, {}
-            meta, failure = attempt(lambda: version_metadata(wanted[-1].path, expect_step=wanted[-1].step))
+            meta, failure = attempt(lambda: version_metadata(wanted[-1].path, self.storage,
+                                                                    expect_step=wanted[-1].step))
             return live, {wanted[-1].path: (failure, meta)}
 
         return bcast_checked(self.comm, f"listing {self.root!r}", list_and_read)
@@ -428,7 +429,7 @@ class Checkpointer:
         for entry in reversed(live):
             try:
                 out = load_version(state, entry.path, self.comm, strict=strict, expect_step=entry.step, cast=cast,
-                                   metadata=first.get(entry.path))
+                                   metadata=first.get(entry.path), storage=self.storage)
             except TemplateMismatchError:
                 raise
             except CheckpointError as exc:  # agreed: the same on every rank, so every rank skips alike

@@ -118,3 +118,43 @@ def test_save_and_load_by_an_s3_path(gateway):
     assert np.array_equal(got["u"].local, u) and got["t"] == 3
     with hpcckpt.open(path) as view:
         assert view.verify() == [] and np.array_equal(view.read("u", (slice(5, 9), slice(0, 3))), u[5:9, :3])
+
+
+def test_a_checkpointer_root_in_a_bucket(gateway):
+    """Saves, retention, a restore, a damaged newest version refused for the one before, asynchronous saves."""
+    import boto3
+
+    import hpcckpt
+    from hpcckpt.core.names import rank_file
+    from hpcckpt.storage import POSIX
+    from hpcckpt.storage.s3 import split_path, storage_for
+
+    root = f"s3://hpcckpt/root-{uuid.uuid4().hex[:8]}"
+    u = np.arange(1000.0)
+    with hpcckpt.Checkpointer(root, keep=2) as ck:
+        st = ck.storage
+        assert st is storage_for(root, POSIX) and st is not POSIX
+        for step in (1, 2, 3):
+            before = sum(st.requests.values())
+            ck.save({"u": hpcckpt.Block(u + step), "t": step}, step=step)
+            print(f"requests of save {step}: {sum(st.requests.values()) - before}")
+        assert ck.latest() == 3
+        assert sorted(n for n in st.listdir(root) if n.startswith("step-")) == ["step-000000000002",
+                                                                               "step-000000000003"]
+        got = ck.restore({"u": hpcckpt.Block(np.zeros(1000)), "t": None})
+        assert got["t"] == 3 and np.array_equal(got["u"].local, u + 3)
+        bucket, key = split_path(f"{root}/step-000000000003/{rank_file(0)}")
+        s3 = boto3.client("s3")
+        body = bytearray(s3.get_object(Bucket=bucket, Key=key)["Body"].read())
+        body[-1] ^= 0xFF  # one bit flipped at rest: the checksum refuses it
+        s3.put_object(Bucket=bucket, Key=key, Body=bytes(body))
+        with pytest.warns(UserWarning, match="skipping unusable version"):
+            got = ck.restore({"u": hpcckpt.Block(np.zeros(1000)), "t": None})
+        assert got["t"] == 2 and np.array_equal(got["u"].local, u + 2)
+    with hpcckpt.Checkpointer(root + "-async", keep=2, asynchronous=True) as ck:
+        for step in (1, 2, 3):
+            ck.save({"u": hpcckpt.Block(u * step), "t": step}, step=step)
+    with hpcckpt.Checkpointer(root + "-async", keep=2) as ck:
+        got = ck.restore({"u": hpcckpt.Block(np.zeros(1000)), "t": None})
+        assert got["t"] == 3 and np.array_equal(got["u"].local, u * 3)
+        assert [s for s in ck.steps()] == [2, 3]
