@@ -158,3 +158,13 @@ def test_a_checkpointer_root_in_a_bucket(gateway):
         got = ck.restore({"u": hpcckpt.Block(np.zeros(1000)), "t": None})
         assert got["t"] == 3 and np.array_equal(got["u"].local, u * 3)
         assert [s for s in ck.steps()] == [2, 3]
+
+
+def test_save_on_four_ranks_restore_on_three(gateway):
+    """A Checkpointer root in the bucket, written by 4 MPI ranks (one object per rank and version), read by 3."""
+    from mpitools import run_mpi
+
+    root = f"s3://hpcckpt/ranks-{uuid.uuid4().hex[:8]}"
+    run_mpi(4, "tests/scripts/s3_ranks.py", "save", root, timeout=300)
+    proc = run_mpi(3, "tests/scripts/s3_ranks.py", "restore", root, timeout=300)
+    assert "restored step 3 on 3 ranks, versions [2, 3]" in proc.stdout
