@@ -141,8 +141,17 @@ def test_a_checkpointer_root_in_a_bucket(gateway):
         assert ck.latest() == 3
         assert sorted(n for n in st.listdir(root) if n.startswith("step-")) == ["step-000000000002",
                                                                                "step-000000000003"]
+        half = f"{root}/step-000000000004"  # what a save killed before its commit leaves: data, no metadata
+        st.make_version(half)
+        handle = st.create(f"{half}/{rank_file(0)}")
+        st.append(handle, b"x" * 100)
+        st.close(handle, fsync=True)
+        assert ck.steps() == [2, 3]
         got = ck.restore({"u": hpcckpt.Block(np.zeros(1000)), "t": None})
         assert got["t"] == 3 and np.array_equal(got["u"].local, u + 3)
+        from hpcckpt.root.catalog import gc
+
+        assert gc(root, keep=2, storage=st) == ["step-000000000004"] and not st.exists(half)
         bucket, key = split_path(f"{root}/step-000000000003/{rank_file(0)}")
         s3 = boto3.client("s3")
         body = bytearray(s3.get_object(Bucket=bucket, Key=key)["Body"].read())
