@@ -177,3 +177,41 @@ def test_save_on_four_ranks_restore_on_three(gateway):
     run_mpi(4, "tests/scripts/s3_ranks.py", "save", root, timeout=300)
     proc = run_mpi(3, "tests/scripts/s3_ranks.py", "restore", root, timeout=300)
     assert "restored step 3 on 3 ranks, versions [2, 3]" in proc.stdout
+
+
+def test_a_save_killed_mid_upload_leaves_the_old_version(gateway):
+    """SIGKILL while step 2's object is a multipart upload: step 1 restores, gc removes step 2 and aborts the
+    upload whose parts no object listing shows."""
+    import time
+
+    import boto3
+
+    import hpcckpt
+    from hpcckpt.root.catalog import gc
+    from hpcckpt.storage import POSIX
+    from hpcckpt.storage.s3 import split_path, storage_for
+
+    root = f"s3://hpcckpt/kill-{uuid.uuid4().hex[:8]}"
+    bucket, key = split_path(root)
+    s3 = boto3.client("s3")
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "s3_kill.py")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    proc = subprocess.Popen([sys.executable, script, root], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert proc.stdout.readline().strip() == "saved 1"
+        deadline = time.monotonic() + 120
+        while not s3.list_multipart_uploads(Bucket=bucket, Prefix=f"{key}/step-000000000002/").get("Uploads"):
+            assert proc.poll() is None and time.monotonic() < deadline, "step 2 was never a multipart upload"
+            time.sleep(0.02)
+        proc.kill()
+    finally:
+        proc.kill()
+        proc.wait()
+    st = storage_for(root, POSIX)
+    assert not st.exists(f"{root}/step-000000000002/metadata.json")
+    with hpcckpt.Checkpointer(root) as ck:
+        assert ck.steps() == [1]
+        got = ck.restore({"u": hpcckpt.Block(np.zeros(12 << 20)), "t": None})
+        assert got["t"] == 1
+    assert gc(root, storage=st) == ["step-000000000002"]
+    assert not s3.list_multipart_uploads(Bucket=bucket, Prefix=f"{key}/").get("Uploads")

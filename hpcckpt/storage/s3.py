@@ -200,6 +200,21 @@ class S3Storage(Storage):
                 err = out["Errors"][0]
                 raise OSError(errno.EIO, f"cannot delete s3://{bucket}/{err['Key']}: {err.get('Message')}")
 
+    def _abort_uploads(self, bucket: str, prefix: str) -> None:
+        """Abort the multipart uploads left under ``prefix`` (a writer killed mid-file): their parts are stored,
+        and billed, until aborted, yet no listing of objects shows them."""
+        kwargs = {"Bucket": bucket, "Prefix": prefix}
+        while True:
+            out = self._call("list_multipart_uploads", **kwargs)
+            for up in out.get("Uploads", ()):
+                try:
+                    self._call("abort_multipart_upload", Bucket=bucket, Key=up["Key"], UploadId=up["UploadId"])
+                except FileNotFoundError:  # completed or aborted meanwhile
+                    pass
+            if not out.get("IsTruncated"):
+                return
+            kwargs.update(KeyMarker=out["NextKeyMarker"], UploadIdMarker=out["NextUploadIdMarker"])
+
     def _put(self, bucket: str, key: str, body, ident: str | None = None, exclusive: bool = False) -> None:
         kwargs = {"Bucket": bucket, "Key": key, "Body": body, "Metadata": {ID_KEY: ident or uuid.uuid4().hex}}
         if exclusive:
@@ -439,6 +454,7 @@ class S3Storage(Storage):
         if self._head(bucket, key) is not None:
             keys.append(key)
         self._delete_keys(bucket, keys)
+        self._abort_uploads(bucket, key + "/")
 
     # ------------------------------------------------------------- root
     def stat(self, path: str, follow: bool = False) -> Stat | None:
@@ -550,6 +566,7 @@ class S3Storage(Storage):
         if not key:
             raise CheckpointError(f"refusing to remove the bucket {bucket}")
         self._delete_keys(bucket, list(self._keys_under(bucket, key + "/")))
+        self._abort_uploads(bucket, key + "/")
 
     def read_head(self, path: str, nbytes: int) -> bytes:
         bucket, key = split_path(path)
