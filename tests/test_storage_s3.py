@@ -9,6 +9,7 @@ had (not root, no apt-get) the tests skip with the reason.
 from __future__ import annotations
 
 import fcntl
+import importlib.util
 import os
 import subprocess
 import sys
@@ -23,11 +24,8 @@ BOTO3 = "boto3>=1.35"  # put_object(IfNoneMatch=...) is in botocore from 1.35 (s
 
 
 def _ensure_boto3() -> None:
-    try:
-        import boto3  # noqa: F401
+    if importlib.util.find_spec("boto3") is not None:
         return
-    except ImportError:
-        pass
     with open(os.path.join(sys.prefix, ".hpcckpt-pip-install.lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         proc = subprocess.run([sys.executable, "-m", "pip", "install", "-q", BOTO3], capture_output=True, text=True)

@@ -48,7 +48,7 @@ import re
 import threading
 import uuid
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 
 from hpcckpt.core.names import METADATA_FILE, split_reference
 from hpcckpt.errors import CheckpointError, CorruptCheckpointError
@@ -292,8 +292,9 @@ class S3Storage(Storage):
 
     def _send_part(self, handle: _Writer, body: bytes) -> None:
         number = len(handle.parts) + 1
-        while sum(not f.done() for f in handle.parts) >= self.max_in_flight:
-            next(f for f in handle.parts if not f.done()).result()
+        pending = [f for f in handle.parts if not f.done()]
+        if len(pending) >= self.max_in_flight:  # bounded: wait for one to finish (a failure is raised at close)
+            wait(pending, return_when=FIRST_COMPLETED)
 
         def send():
             out = self._call("upload_part", Bucket=handle.bucket, Key=handle.key, UploadId=handle.upload_id,
