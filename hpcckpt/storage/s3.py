@@ -48,7 +48,6 @@ import re
 import threading
 import uuid
 from collections import Counter
-from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 
 from hpcckpt.core.names import METADATA_FILE, split_reference
 from hpcckpt.errors import CheckpointError, CorruptCheckpointError
@@ -141,7 +140,11 @@ class S3Storage(Storage):
         return self._client
 
     @property
-    def pool(self) -> ThreadPoolExecutor:
+    def pool(self):
+        """The threads of the requests in flight (``max_in_flight``); concurrent.futures is imported here, not with
+        the module, which a restart imports (it imports logging: tests/test_restart_imports.py)."""
+        from concurrent.futures import ThreadPoolExecutor
+
         with self._lock:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(self.max_in_flight, thread_name_prefix="hpcckpt-s3")
@@ -292,6 +295,8 @@ class S3Storage(Storage):
 
     def _send_part(self, handle: _Writer, body: bytes) -> None:
         number = len(handle.parts) + 1
+        from concurrent.futures import FIRST_COMPLETED, wait
+
         pending = [f for f in handle.parts if not f.done()]
         if len(pending) >= self.max_in_flight:  # bounded: wait for one to finish (a failure is raised at close)
             wait(pending, return_when=FIRST_COMPLETED)
