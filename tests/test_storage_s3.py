@@ -40,7 +40,12 @@ def gateway():
     if why is not None:
         pytest.skip(f"no Ceph object gateway: {why}")
     _ensure_boto3()
-    gw = CephGateway().start()
+    gw = CephGateway()
+    try:
+        gw.start()
+    except BaseException:
+        gw.stop()  # the daemons started before the failure
+        raise
     saved = {k: os.environ.get(k) for k in gw.environment()}
     os.environ.update(gw.environment())
     import boto3
