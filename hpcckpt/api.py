@@ -15,6 +15,7 @@ from hpcckpt.errors import CheckpointError
 from hpcckpt.loading.load import load_version
 from hpcckpt.core.names import DATA_DIR, METADATA_FILE, parse_version_name
 from hpcckpt.storage import POSIX, PosixStorage, Storage
+from hpcckpt.storage.s3 import storage_for
 
 if TYPE_CHECKING:
     from hpcckpt.options import SaveResult
@@ -43,6 +44,7 @@ def save(state, path, comm=None, *, step: int | None = None, overwrite: bool = F
 
     comm = resolve_comm(comm)
     path = os.fspath(path)
+    storage = storage_for(path, storage)
     # agreed before anything is removed: an invalid option on one rank fails every rank alike (one allgather);
     # options valid but different between ranks are caught by the plan stage's digest (hpcckpt/mpi/agreement.py)
     opts = agree(comm, f"save of {path!r}", lambda: _save_options(path, step, options))
@@ -99,6 +101,7 @@ def load(state, path, comm=None, *, strict: bool | str = True, storage: Storage 
     attributes of the same names (docs/hdf5.md).
     """
     path = os.fspath(path)
+    storage = storage_for(path, storage)
     if storage is POSIX and os.path.isfile(path):  # checkpoints are directories: a file is HDF5 from elsewhere
         from hpcckpt.hdf5 import load_hdf5
 
@@ -122,6 +125,7 @@ def open(path, storage: Storage = POSIX) -> CheckpointView:  # noqa: A001 - the 
     from hpcckpt.loading.view import CheckpointView
 
     path = os.fspath(path)
+    storage = storage_for(path, storage)
     if isinstance(storage, PosixStorage):
         if os.path.basename(path) == METADATA_FILE and os.path.isfile(path):
             path = os.path.dirname(path) or "."

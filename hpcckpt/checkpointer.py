@@ -20,6 +20,7 @@ from hpcckpt.options import SaveOptions, SaveResult
 from hpcckpt.saving.pipeline import is_incremental
 from hpcckpt.saving.run import SaveRequest, Series, save_now
 from hpcckpt.storage import POSIX, Storage
+from hpcckpt.storage.s3 import storage_for
 from hpcckpt.transport import io_history
 
 
@@ -95,6 +96,7 @@ class Checkpointer:
                  deadline: float | None = None, handle_signals: bool | None = None,
                  track_failures: bool = True, break_lock: bool = False, files=None, **options):
         self.root = os.fspath(root)
+        self.storage = storage_for(self.root, self.storage)  # an s3://bucket/prefix root: an S3Storage
         self.comm = resolve_comm(comm)
         if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 1):
             raise CheckpointError(f"keep must be a positive integer or None, got {keep!r}")
@@ -223,7 +225,8 @@ class Checkpointer:
             wanted = [e for e in live if step is None or e.step == step]
             if not wanted:
                 return live, {}
-            meta, failure = attempt(lambda: version_metadata(wanted[-1].path, expect_step=wanted[-1].step))
+            meta, failure = attempt(lambda: version_metadata(wanted[-1].path, self.storage,
+                                                                    expect_step=wanted[-1].step))
             return live, {wanted[-1].path: (failure, meta)}
 
         return bcast_checked(self.comm, f"listing {self.root!r}", list_and_read)
@@ -431,7 +434,7 @@ class Checkpointer:
         for entry in reversed(live):
             try:
                 out = load_version(state, entry.path, self.comm, strict=strict, expect_step=entry.step, cast=cast,
-                                   metadata=first.get(entry.path))
+                                   metadata=first.get(entry.path), storage=self.storage)
             except TemplateMismatchError:
                 raise
             except CheckpointError as exc:  # agreed: the same on every rank, so every rank skips alike
