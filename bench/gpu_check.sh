@@ -11,5 +11,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
 [ -x "$PY" ] || PY=python3
-"$PY" -m pytest -q -p no:cacheprovider -rs tests/gpu tests/test_codecs_kernels.py tests/test_blockhash.py
+"$PY" -m pytest -q -p no:cacheprovider -rs tests/gpu tests/codecs/test_codecs_kernels.py tests/core/test_blockhash.py
 "$PY" bench/gpu_bench.py --gib "${1:-4}"

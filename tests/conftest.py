@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import tempfile
 
 import pytest
 
-from mpitools import force_dedup_exchange
+# the helpers every test imports by name (mpitools, decompositions, ...): tests/support/
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "support"))
+
+from mpitools import force_dedup_exchange  # noqa: E402
 
 
 @pytest.fixture

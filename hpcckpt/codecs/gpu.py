@@ -15,7 +15,7 @@ that only filtered or compressed bytes cross to the host:
 
 The stored bytes are those of the CPU codecs (byte for byte, except nvCOMP's
 compressed streams, which are in the same numcodecs format but come from
-another compressor), whatever device wrote them: tests/test_codecs_kernels.py
+another compressor), whatever device wrote them: tests/codecs/test_codecs_kernels.py
 runs these functions with ``xp`` = numpy and compares bytes with the CPU
 codecs; tests/gpu/ does it with CuPy.  Host copies go through CuPy's pinned
 memory pool (devices.to_host), so repeated saves reuse page-locked buffers.

@@ -14,7 +14,7 @@ header followed by the block, and decodes only such fragments.  So:
 * decoding puts each shard behind the header the library itself wrote for a
   fragment at that position of a payload of the same size.  With no fragment
   checksum (the driver's default), a header depends only on the position and
-  the sizes, never on the bytes (tests/test_rs_layout.py checks it), so the
+  the sizes, never on the bytes (tests/levels/test_rs_layout.py checks it), so the
   headers of an all-zero payload of k * r bytes, computed once per size and
   kept, frame any shards of r bytes.
 

@@ -28,7 +28,7 @@ exponential failures make the job a Markov chain on its segment index:
 ``E = sum_s tau_s`` with ``tau_s`` the expected time to get past segment ``s``
 for the first time, which only depends on earlier segments of its pattern);
 :func:`simulate_makespans` draws it by discrete-event Monte Carlo (the test
-that the two agree is tests/test_policy_multilevel.py).
+that the two agree is tests/policy/test_policy_multilevel.py).
 :func:`search` is the exhaustive optimum: every nested ratio up to a bound
 and a log grid of base periods around the first-order optimum of each.
 """

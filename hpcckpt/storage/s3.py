@@ -142,7 +142,7 @@ class S3Storage(Storage):
     @property
     def pool(self):
         """The threads of the requests in flight (``max_in_flight``); concurrent.futures is imported here, not with
-        the module, which a restart imports (it imports logging: tests/test_restart_imports.py)."""
+        the module, which a restart imports (it imports logging: tests/docs/test_restart_imports.py)."""
         from concurrent.futures import ThreadPoolExecutor
 
         with self._lock:

@@ -4,9 +4,9 @@
 for a :class:`hpcckpt.storage.Storage`, ``LevelTests`` for a
 :class:`hpcckpt.levels.base.Level` (under mpiexec), ``CodecTests`` for a codec config,
 ``CheckpointerTests`` for a Checkpointer configuration (the built-in ones'
-tests are such subclasses: tests/test_transport_conformance.py,
-tests/test_storage_conformance.py, tests/test_level_conformance.py, tests/test_codec_conformance.py,
-tests/test_checkpointer_conformance.py).
+tests are such subclasses: tests/transport/test_transport_conformance.py,
+tests/storage/test_storage_conformance.py, tests/levels/test_level_conformance.py, tests/codecs/test_codec_conformance.py,
+tests/saving/test_checkpointer_conformance.py).
 """
 
 from hpcckpt.testing.checkpointer import CheckpointerTests

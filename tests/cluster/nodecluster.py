@@ -55,12 +55,12 @@ APT_PACKAGES = ("util-linux", "mount", "iproute2")
 def unavailable() -> str | None:
     """Why this machine cannot make namespace nodes (None when it can): checked by trying once.
 
-    Missing programs are installed first (apt-get, as root), as tests/slurm does for SLURM (tests/aptget.py)."""
+    Missing programs are installed first (apt-get, as root), as tests/slurm does for SLURM (tests/support/aptget.py)."""
     if not sys.platform.startswith("linux"):
         return "namespace nodes need Linux"
     if os.geteuid() != 0:
         return "namespace nodes need root (network namespaces, veth pairs, a bridge, tmpfs mounts)"
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/, for aptget.py
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "support"))  # aptget.py
     from aptget import apt_install
 
     why = apt_install(APT_PACKAGES, lambda: [p for p in REQUIRED if shutil.which(p) is None])

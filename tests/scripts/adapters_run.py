@@ -1,4 +1,4 @@
-"""Save and load a library's own distributed arrays through hpcckpt.adapters (driven by tests/test_adapters.py).
+"""Save and load a library's own distributed arrays through hpcckpt.adapters (driven by tests/integrations/test_adapters.py).
 
     mpiexec -n N python adapters_run.py save ROOT LIB            writes ROOT/LIB-n<N>
     mpiexec -n M python adapters_run.py load ROOT LIB N1,N2..     loads every ROOT/LIB-n<Ni> into new objects

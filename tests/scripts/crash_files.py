@@ -1,4 +1,4 @@
-"""One save or one restore of tracked output files, SIGKILLed before its k-th file-system call (tests/test_files_crash.py).
+"""One save or one restore of tracked output files, SIGKILLed before its k-th file-system call (tests/root/test_files_crash.py).
 
     python crash_files.py WORKDIR save|restore KILL_AT
 

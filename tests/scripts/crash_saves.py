@@ -1,4 +1,4 @@
-"""A loop of Checkpointer saves that a test kills with SIGKILL (driven by tests/test_crash.py).
+"""A loop of Checkpointer saves that a test kills with SIGKILL (driven by tests/saving/test_crash.py).
 
     mpiexec -n N python crash_saves.py ROOT MODE NSTEPS [KILL_RANK KILL_AT]
 

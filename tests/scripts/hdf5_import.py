@@ -1,4 +1,4 @@
-"""Load a plain h5py-written file (tests/test_hdf5.py:write_foreign) on any number of ranks; check every byte.
+"""Load a plain h5py-written file (tests/integrations/test_hdf5.py:write_foreign) on any number of ranks; check every byte.
 
 argv: H5PATH MODE.  MODE is
   ok        uneven 2-D blocks (C and Fortran-ordered locals), Ragged() and Ragged(rows=k), values;
@@ -17,7 +17,7 @@ from hpcckpt.hdf5 import load_hdf5
 
 comm = MPI.COMM_WORLD
 path, mode = sys.argv[1], sys.argv[2]
-G0, G1 = 13, 7  # keep in sync with tests/test_hdf5.py:write_foreign
+G0, G1 = 13, 7  # keep in sync with tests/integrations/test_hdf5.py:write_foreign
 NREC = 10
 
 

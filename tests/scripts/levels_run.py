@@ -1,4 +1,4 @@
-"""Multi-level / asynchronous checkpoint scenarios for tests/test_levels.py (run under mpiexec).
+"""Multi-level / asynchronous checkpoint scenarios for tests/levels/test_levels.py (run under mpiexec).
 
     levels_run.py save ROOT LOCAL NSTEPS OPTIONS_JSON        save steps 1..NSTEPS, close
     levels_run.py restore ROOT LOCAL STEP LEVEL OPTIONS_JSON  restore, check exact data of STEP and the level

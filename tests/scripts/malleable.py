@@ -1,4 +1,4 @@
-"""Runtime malleability under mpiexec (driven by tests/test_redistribute.py).
+"""Runtime malleability under mpiexec (driven by tests/loading/test_redistribute.py).
 
     mpiexec -n N python malleable.py mix SEED...     random holder / template subsets of N ranks, exact data
     mpiexec -n 4 python malleable.py shrink ROOT SEED  4 -> 3 in-process, with an incremental Checkpointer
@@ -23,7 +23,7 @@ import numpy as np
 from mpi4py import MPI
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))  # tests/ for decompositions.py
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "support"))  # for decompositions.py
 
 import hpcckpt  # noqa: E402
 from decompositions import global_array, grid_blocks  # noqa: E402

@@ -1,4 +1,4 @@
-"""Updates one persistent-memory image back to back until killed (tests/test_pmem.py kills it at random instants).
+"""Updates one persistent-memory image back to back until killed (tests/levels/test_pmem.py kills it at random instants).
 
 ``python pmem_updates.py IMAGE BLOCK COUNT``: resumes after the newest version
 the image holds (k0), computes versions k0 + 1 ... k0 + COUNT

@@ -1,4 +1,4 @@
-"""Save or load random uneven N-d decompositions under mpiexec (driven by tests/test_reshard.py).
+"""Save or load random uneven N-d decompositions under mpiexec (driven by tests/loading/test_reshard.py).
 
     mpiexec -n N python reshard.py save ROOT SEED...     writes ROOT/n<N>/case<SEED>
     mpiexec -n M python reshard.py load ROOT N1,N2.. SEED...   loads every ROOT/n<Ni>/case<SEED>, checks exact data
@@ -17,7 +17,7 @@ import sys
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))  # tests/ for decompositions.py
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "support"))  # for decompositions.py
 
 from decompositions import global_array, grid_blocks  # noqa: E402
 

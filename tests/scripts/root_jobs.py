@@ -1,4 +1,4 @@
-"""Two jobs on one root, for tests/test_root_safety.py (run under mpiexec).
+"""Two jobs on one root, for tests/storage/test_root_safety.py (run under mpiexec).
 
     root_jobs.py race ROOT TAG GO    save step 1 (taking the lock) or fail; the winner saves 2 and 3, waits for
                                      the file GO, then closes.  Every rank prints "OK won TAG" or

@@ -1,5 +1,5 @@
 """Save step 1, then step 2, of a 96 MiB field to a Checkpointer root in a bucket; the test kills this process
-while step 2's data object is still a multipart upload (tests/test_storage_s3.py)."""
+while step 2's data object is still a multipart upload (tests/storage/test_storage_s3.py)."""
 
 import sys
 

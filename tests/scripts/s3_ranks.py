@@ -1,4 +1,4 @@
-"""Save on N ranks to a Checkpointer root in a bucket, or restore there on any other number (tests/test_storage_s3.py).
+"""Save on N ranks to a Checkpointer root in a bucket, or restore there on any other number (tests/storage/test_storage_s3.py).
 
     mpiexec -n 4 python tests/scripts/s3_ranks.py save s3://bucket/root
     mpiexec -n 3 python tests/scripts/s3_ranks.py restore s3://bucket/root

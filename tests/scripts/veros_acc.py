@@ -1,4 +1,4 @@
-"""A small Veros ACC run with hpcckpt's Veros mixin (tests/test_veros.py, bench/veros.py).
+"""A small Veros ACC run with hpcckpt's Veros mixin (tests/integrations/test_veros.py, bench/veros.py).
 
     veros_acc.py ROOT PX PY STEPS EVERY [--kill-after ITT] [--dump-restored DUMPROOT] [--float-type T] [--cast]
 
