@@ -761,7 +761,7 @@ def report(results: dict, args) -> list[tuple]:
     fixed = [f"hpcckpt:{s}" for s in STRATEGIES if s != "auto"]
     for scen, res in results.items():
         times = res["times"]
-        ceiling = 1.05 if res["bytes"] / res["ranks"] >= 64 * MIB else 1.2  # issue 33's targets
+        ceiling = 1.05 if res["bytes"] / res["ranks"] >= 64 * MIB else 1.2  # the targets: at least as fast as the best peer
         for s in [n for n in times if n.startswith("hpcckpt")]:  # every hpcckpt figure against the best peer
             for op in ("load", "load cold", "reshard", "reshard cold", "first load", "save"):
                 best = best_peer(times, op)

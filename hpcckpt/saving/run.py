@@ -612,8 +612,10 @@ class SaveRun:
             series.levels.discard(planned.name)
         if self.wrote and (planned.directory != planned.path or self.rank != 0):
             _drop_own(series.target_storage, planned.directory, self.rank)
-        if series.levels is not None:
-            self.comm.Barrier()  # node leaders clear the node directories the other ranks wrote into
+        if series.levels is not None or self.request.background:
+            # the engine's contract: when a later call raises for a failed version, it is gone on every rank
+            # (node leaders clear the node directories the other ranks wrote into)
+            self.comm.Barrier()
 
     def _committed(self, report: CommitReport, settled, mine: WrittenPart, commit_seconds: float) -> SaveResult:
         """Every rank, after the commit: what the next save reuses, retention, the levels' flush; the SaveResult."""

@@ -1,4 +1,4 @@
-"""A real Ceph object gateway on localhost, started and stopped by the tests themselves (issue 31).
+"""A real Ceph object gateway on localhost, started and stopped by the tests themselves.
 
 ``CephGateway(directory).start()`` makes a single-node cluster by hand, as
 Ceph's vstart.sh does: a monitor, a manager, one OSD on ``memstore`` (the
