@@ -298,11 +298,11 @@ def test_retention_leaves_the_next_save_alone_that_other_ranks_have_started(worl
     (planned locally: they create its directory): retention must not take that directory for a leftover."""
     import time
 
-    from hpcckpt import checkpointer
+    from hpcckpt.saving import run
 
-    real = checkpointer.list_versions
-    if world.rank == 0:  # a slow listing: the others are well into the next save when rank 0 lists the root
-        monkeypatch.setattr(checkpointer, "list_versions", lambda root, *rest: (time.sleep(0.3), real(root, *rest))[1])
+    real = run.list_versions
+    if world.rank == 0:  # a slow listing of the root by retention and by the plan stage
+        monkeypatch.setattr(run, "list_versions", lambda root, *rest: (time.sleep(0.3), real(root, *rest))[1])
     root = f"{mpi_tmp}/root"
     with Checkpointer(root, comm=world, strategy="file-per-rank", track_failures=False, keep=2) as ck:
         for step in range(1, 6):

@@ -356,11 +356,9 @@ def _inject(monkeypatch, where):
 
         monkeypatch.setattr(POSIX, "atomic_write", full_for_the_bandwidth_file)
     else:
-        import hpcckpt.saving.asynchronous
-        import hpcckpt.checkpointer
+        import hpcckpt.saving.run
 
-        monkeypatch.setattr(hpcckpt.checkpointer, "removable", full)
-        monkeypatch.setattr(hpcckpt.saving.asynchronous, "removable", full)
+        monkeypatch.setattr(hpcckpt.saving.run, "removable", full)  # retention, inside every save's commit
 
 
 @pytest.mark.mpi(min_size=2)
@@ -450,7 +448,7 @@ def test_a_node_listing_failing_on_one_rank_fails_its_query_and_every_ranks_rest
     ck = Checkpointer(os.path.join(mpi_tmp, "root"), local_dir=local, ranks_per_node=1, track_failures=False)
     ck.save({"u": Block(np.zeros(N), (comm.rank * N,), (comm.size * N,))}, 1)
     if comm.rank == comm.size - 1:
-        def broken(path):
+        def broken(path, *storage):
             raise OSError(errno.EIO, "injected I/O error")
         monkeypatch.setattr(hpcckpt.saving.asynchronous, "list_versions", broken)
         monkeypatch.setattr(hpcckpt.levels.restore, "list_versions", broken)
