@@ -96,7 +96,8 @@ def _pip_spec(module: str) -> str:
 
 def _pip_install(lib: str, module: str) -> None:
     """pip's installs of ``lib`` into this environment; a failed one fails the test."""
-    for args in PIP_INSTALLS.get(lib, ((_pip_spec(module),),)):
+    installs = PIP_INSTALLS[lib] if lib in PIP_INSTALLS else ((_pip_spec(module),),)
+    for args in installs:
         proc = subprocess.run([sys.executable, "-m", "pip", "install", "-q", *args], capture_output=True,
                               text=True, timeout=3600)
         if proc.returncode != 0:
