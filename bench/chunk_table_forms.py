@@ -1,9 +1,9 @@
-"""Candidate binary forms of the chunk table against today's JSON columns (metadata parse target).
+"""Candidate binary forms of the chunk table against JSON columns (metadata parse target).
 
     python bench/chunk_table_forms.py [--ranks 16384 65536] [--vars 20] [--repeat 3] [--json out.json]
 
 The design measurement behind format version 3: the ``zlib1+b64`` form below
-is what hpcckpt.format.chunk_columns now writes for tables of 4096 chunks or more
+is what hpcckpt.format.chunk_columns writes for tables of 4096 chunks or more
 (docs/format.md section 3.3.1, with a 32-byte header and a ``hash`` as three
 columns); ``bench/scale.py --metadata-only`` measures the real writer and
 parser.  The metadata of bench/scale.py's save case (a

@@ -21,7 +21,7 @@ Scenarios (each an mpiexec job of its own):
   the raw cold read of the same bytes by the same ranks, as the files lie.
   It comes before the cold load in even repeats and after it in odd ones: on
   this VM the first cold read of a version just saved and a later one differ,
-  for any reader (docs/performance.md, "The cold load against a raw read").
+  for any reader (docs/performance.md, "Save, load and reshard against raw I/O").
 * ``small``: 16 ranks x ``--small-mib`` (4) MiB: the per-file costs dominate.
   ``HPCCKPT_RANKS_PER_NODE=4`` simulates 4 nodes of 4 ranks for hpcckpt.  Save,
   load on 16, reshard load on 12.

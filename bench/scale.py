@@ -18,20 +18,21 @@ Measured per rank:
   rank that receives most, rank 0, gets ceil(log2 P) ballots plus none);
 * metadata: build (commit.metadata_from_rows), size, write (to_json_bytes) and
   parse (metadata.parse: seal, JSON, validation), per million chunks;
-* load plan: the old plan (every rank plans every rank's reads: the tiling
+* load plan: the all-ranks plan (every rank plans every rank's reads: the tiling
   sweep regions.tiling_problem + planning.plan_shared_reads over all target
   boxes; run up to ``--old-full-max`` ranks only, its cost grows as Q^2)
-  against the new one (read_plan.target_boxes +
+  against the plan hpcckpt makes (read_plan.target_boxes +
   rank_reads: this rank's part only, timed on ``--sample`` ranks spread over
   the job, worst reported); the bytes each rank receives to plan (the
-  metadata broadcast, and the requests allgather in its old and new forms);
+  metadata broadcast, and the requests allgather of both plans);
 * incremental: the base index rank 0 builds and broadcasts
   (incremental.ChainIndex), the allgather of the new blocks' keys and the
   deduplication (incremental.duplicates) on the last rank, which scans them all;
   against it, the exchange that sends each key only to the rank that owns its
   hash range (xxh3 of the key modulo P): an alltoall of the keys to their
   owners and one of the verdicts back (bytes per rank, max and median, empty
-  slots included; not built: see docs/performance.md).
+  slots included; hpcckpt.incremental.dedup_owners, used from 4,096 ranks on:
+  docs/performance.md, "Many ranks").
 
 Every rank's load plan is independent given the metadata and the requests, so
 sampled ranks give the per-rank figures without simulating all of them.
@@ -175,7 +176,7 @@ def save_case(p: int, nvars: int, sample: list[int]) -> tuple[dict, object, list
     gather_bytes = p * psize((None, summaries[-1], payload))  # what rank 0 receives
     payloads = [(True, None, "".join(list(one.digest))) for _ in range(p)]  # distinct objects, as received
     bcast_bytes = psize((None, None, payloads, variables, codecs, 0)) + psize(boxes[-1])
-    hit_bytes = p * psize((None, True, None, None, one.digest))  # the old cache-hit allgather, every rank
+    hit_bytes = p * psize((None, True, None, None, one.digest))  # a cache-hit allgather (the allreduce's alternative), every rank
     root_part = (f"/scratch/run/step-{1:012d}", "file-per-rank", None, None)  # what rank 0 hands out on a hit
     ballot = Ballot(False, True, one.digest, one.digest, root_part, None)
     hit_reduce_bytes = max(1, (p - 1).bit_length()) * psize(ballot)  # rank 0: one ballot per level of the tree
@@ -290,10 +291,10 @@ def load_case(meta, q: int, nvars: int, nsample: int, old_full_max: int) -> dict
     inbox = directory_inbox(meta, targets, r, q)
     peaks.append(traced(lambda: (parts_for_directories(meta, chunk_roles(meta, box, set(box)), q),
                                  decide(meta, names(nvars), [m.get("parts") for m in inbox], r, q))))
-    # old: every rank plans every rank's reads
+    # the all-ranks plan ("old" in the figures): every rank plans every rank's reads
     full, k = q <= old_full_max, q
 
-    def old_tiling():  # loading.plan_reads before this issue: the sweep of regions.tiling_problem
+    def old_tiling():  # the all-ranks plan's tiling check: the sweep of regions.tiling_problem
         for n in names(nvars):
             problem = tiling_problem(starts, stops, shape, label="the block of rank")
             assert problem is None

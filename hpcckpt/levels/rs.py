@@ -40,7 +40,7 @@ from hpcckpt.levels.rs_layout import data_stripe, holder, leader, parity_stripe,
 
 #: Rows of each segment moved per round (memory per rank: about 2 (k + m) times this).  Smaller rounds send
 #: more, smaller messages, larger ones hold more memory; the figures behind 1 MiB are in docs/performance.md
-#: ("Reed-Solomon against XOR parity", bench/levels.py --rs-round-kib).
+#: ("Levels and erasure codes", bench/levels.py --rs-round-kib).
 ROUND_BYTES = 1 << 20
 
 

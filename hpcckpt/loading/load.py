@@ -216,7 +216,7 @@ def reads_metadata_itself(nranks: int) -> bool:
     rank 0's broadcast: on at most PER_RANK_METADATA_MAX_RANKS ranks.
 
     One collective fewer (a restart on the saved decomposition is then one alltoall; docs/performance.md,
-    "Small loads", has the timings).  Every rank sees the
+    "Small, frequent saves and loads", has the timings).  Every rank sees the
     same bytes (``load_version(..., shared_directory=True)``, hpcckpt.load: one directory on a storage whose
     files every process sees; a committed version is immutable, docs/format.md section 2) and reuses what it
     parsed before

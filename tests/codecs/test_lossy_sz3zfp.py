@@ -140,8 +140,8 @@ def test_smooth_fields_compress():
 def test_zero_regions_are_not_set_aside():
     """SZ3 and ZFP blur a +0.0 region into tiny values of either sign: within the bound, so not set aside.
 
-    (Setting aside every +0.0 that came back negative made SZ3's ratio on a field with zero regions
-    collapse from ~1000 to ~7: docs/compression.md, "Why SZ3 stored little on the constant field".)
+    (Setting aside every +0.0 that comes back negative would make SZ3's ratio on a field with zero regions
+    collapse from ~1000 to ~7: docs/compression.md, "Zero regions and the sign of zero".)
     """
     f = np.zeros((256, 256))
     f[:, 128:] = np.sin(np.arange(128) / 9.0)

@@ -1,6 +1,6 @@
 """What a fresh process that imports hpcckpt and loads once (a restart) imports, and that its logging still works.
 
-A restart pays for every module it imports (docs/performance.md, "Small loads"): the save side,
+A restart pays for every module it imports (docs/performance.md, "The first load in a fresh job"): the save side,
 logging and shutil are left out of ``import hpcckpt`` and of a load, and the "hpcckpt" logger is made when the
 application can have given it a handler (it imported logging, or set HPCCKPT_LOG_LEVEL).
 """

@@ -62,7 +62,7 @@ def test_the_template_header_and_the_guide_say_why():
 
 def test_the_multi_node_test_relies_on_the_template_not_on_its_own_flag():
     """tests/cluster/test_slurm_nodes.py submits the template with -N/-n only, so it exercises the template's
-    own --no-kill (it used to pass --no-kill itself, which hid the template's lack of it)."""
+    own --no-kill (passing --no-kill itself would hide a template that lacks it)."""
     with open(os.path.join(ROOT, "tests", "cluster", "test_slurm_nodes.py"), encoding="utf-8") as f:
         text = f.read()
     submit = re.search(r'job\.client\("sbatch",[^)]*TEMPLATE', text, re.S)

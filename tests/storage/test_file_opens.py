@@ -78,7 +78,7 @@ def test_the_opener_itself_opens_with_the_safe_flags():
     assert "O_NONBLOCK" in source and "O_NOFOLLOW" in source and "O_EXCL" in source
 
 
-# --------------------------------------------------------------------------- FIFOs that used to hang
+# --------------------------------------------------------------------------- FIFOs that must not hang
 
 def finishes(fn, seconds=20.0):
     """Run ``fn`` in a thread; its result, or a failure if it is still blocked after ``seconds``."""

@@ -8,7 +8,7 @@ wraps device memory: it has ``__cuda_array_interface__``, ``.device``,
 device array reaches by mistake fails here as it would on a GPU.  Every other
 attribute, operator and module function is numpy's, with arrays wrapped and
 unwrapped on the way.  tests/gpu/ runs the same paths on a real GPU; this is
-what keeps them honest between GPU sessions.
+what keeps them honest on machines without a GPU.
 """
 
 from __future__ import annotations
