@@ -181,6 +181,7 @@ def test_sigkill_during_incremental_saves_leaves_the_chain_restorable(tmp_path):
         time.sleep(1.0 + float(rng.random()) * 1.5)
         proc.send_signal(signal.SIGKILL)
         out, _ = proc.communicate()
+        assert proc.returncode == -signal.SIGKILL, out  # killed mid-loop, not ended on its own
         live = current(list_versions(root))
         for e in live:  # every committed version restores exactly what its step held
             with hpcckpt.open(e.path) as view:
