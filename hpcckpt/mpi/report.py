@@ -33,7 +33,7 @@ AGREE_SECONDS = 10.0
 #: The longest a rank waits, between printing its error and aborting, for the launcher to take that output
 #: (:func:`wait_until_taken`): MPI_Abort tears the job down at once, and mpiexec (MPICH's hydra) drops output it
 #: has not yet read from the rank's pipe.
-DRAIN_SECONDS = 10.0
+DRAIN_SECONDS = 5.0
 
 
 class report_errors(contextlib.ContextDecorator):
