@@ -49,8 +49,20 @@ def pytest_ignore_collect(collection_path, config):
 def pytest_collection_modifyitems(items):
     """The tests of SERIAL_ONLY first, in their order, then the others in theirs: each of those directories is
     the longest unit of work of a parallel run (pytest_xdist_make_scheduler), so one worker starts it while the
-    others take the files, instead of it running alone at the end."""
+    others take the files, instead of it running alone at the end.  A test that would run nowhere is a usage
+    error (run_nowhere)."""
+    lost = run_nowhere(items)
+    if lost:
+        raise pytest.UsageError(f"{len(lost)} tests would run nowhere: they have the keyword 'mpi' (a directory, "
+                                f"module or parameter named mpi) without the mpi marker, e.g. {lost[0]}")
     items.sort(key=lambda item: not _serial_only(item.path))
+
+
+def run_nowhere(items) -> list[str]:
+    """The tests pytest-mpi takes for MPI tests (it looks for the keyword ``mpi``, which the name of a directory,
+    module or parameter gives every test in it) that are not marked ``mpi``: skipped in the serial run,
+    deselected by ``-m mpi`` under mpiexec."""
+    return [item.nodeid for item in items if "mpi" in item.keywords and item.get_closest_marker("mpi") is None]
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -13,8 +13,12 @@ followed by ``MPI_Abort`` so that no rank hangs.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
+import stat
+import struct
 import sys
+import termios
 import time
 import traceback
 
@@ -26,9 +30,10 @@ from hpcckpt.mpi.watchdog import enabled as debug_enabled, unwrapped
 EXIT_STATUS = 1
 #: How long a rank with a CheckpointError waits for the others to have it too (they do within moments).
 AGREE_SECONDS = 10.0
-#: How long a rank waits between printing its error and aborting: MPI_Abort tears the job down at once, and
-#: mpiexec (MPICH's hydra) drops output it has not yet forwarded from the rank (seen under load: an empty stderr).
-DRAIN_SECONDS = 0.5
+#: The longest a rank waits, between printing its error and aborting, for the launcher to take that output
+#: (:func:`wait_until_taken`): MPI_Abort tears the job down at once, and mpiexec (MPICH's hydra) drops output it
+#: has not yet read from the rank's pipe.
+DRAIN_SECONDS = 5.0
 
 
 class report_errors(contextlib.ContextDecorator):
@@ -81,7 +86,9 @@ class report_errors(contextlib.ContextDecorator):
         else:
             text = prefixed(f"[rank {rank}] ", "".join(traceback.format_exception(cls, exc, tb)))
         print(text, end="", file=sys.stderr, flush=True)
-        time.sleep(DRAIN_SECONDS)
+        with contextlib.suppress(OSError, ValueError):
+            sys.stdout.flush()
+        wait_until_taken((1, 2), DRAIN_SECONDS)
         try:
             comm.Abort(EXIT_STATUS)
         finally:
@@ -97,9 +104,34 @@ def every_rank_raised(comm) -> bool:
     collective another rank waits in, so this ends in time either way (the
     barrier left pending is moot: the process ends next).
     """
-    request = unwrapped(comm).Ibarrier()
-    deadline = time.monotonic() + AGREE_SECONDS
-    while not request.Test():
+    return within(AGREE_SECONDS, unwrapped(comm).Ibarrier().Test)
+
+
+def unread_bytes(fd: int) -> int:
+    """Bytes written to ``fd`` that its reader has not taken yet: a pipe's content (FIONREAD), a socket's
+    unconsumed send queue (TIOCOUTQ); 0 for anything else (a file or a terminal keeps what was written)."""
+    try:
+        mode = os.fstat(fd).st_mode
+        request = termios.FIONREAD if stat.S_ISFIFO(mode) else \
+            getattr(termios, "TIOCOUTQ", None) if stat.S_ISSOCK(mode) else None
+        if request is None:
+            return 0
+        return struct.unpack("i", fcntl.ioctl(fd, request, b"\0\0\0\0"))[0]
+    except OSError:
+        return 0
+
+
+def wait_until_taken(fds, seconds: float) -> bool:
+    """Wait until the readers of ``fds`` (the launcher, for stdout and stderr) have taken what was written to
+    them, at most ``seconds``; whether they did.  An abort right after printing loses nothing that way, whatever
+    the machine's load, and a reader that never reads delays the abort by ``seconds`` only."""
+    return within(seconds, lambda: not any(unread_bytes(fd) for fd in fds))
+
+
+def within(seconds: float, done) -> bool:
+    """Whether ``done()`` turns true within ``seconds`` (polled every 5 ms)."""
+    deadline = time.monotonic() + seconds
+    while not done():
         if time.monotonic() > deadline:
             return False
         time.sleep(0.005)

@@ -293,3 +293,24 @@ def test_ranks_must_agree_on_codec():
 def test_public_names():
     assert hpcckpt.codecs is codecs
     assert "auto" in codecs.__doc__ and callable(codecs.Lossy)
+
+
+def test_codec_threads_sizes_the_pool_that_encodes_the_chunks(tmp_path, monkeypatch):
+    from hpcckpt.codecs import pipeline
+
+    sizes = []
+
+    class Recording(pipeline.ThreadPoolExecutor):
+        def __init__(self, max_workers=None, **kwargs):
+            sizes.append(max_workers)
+            super().__init__(max_workers, **kwargs)
+
+    monkeypatch.setattr(pipeline, "ThreadPoolExecutor", Recording)
+    a = np.arange(1 << 16, dtype=np.float64)
+    for name, threads in (("three", 3), ("default", None)):
+        hpcckpt.save({"u": hpcckpt.Block(a)}, str(tmp_path / name), codec="zstd", codec_threads=threads,
+                     chunk_bytes=1 << 14)
+        b = np.zeros_like(a)
+        hpcckpt.load({"u": hpcckpt.Block(b)}, str(tmp_path / name))
+        assert np.array_equal(a, b)
+    assert sizes == [3, pipeline.default_threads()]

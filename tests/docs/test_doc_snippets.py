@@ -9,14 +9,12 @@
 * docs/porting.md: every ```python block directly under a
   ``<!-- test: serial -->`` or ``<!-- test: mpi -->`` line runs as its own
   script (in a fresh directory; ``mpi``: under ``mpiexec -n 2``); its own
-  asserts are the checks.  ``<!-- test: mpi; needs: NAME -->`` skips it, naming
-  why, until the feature NAME is in this tree (see NEEDS).  Every python block
-  of porting.md must carry a marker.
+  asserts are the checks.  Every python block of porting.md must carry a
+  marker.
 """
 
 from __future__ import annotations
 
-import inspect
 import os
 import re
 import subprocess
@@ -25,16 +23,12 @@ import textwrap
 
 import pytest
 
-import hpcckpt
 from mpitools import run_mpi
 
 from testpaths import REPO  # noqa: E402
 
 ROOT = REPO
-MARKED = re.compile(r"^<!-- test: (serial|mpi)(?:; needs: ([\w.]+))? -->\n```python\n(.*?)^```", re.S | re.M)
-
-#: Optional features a snippet may need; a snippet whose feature is missing is skipped, saying so.
-NEEDS = {"replicated": lambda: "replicated" in inspect.signature(hpcckpt.Block.__init__).parameters}
+MARKED = re.compile(r"^<!-- test: (serial|mpi) -->\n```python\n(.*?)^```", re.S | re.M)
 
 
 def read(relpath: str) -> str:
@@ -160,7 +154,7 @@ def test_the_async_snippet_saves_after_the_work_and_restarts(tmp_path):
 
 def porting_snippets():
     text = read("docs/porting.md")
-    marked = [(text.count("\n", 0, m.start()) + 2, m.group(1), m.group(2), m.group(3)) for m in MARKED.finditer(text)]
+    marked = [(text.count("\n", 0, m.start()) + 2, m.group(1), m.group(2)) for m in MARKED.finditer(text)]
     return text, marked
 
 
@@ -170,9 +164,6 @@ def test_every_python_block_of_the_porting_guide_is_marked_for_testing():
     assert len(marked) >= 6
 
 
-@pytest.mark.parametrize("line,mode,needs,code", [pytest.param(*m, id=f"porting.md:{m[0]}")
-                                                   for m in porting_snippets()[1]])
-def test_porting_guide_snippet_runs(tmp_path, line, mode, needs, code):
-    if needs is not None and not NEEDS[needs]():
-        pytest.skip(f"docs/porting.md line {line} needs {needs}, which this tree does not have yet")
+@pytest.mark.parametrize("line,mode,code", [pytest.param(*m, id=f"porting.md:{m[0]}") for m in porting_snippets()[1]])
+def test_porting_guide_snippet_runs(tmp_path, line, mode, code):
     run_script(tmp_path, code, mode)

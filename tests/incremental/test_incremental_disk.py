@@ -181,6 +181,7 @@ def test_sigkill_during_incremental_saves_leaves_the_chain_restorable(tmp_path):
         time.sleep(1.0 + float(rng.random()) * 1.5)
         proc.send_signal(signal.SIGKILL)
         out, _ = proc.communicate()
+        assert proc.returncode == -signal.SIGKILL, out  # killed mid-loop, not ended on its own
         live = current(list_versions(root))
         for e in live:  # every committed version restores exactly what its step held
             with hpcckpt.open(e.path) as view:
@@ -193,3 +194,25 @@ def test_sigkill_during_incremental_saves_leaves_the_chain_restorable(tmp_path):
             ck = hpcckpt.Checkpointer(root, comm=COMM, incremental=True, track_failures=False)
             out = ck.restore({"u": hpcckpt.Block(np.empty((256, 1024))), "t": hpcckpt.Ragged(), "step": None})
             assert out["step"] == live[-1].step
+
+
+def test_chain_base_is_the_newest_save_or_the_version_restored_and_the_next_save_builds_on_it(tmp_path):
+    root = str(tmp_path / "r")
+    u = np.zeros((64, 1024))
+    with hpcckpt.Checkpointer(root, comm=COMM, incremental=True, block_bytes=8192, track_failures=False) as ck:
+        assert ck.chain_base is None
+        for step in (1, 2, 3):
+            u[step] = step
+            ck.save({"u": hpcckpt.Block(u)}, step)
+            assert ck.chain_base == os.path.join(root, f"step-{step:012d}")
+        ck.restore({"u": hpcckpt.Block(u)}, step=1)
+        assert ck.chain_base == os.path.join(root, "step-000000000001") and not u[2:4].any()
+        u[10] = 10
+        ck.save({"u": hpcckpt.Block(u)}, 4)
+    with open(os.path.join(root, "step-000000000004", "metadata.json")) as f:
+        meta = json.load(f)
+    info = meta["extra"]["incremental"]
+    assert info["kind"] == "incremental" and info["base"] == "step-000000000001" and info["depth"] == 1, info
+    assert meta["files"] == ["data/part-000000.bin", "@step-000000000001/data/part-000000.bin"]
+    with hpcckpt.open(os.path.join(root, "step-000000000004")) as view:
+        assert view.verify() == [] and np.array_equal(view.read("u"), u)

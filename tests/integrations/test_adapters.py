@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 import hpcckpt
+import hpcckpt.adapters
 from hpcckpt.adapters import block, register_adapter
 from hpcckpt.adapters.petsc import DM_KEY
 from mpitools import ROOT, run_mpi
@@ -28,6 +29,12 @@ COUNTS = (1, 2, 3, 4)
 pytestmark = pytest.mark.timeout(900)  # a first run builds mpi4py-fft (tests/support/optional_libs.py)
 
 # ---- the dispatch (no library needed) ----
+
+@pytest.fixture(autouse=True)
+def own_registrations(monkeypatch):
+    """Each test starts from the built-in adapters only; what it registers is gone after it."""
+    monkeypatch.setattr(hpcckpt.adapters, "_ADAPTERS", dict(hpcckpt.adapters._ADAPTERS))
+
 
 class Grid:
     """A stand-in decomposition object: this rank's array and its global start."""
@@ -57,6 +64,7 @@ def test_a_registered_class_and_its_subclasses_dispatch_to_the_adapter():
 
 
 def test_a_class_name_registers_without_importing_the_class():
+    register_adapter(Grid, lambda g: hpcckpt.Block(g.local, g.start, g.shape))
     register_adapter(f"{__name__}.Subgrid", lambda g: hpcckpt.Block(g.local, (0, 0), g.local.shape))
     a = np.ones((2, 2))
     assert block(Subgrid(a, (4, 0), (9, 3))).offset == (0, 0)  # the more specific registration wins
@@ -71,6 +79,8 @@ def test_an_object_may_describe_itself_with_hpcckpt_block():
 def test_an_unknown_object_or_a_bad_adapter_is_a_template_mismatch():
     with pytest.raises(hpcckpt.TemplateMismatchError, match="no hpcckpt adapter for builtins.list"):
         block([1, 2, 3])
+    with pytest.raises(hpcckpt.TemplateMismatchError, match=f"no hpcckpt adapter for {__name__}.Grid"):
+        block(Grid(np.ones(2), (0,), (2,)))  # registered by other tests, not by this one
 
     class Bad:
         pass

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 import json
 import os
 import shutil
@@ -502,10 +501,6 @@ def test_a_ragged_dataset_too_large_to_allocate_is_a_clean_error(tmp_path):
 
 
 def test_api_load_dispatches_hdf5_files(tmp_path):
-    import hpcckpt.api
-
-    if "hdf5" not in inspect.getsource(hpcckpt.api.load):
-        pytest.skip("api.load does not dispatch to hpcckpt.hdf5 yet")
     path = str(tmp_path / "in.h5")
     write_foreign(path)
     state = {"u": hpcckpt.Block(np.zeros((G0, G1)))}
@@ -538,10 +533,7 @@ def test_export_command_with_progress_bar(tmp_path, capsys):
 
 
 def test_cli_main_export(tmp_path, capsys):
-    from hpcckpt.cli import build_parser, main
-
-    if "export" not in build_parser().format_help():
-        pytest.skip("cli.py does not add the export command yet")
+    from hpcckpt.cli import main
     ck, out = str(tmp_path / "ck"), str(tmp_path / "out.h5")
     _checkpoint(ck)
     assert main(["export", ck, out]) == 0

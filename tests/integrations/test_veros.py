@@ -37,14 +37,15 @@ GRIDS = {4: (2, 2), 2: (2, 1), 1: (1, 1)}
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 
-def launch(tmp_path, nranks, root, *extra):
-    """Start one Veros run (a Popen; the script's output goes to ``root``.log)."""
+def launch(tmp_path, nranks, root, *extra, every=EVERY):
+    """Start one Veros run, checkpointing every ``every`` steps (a Popen; the script's output goes to
+    ``root``.log)."""
     px, py = GRIDS[nranks]
     log = open(tmp_path / f"{os.path.basename(root)}.log", "w")
     env = dict(os.environ, PYTHONPATH=os.path.dirname(HERE) + os.pathsep + os.environ.get("PYTHONPATH", ""),
                MPIR_CVAR_CH4_PROGRESS_THROTTLE="1", MPIR_CVAR_POLLS_BEFORE_YIELD="1")
     cmd = [mpiexec_path(), "-n", str(nranks), sys.executable, SCRIPT, str(root), str(px), str(py),
-           str(STEPS), str(EVERY), *GRID, *extra]
+           str(STEPS), str(every), *GRID, *extra]
     return subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT), log
 
 
@@ -184,3 +185,20 @@ def test_parts_tile_the_padded_array_and_repeats_are_replicated(px, py, cells, d
     no_x, no_y = (all(d not in axis for d in dims) for axis in (("xt", "xu"), ("yt", "yu")))
     assert is_replicated(dims) == (no_x or no_y)
     assert shared == ((no_x and px > 1) or (no_y and py > 1))  # so a shared part is always declared replicated
+
+
+def test_checkpoint_keep_prunes_old_versions_and_checkpoint_restore_false_starts_afresh(tmp_path):
+    every_step = tmp_path / "every-step"
+    finish(tmp_path, {"every-step": launch(tmp_path, 1, every_step, "--keep", "3", every=1)})
+    assert sorted(d for d in os.listdir(every_step) if d.startswith("step-")) == \
+        [f"step-{k:012d}" for k in range(STEPS - 2, STEPS + 1)]  # saved at every step, the newest 3 kept
+    shutil.copytree(every_step, tmp_path / "not-restored")
+    finish(tmp_path, {
+        "not-restored": launch(tmp_path, 1, tmp_path / "not-restored", "--no-restore", "--no-run",
+                               "--dump-restored", tmp_path / "dump-not-restored"),
+        "fresh": launch(tmp_path, 1, tmp_path / "fresh", "--no-run", "--dump-restored", tmp_path / "dump-fresh")})
+    step, state = arrays(tmp_path / "dump-not-restored")
+    fresh_step, fresh = arrays(tmp_path / "dump-fresh")
+    assert step == fresh_step == 0 and sorted(state) == sorted(fresh)
+    for name, value in fresh.items():  # the setup's own initial state, untouched by the checkpoints there
+        assert np.array_equal(np.asarray(state[name]), np.asarray(value)), name

@@ -114,7 +114,7 @@ def test_sigkill_at_random_instants_of_updates_leaves_the_old_or_the_new_version
         time.sleep(rng.uniform(0.0, 0.08))
         child.send_signal(signal.SIGKILL)
         reported = [int(x) for x in child.stdout.read().split()]
-        child.wait()
+        assert child.wait() == -signal.SIGKILL  # killed (the child sleeps after its last update, never exits)
         last = reported[-1] if reported else done
         mid_sequence += last < done + 6
         headers = [h for h in PmemImage(path, 0, 1, block).headers() if h is not None]

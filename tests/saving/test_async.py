@@ -2,7 +2,9 @@
 
 Run the MPI part with ``mpiexec -n N python tests/mpi_pytest.py --with-mpi -m mpi tests/saving/test_async.py``.
 The background writer is slowed down (a sleep before each write) so that a save
-that did not copy the state aside would see the application's later writes.
+that did not copy the state aside would see the application's later writes, or
+held (each write waits for an event the test sets) to prove what a save does
+before its writes run.
 """
 
 from __future__ import annotations
@@ -87,11 +89,18 @@ def test_staging_pool_is_bounded_and_blocks_until_a_buffer_is_released():
     pool = StagingPool(256)
     a, b = pool.acquire(128), pool.acquire(128)
     assert pool.allocated_bytes == 256
+    waiting = threading.Event()
+
+    class NotingCondition(threading.Condition):
+        def wait(self, timeout=None):
+            waiting.set()
+            return super().wait(timeout)
+
+    pool._cond = NotingCondition()
     got = []
     t = threading.Thread(target=lambda: got.append(pool.acquire(128)))
     t.start()
-    time.sleep(0.1)
-    assert not got  # the pool is full: acquire waits
+    assert waiting.wait(30) and not got  # the pool is full: acquire waits for a release
     pool.release(a)
     t.join(2)
     assert got and got[0] is a and pool.allocated_bytes == 256  # the same buffer, reused
@@ -207,23 +216,37 @@ def test_mutate_right_after_save_keeps_the_saved_values(comm, mpi_tmp, monkeypat
     assert len(blocking) == 2
 
 
+def _held_writes(monkeypatch, release):
+    """Every background write waits for ``release``; the list of what each wait returned (False: it timed out)."""
+    original = file_per_rank.SequentialFile.append
+    waited = []
+
+    def held(self, buffer):
+        waited.append(release.wait(30))
+        return original(self, buffer)
+
+    monkeypatch.setattr(file_per_rank.SequentialFile, "append", held)
+    return waited
+
+
 @pytest.mark.mpi(min_size=2)
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(90)
 def test_save_blocks_only_for_the_copy_and_skip_if_busy(comm, mpi_tmp, monkeypatch):
-    _slow_writes(monkeypatch, 0.5)  # the background write takes >= 0.5 s
+    release = threading.Event()
+    waited = _held_writes(monkeypatch, release)  # no write can finish before the test sets release
     a = np.ones(1000)
     blocking = []
     with Checkpointer(mpi_tmp, asynchronous=True, skip_if_busy=True, track_failures=False) as ck:
         monkeypatch.setattr(ck.pacer, "record_save", lambda step, s: blocking.append(s))
-        t = time.perf_counter()
-        ck.save({"u": _block(comm, a)}, 1)
-        assert time.perf_counter() - t < 0.4
+        assert ck.save({"u": _block(comm, a)}, 1).pending  # returned with its writes still held
         assert ck.save({"u": _block(comm, a)}, 2) is None  # busy: skipped, counted
         assert ck.skipped == 1
         assert ck.latest() is None  # step 1 is pending: latest() lists committed versions only
+        assert len(blocking) == 2  # the pacer got both saves' figures before any write ran: the foreground part
+        release.set()
         ck.wait()
         assert ck.steps() == [1] and ck.latest() == 1
-    assert blocking and blocking[0] < 0.4  # the pacer sees the foreground part only
+    assert waited and all(waited)  # every write waited for the release: none ran while save() had not returned
 
 
 @pytest.mark.mpi(min_size=2)

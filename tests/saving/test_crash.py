@@ -86,6 +86,30 @@ def _run_until_killed(cmd, env, timeout):
         pytest.fail(f"mpiexec did not terminate after a SIGKILL within {timeout} s: {exc.stdout!r} {exc.stderr!r}")
 
 
+def _killed_run(root: str, nranks: int, nsteps: int, victim: int, kill_at: int, env, timeout: int):
+    """crash_saves.py under mpiexec, its rank ``victim`` killing itself at its ``kill_at``-th file-system call;
+    once that kill has fired (the victim's marker is there and mpiexec failed): the mpiexec result, the steps
+    saved, the victim and its call.  A run that ends first is run again, continuing from what it committed: a
+    schedule beyond its last call is drawn again within the calls it made, and a victim that made none (its
+    writes all go through MPI-IO) is replaced by rank 0, which writes the metadata."""
+    marks = os.path.join(os.path.dirname(os.path.abspath(root)), "pids")
+    outputs = ""
+    for _ in range(3):
+        cmd = [mpiexec_path(), "-n", nranks, sys.executable, SCRIPT, root, "save", nsteps, victim, kill_at]
+        proc = _run_until_killed(list(map(str, cmd)), env, timeout)
+        outputs += proc.stdout
+        if os.path.exists(os.path.join(marks, "killed")):
+            assert proc.returncode != 0, (proc.returncode, proc.stdout, proc.stderr)
+            return proc, saved_steps(outputs), victim, kill_at
+        unkilled = os.path.join(marks, "unkilled")
+        assert proc.returncode == 0 and os.path.exists(unkilled), (proc.returncode, proc.stdout, proc.stderr)
+        with open(unkilled) as f:
+            made = int(f.read())
+        os.unlink(unkilled)
+        victim, kill_at = (victim, 1 + (kill_at - 1) % made) if made else (0, kill_at)
+    pytest.fail(f"rank {victim} was never killed: {outputs}")
+
+
 #: Every strategy must survive a SIGKILL; the seeds rotate through them (2 ranks per simulated node).
 STRATEGIES = ("file-per-rank", "aggregated", "shared-file")
 
@@ -104,11 +128,7 @@ def test_kill_at_seeded_io_call(tmp_path, seed):
     root = str(tmp_path / "root")
     # two versions saved before (here, by one plain process), so that there is something to protect
     presave(root, 2)
-    cmd = [mpiexec_path(), "-n", str(nranks), sys.executable, SCRIPT, root, "save", 6, victim, kill_at]
-    proc = _run_until_killed(list(map(str, cmd)), _env(seed), timeout=90)
-    saved = saved_steps(proc.stdout)
-    if proc.returncode == 0:  # the schedule fell after the last save: nothing was killed
-        assert saved == list(range(2, 8))
+    proc, saved, victim, kill_at = _killed_run(root, nranks, 6, victim, kill_at, _env(seed), timeout=90)
     last = saved[-1] if saved else 1
     latest = check_after_crash(root, last)
     print(f"{STRATEGIES[seed % 3]}: {nranks} ranks, rank {victim} killed at call {kill_at}: exit {proc.returncode}, saved {saved}, "
@@ -156,24 +176,43 @@ COMBINED = {"asynchronous": True, "incremental": True, "block_bytes": 4096, "loc
 
 
 def _committed_everywhere(tmp_path) -> dict[str, list[int]]:
-    """Every committed version on the root and on each node directory: checked exact for its step."""
+    """Every committed version on the root and on each node directory checked exact for its step: every chunk's
+    checksum, and its data read back equal to what that step saved (a node directory may hold only its own
+    ranks' files: there, every chunk it holds, at least one); the steps found in each."""
     where = {"root": str(tmp_path / "root")}
     local = tmp_path / "local"
     if local.exists():
         where.update({d: str(local / d) for d in sorted(os.listdir(local))})
     found = {}
     for label, directory in where.items():
-        steps = []
+        found[label] = []
         for e in current(list_versions(directory)):
-            if label != "root":
-                continue  # a node directory holds only its own ranks' files: checked through the restore below
             with hpcckpt.open(e.path) as view:
-                assert view.verify() == [], (e.path, view.verify())
+                problems = view.verify()
+                if label == "root":
+                    assert problems == [], (e.path, problems)
+                    assert np.array_equal(view.read("u"), global_data(e.step)), e.path
+                else:
+                    assert all(p.endswith(" is missing") for p in problems), (e.path, problems)
+                    assert _held_chunks_exact(view, global_data(e.step)) > 0, e.path
                 assert view.values["step"] == e.step
-                assert np.array_equal(view.read("u"), global_data(e.step)), e.path
-            steps.append(e.step)
-        found[label] = steps if label == "root" else [e.step for e in current(list_versions(directory))]
+            found[label].append(e.step)
     return found
+
+
+def _held_chunks_exact(view, data) -> int:
+    """How many chunks of ``u`` the version holds, each asserted equal to ``data`` in its box."""
+    chunks, held = view.variables["u"].chunks, 0
+    for start, count in zip(chunks.start, chunks.count):
+        box = tuple((int(a), int(a + n)) for a, n in zip(start, count))
+        try:
+            got = view.read("u", box)
+        except hpcckpt.CorruptCheckpointError as exc:
+            assert str(exc).endswith(" is missing"), exc
+            continue
+        assert np.array_equal(got, data[tuple(slice(a, b) for a, b in box)]), (view.path, box)
+        held += 1
+    return held
 
 
 @pytest.mark.parametrize("seed", [BASE + k for k in range(4)])
@@ -187,9 +226,7 @@ def test_kill_asynchronous_incremental_multilevel_saves(tmp_path, seed):
     kill_at = rng.randint(5, 80)
     root = str(tmp_path / "root")
     env = dict(_env(0), HPCCKPT_TEST_OPTIONS=json.dumps(COMBINED))
-    cmd = [mpiexec_path(), "-n", str(nranks), sys.executable, SCRIPT, root, "save", 8, victim, kill_at]
-    proc = _run_until_killed(list(map(str, cmd)), env, timeout=120)
-    saved = saved_steps(proc.stdout)
+    proc, saved, victim, kill_at = _killed_run(root, nranks, 8, victim, kill_at, env, timeout=120)
     found = _committed_everywhere(tmp_path)
     newest = max((s for steps in found.values() for s in steps), default=None)
     if len(saved) > 1:  # a later save returned: the one before it was committed (each save commits the previous)
@@ -228,9 +265,7 @@ def test_kill_saves_that_track_files(tmp_path, options, seed):
     victim, kill_at = rng.randrange(nranks), rng.randint(5, 60)
     root = str(tmp_path / "root")
     env = dict(_env(0), HPCCKPT_TEST_OPTIONS=json.dumps(options))
-    cmd = [mpiexec_path(), "-n", str(nranks), sys.executable, SCRIPT, root, "save", 6, victim, kill_at]
-    proc = _run_until_killed(list(map(str, cmd)), env, timeout=120)
-    saved = saved_steps(proc.stdout)
+    proc, saved, victim, kill_at = _killed_run(root, nranks, 6, victim, kill_at, env, timeout=120)
     print(f"{nranks} ranks, rank {victim} killed at call {kill_at}: exit {proc.returncode}, saved {saved}")
     proc = run_mpi(nranks, SCRIPT, root, "restore", 1, timeout=120,
                    env={"HPCCKPT_TEST_OPTIONS": json.dumps(options)})

@@ -146,14 +146,14 @@ def test_a_round_larger_than_the_staging_pool_streams_through_it(tmp_path):
 
 def test_a_round_still_writing_at_the_save_is_abandoned_and_the_next_rounds_start_earlier(tmp_path, monkeypatch):
     original = file_per_rank.SequentialFile.append
-    slow_rounds = [True]
+    release, waited = threading.Event(), []
 
-    def slow(self, buffer, hasher=None):
-        if "precopy-" in self.name and slow_rounds[0]:
-            time.sleep(0.2)
+    def held(self, buffer, hasher=None):  # a round's writes wait until the test releases them
+        if "precopy-" in self.name:
+            waited.append(release.wait(60))
         return original(self, buffer, hasher)
 
-    monkeypatch.setattr(file_per_rank.SequentialFile, "append", slow)
+    monkeypatch.setattr(file_per_rank.SequentialFile, "append", held)
     rng = np.random.default_rng(2)
     a = rng.random((ROWS, COLS))
     root = str(tmp_path / "root")
@@ -163,10 +163,11 @@ def test_a_round_still_writing_at_the_save_is_abandoned_and_the_next_rounds_star
         saved = _run(ck, a, 2 * EVERY, rng, dirty_rows=2, rounds_too=False)
         assert pc.plan.start == 0.25  # the round of the second interval was still writing at its save
         assert ck.last_result.incremental["precopied_bytes"] == 0
-        slow_rounds[0] = False
+        release.set()
         saved.update(_run(ck, a, EVERY, rng, dirty_rows=1, first=2 * EVERY + 1))
         assert pc.rounds == [] and ck.last_result.incremental["precopied_bytes"] > 0
     assert not os.path.exists(os.path.join(root, ".hpcckpt-precopy", "r000000"))  # the abandoned file too
+    assert all(waited)  # no round write gave up waiting
     _restore_all(root, saved)
 
 

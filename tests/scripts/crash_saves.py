@@ -8,7 +8,9 @@ print "SAVED k" (rank 0) after each save returns.  Each rank writes its pid to
 ROOT/../pids/<rank> first so that the test can kill it from outside.  With
 KILL_RANK/KILL_AT, that rank SIGKILLs itself just before its KILL_AT-th
 file-system call among write/fsync/replace/rename/unlink/rmdir/mkdir (inside a
-data write, before an fsync, before the metadata rename, during retention...).
+data write, before an fsync, before the metadata rename, during retention...),
+having written ROOT/../pids/killed ("<call> call <k>"); a run that ends first
+writes the number of calls it made to ROOT/../pids/unkilled.
 
 The save strategy comes from HPCCKPT_TEST_STRATEGY (default file-per-rank);
 HPCCKPT_TEST_OPTIONS (JSON) adds Checkpointer options, e.g. asynchronous,
@@ -94,13 +96,17 @@ def check_outputs(root: str, first: int, step: int) -> None:
     assert data[:1000 + 37 * step] == bytes([step % 256]) * (1000 + 37 * step), "field.bin not rolled back"
 
 
-def arm_kill(at: int) -> None:
+def arm_kill(at: int, marks: str) -> dict:
+    """SIGKILL this process just before its ``at``-th file-system call, after writing ``marks``/killed (through
+    Python's own file objects, which the wrapped calls do not count); the call counter."""
     calls = {"n": 0}
 
     def wrap(fn):
         def wrapped(*args, **kwargs):
             calls["n"] += 1
             if calls["n"] >= at:
+                with open(os.path.join(marks, "killed"), "w") as f:
+                    f.write(f"{fn.__name__} call {calls['n']}")
                 os.kill(os.getpid(), signal.SIGKILL)
             return fn(*args, **kwargs)
         return wrapped
@@ -108,6 +114,7 @@ def arm_kill(at: int) -> None:
     for name in ("write", "pwrite", "fsync", "replace", "rename", "unlink", "rmdir", "mkdir"):
         if hasattr(os, name):
             setattr(os, name, wrap(getattr(os, name)))
+    return calls
 
 
 def main(argv) -> int:
@@ -137,8 +144,7 @@ def main(argv) -> int:
     if mode == "restore":
         if comm.Get_rank() == 0:
             print(f"RESTORED {step}", flush=True)
-    if len(argv) > 5 and comm.Get_rank() == int(argv[4]):
-        arm_kill(int(argv[5]))
+    calls = arm_kill(int(argv[5]), pid_dir) if len(argv) > 5 and comm.Get_rank() == int(argv[4]) else None
     start = 0 if step is None else step + 1
     for k in range(start, start + nsteps):
         if files and comm.Get_rank() == 0:
@@ -147,6 +153,9 @@ def main(argv) -> int:
         if comm.Get_rank() == 0:
             print(f"SAVED {k}", flush=True)
     ck.close()
+    if calls is not None:  # the schedule fell after the run's last call: how many it made
+        with open(os.path.join(pid_dir, "unkilled"), "w") as f:
+            f.write(str(calls["n"]))
     return 0
 
 

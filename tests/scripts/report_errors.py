@@ -1,4 +1,4 @@
-"""An MPI program whose main code fails, under ``hpcckpt.report_errors`` (driven by tests/mpi/test_report_errors.py).
+"""An MPI program whose main code fails, under ``hpcckpt.report_errors`` (driven by tests/mpi_layer/test_report_errors.py).
 
     mpiexec -n N python report_errors.py ROOT MODE
 

@@ -1,4 +1,4 @@
-"""hpcckpt calls made on a subset of the ranks (driven by tests/mpi/test_watchdog.py).
+"""hpcckpt calls made on a subset of the ranks (driven by tests/mpi_layer/test_watchdog.py).
 
     mpiexec -n N python subset_call.py ROOT MODE
 

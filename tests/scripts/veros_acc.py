@@ -1,6 +1,7 @@
 """A small Veros ACC run with hpcckpt's Veros mixin (tests/integrations/test_veros.py, bench/veros.py).
 
     veros_acc.py ROOT PX PY STEPS EVERY [--kill-after ITT] [--dump-restored DUMPROOT] [--float-type T] [--cast]
+                 [--keep K] [--no-restore] [--no-run]
 
 Runs ``STEPS`` tracer steps in all (counted from the first start: a restore
 continues to the same end), checkpointing into ROOT every ``EVERY`` steps and
@@ -9,7 +10,9 @@ right after the checkpoint of iteration ITT; ``--sigterm-after ITT``: rank 1
 sends itself SIGTERM after iteration ITT (the run is to stop after a
 checkpoint at the next boundary, on every rank, exit status 0).  ``--dump-restored DUMPROOT``:
 after the restore, save the restored state (as this run's decomposition
-holds it) into DUMPROOT, before any step.  Veros' own file output is off
+holds it) into DUMPROOT, before any step.  ``--keep K``: checkpoint_keep;
+``--no-restore``: checkpoint_restore=False; ``--no-run``: stop after the setup
+(and the dump).  Veros' own file output is off
 (diskless mode): its h5py wheel cannot write files with the MPI driver.
 """
 
@@ -30,6 +33,9 @@ parser.add_argument("--sigterm-after", type=int)
 parser.add_argument("--dump-restored")
 parser.add_argument("--float-type", default="float64")
 parser.add_argument("--cast", action="store_true")
+parser.add_argument("--keep", type=int)
+parser.add_argument("--no-restore", action="store_true")
+parser.add_argument("--no-run", action="store_true")
 parser.add_argument("--nx", type=int, default=30)
 parser.add_argument("--ny", type=int, default=42)
 parser.add_argument("--nz", type=int, default=15)
@@ -59,6 +65,9 @@ class Run(Checkpointing, ACCSetup):
         settings.checkpoint_dir = args.root
         settings.checkpoint_frequency = args.every * DT
         settings.checkpoint_cast = args.cast
+        settings.checkpoint_restore = not args.no_restore
+        if args.keep is not None:
+            settings.checkpoint_keep = args.keep
 
     def step(self, state):
         super().step(state)
@@ -75,6 +84,8 @@ sim.setup()
 if args.dump_restored:
     with hpcckpt.Checkpointer(args.dump_restored, comm=runtime_settings.mpi_comm) as dump:
         dump.save(checkpoint_state(sim.state, 0.0), int(sim.state.variables.itt))
+if args.no_run:
+    raise SystemExit(0)
 sim.run()
 print(f"rank {runtime_settings.mpi_comm.Get_rank()}: run() returned at iteration {int(sim.state.variables.itt)}, "
       f"stop_reason {sim.stop_reason}", flush=True)

@@ -1,6 +1,6 @@
 """Collective save/load inside one mpiexec run (pytest-mpi): every test runs at 2, 3 and 4 ranks.
 
-Run with ``mpiexec -n N python tests/mpi_pytest.py --with-mpi -m mpi tests/mpi/test_mpi_core.py``.
+Run with ``mpiexec -n N python tests/mpi_pytest.py --with-mpi -m mpi tests/mpi_layer/test_mpi_core.py``.
 Every failure test checks that EVERY rank raises (pytest.raises runs on all
 ranks) and that no rank hangs (the agree() protocol; pytest-timeout as the
 backstop).

@@ -5,11 +5,14 @@ traceback, prefixed with the rank, and an MPI_Abort, so that no rank hangs."""
 from __future__ import annotations
 
 import os
+import socket
+import threading
 
 import pytest
 
 import hpcckpt
-from hpcckpt.mpi.report import one_line, prefixed
+from hpcckpt.mpi import report
+from hpcckpt.mpi.report import one_line, prefixed, unread_bytes, wait_until_taken
 from mpitools import ROOT, run_mpi
 
 SCRIPT = os.path.join(ROOT, "tests", "scripts", "report_errors.py")
@@ -82,12 +85,15 @@ class _Stop(Exception):
     """What the stand-in os._exit raises: the process would end here."""
 
 
-def _two_ranks(monkeypatch, rank=1, others_raise=True):
+def _two_ranks(monkeypatch, rank=1, others_raise=True, events=None):
     """A stand-in two-rank communicator whose Abort is recorded, and an os._exit that does not end pytest;
-    ``others_raise``: whether the other rank reaches the error path too (the non-blocking barrier completes)."""
+    ``others_raise``: whether the other rank reaches the error path too (the non-blocking barrier completes);
+    ``events``: a list that gets "drained" when the rank waits for its output to be taken, "aborted" at Abort."""
     from hpcckpt.mpi.collective import SerialComm
 
     aborted = []
+    events = [] if events is None else events
+    monkeypatch.setattr(report, "wait_until_taken", lambda fds, seconds: events.append(("drained", fds)))
 
     class Request:
         def Test(self):
@@ -102,6 +108,7 @@ def _two_ranks(monkeypatch, rank=1, others_raise=True):
 
         def Abort(self, code):
             aborted.append(code)
+            events.append("aborted")
 
         def Ibarrier(self):
             return Request()
@@ -114,12 +121,14 @@ def _two_ranks(monkeypatch, rank=1, others_raise=True):
 
 
 def test_an_exception_is_the_prefixed_traceback_then_abort(monkeypatch, capsys):
-    comm, aborted = _two_ranks(monkeypatch)
+    events = []
+    comm, aborted = _two_ranks(monkeypatch, events=events)
     with pytest.raises(_Stop):
         with hpcckpt.report_errors(comm):
             raise KeyError("missing")
     err = capsys.readouterr().err
     assert aborted == [1] and err.startswith("[rank 1] Traceback") and "[rank 1] KeyError: 'missing'" in err
+    assert events == [("drained", (1, 2)), "aborted"]  # stdout and stderr taken by the launcher, then the abort
     assert all(line.startswith("[rank 1] ") for line in err.splitlines()), err
 
 
@@ -151,3 +160,41 @@ def test_a_checkpoint_error_on_some_ranks_only_is_their_line_then_abort(monkeypa
     err = capsys.readouterr().err
     assert aborted == [1] and len(err.splitlines()) == 1, err
     assert err.startswith("[rank 1] hpcckpt: error: my own check failed.") and "did not raise it" in err
+
+
+def test_unread_bytes_of_a_pipe_and_a_socket_until_their_reader_takes_them(tmp_path):
+    r, w = os.pipe()
+    left, right = socket.socketpair()
+    with open(tmp_path / "log", "wb") as f, left, right:
+        try:
+            os.write(w, b"[rank 1] lost?\n")
+            left.sendall(b"[rank 1] lost?\n")
+            f.write(b"kept")
+            f.flush()
+            assert unread_bytes(w) == 15 and unread_bytes(left.fileno()) > 0
+            assert unread_bytes(f.fileno()) == 0  # a file keeps what was written
+            os.read(r, 100)
+            right.recv(100)
+            assert unread_bytes(w) == 0 and unread_bytes(left.fileno()) == 0
+        finally:
+            os.close(r)
+            os.close(w)
+    assert unread_bytes(w) == 0  # closed: nothing to wait for
+
+
+def test_wait_until_taken_returns_once_the_reader_has_read_and_gives_up_at_its_deadline(monkeypatch):
+    r, w = os.pipe()
+    try:
+        os.write(w, b"the last line")
+        assert not wait_until_taken([w], 0.0)  # nobody reads: false at the deadline
+        polled, taken = threading.Event(), []
+        reader = threading.Thread(target=lambda: (polled.wait(30), taken.append(os.read(r, 100))))
+        reader.start()
+        sleep = report.time.sleep
+        monkeypatch.setattr(report.time, "sleep", lambda s: (polled.set(), sleep(s)))  # the reader reads only
+        assert wait_until_taken([w], 30)  # once the wait is polling
+        assert taken == [b"the last line"]
+        reader.join()
+    finally:
+        os.close(r)
+        os.close(w)
