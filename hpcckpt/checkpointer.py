@@ -91,6 +91,9 @@ class Checkpointer:
     #: file and the failure and bandwidth histories go through it.  POSIX directories; the versions themselves
     #: are written and read by the save and load paths, in their own default storage, POSIX as well.
     storage: Storage = POSIX
+    #: Where the node-local levels' directories live (``local_dir``): a node-local file system, whatever storage
+    #: the root is in (an ``s3://`` root's L4 flush copies from here to the bucket).
+    local_storage: Storage = POSIX
 
     def __init__(self, root, comm=None, keep: int | None = None, *, policy=None, mtbf: float | None = None,
                  deadline: float | None = None, handle_signals: bool | None = None,

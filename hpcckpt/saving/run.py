@@ -418,12 +418,13 @@ class SaveRun:
             if self.failure is not None:
                 return
             made, self.failure = attempt(lambda: start_transport(self.comm, planned.directory, self.options,
-                                                                 series.cache, None, strategy, series.storage))
+                                                                 series.cache, None, strategy,
+                                                                 series.target_storage))
             if self.failure is not None:
                 return
         else:
             made = start_transport(self.comm, planned.directory, self.options, series.cache, planned.history,
-                                   strategy, series.storage)
+                                   strategy, series.target_storage)
             if self.failure is not None:  # capturing the tracked files failed: agreed at the commit
                 return
         ctx, strategy = made

@@ -1,10 +1,13 @@
-"""Save on N ranks to a Checkpointer root in a bucket, or restore there on any other number (tests/storage/test_storage_s3.py).
+"""Save on N ranks to a Checkpointer root in a bucket, or restore there on any other number (tests/storage/test_storage_s3*.py).
 
-    mpiexec -n 4 python tests/scripts/s3_ranks.py save s3://bucket/root
-    mpiexec -n 3 python tests/scripts/s3_ranks.py restore s3://bucket/root
+    mpiexec -n 4 python tests/scripts/s3_ranks.py save s3://bucket/root [LOCAL_DIR]
+    mpiexec -n 3 python tests/scripts/s3_ranks.py restore s3://bucket/root [LOCAL_DIR]
 
 The endpoint and keys come from boto3's environment variables.  A 1-d field of
-GLOBAL rows of width 7, split by rows as evenly as the ranks allow.
+GLOBAL rows of width 7, split by rows as evenly as the ranks allow.  With
+LOCAL_DIR, node-local levels too: two ranks per (simulated) node, partner
+copies at every save, the flush to the bucket every second one (and the newest
+at the end); the restore prints the level it read from.
 """
 
 import sys
@@ -29,8 +32,9 @@ def field(step, lo, hi):
 
 comm = MPI.COMM_WORLD
 mode, root = sys.argv[1], sys.argv[2]
+levels = dict(local_dir=sys.argv[3], ranks_per_node=2, partner_every=1, flush_every=2) if len(sys.argv) > 3 else {}
 lo, hi = share(comm)
-with hpcckpt.Checkpointer(root, comm, keep=2) as ck:
+with hpcckpt.Checkpointer(root, comm, keep=2, **levels) as ck:
     if mode == "save":
         for step in (1, 2, 3):
             ck.save({"u": hpcckpt.Block(field(step, lo, hi), (lo, 0), (GLOBAL, 7)), "step": step}, step=step)
@@ -43,3 +47,5 @@ with hpcckpt.Checkpointer(root, comm, keep=2) as ck:
         assert total == GLOBAL * 7
         if comm.rank == 0:
             print(f"restored step {got['step']} on {comm.size} ranks, versions {ck.steps()}")
+            if levels:
+                print(f"restored from {ck.engine.restored_level}")

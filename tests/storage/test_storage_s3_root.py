@@ -72,3 +72,22 @@ def test_incremental_chains_in_a_bucket(gateway):
         assert referenced(e.path, st) <= {x.name for x in live}
         _exact(e.path, saved[e.step])
     assert not referenced(live[0].path, st)
+
+
+def test_node_local_levels_flush_to_a_bucket(gateway, tmp_path):
+    """4 ranks on two simulated nodes save with partner copies into node-local directories and flush to the bucket
+    (the newest at the close); 3 ranks with empty node directories restore exactly from the bucket (L4)."""
+    from mpitools import run_mpi
+
+    from hpcckpt.storage.s3 import split_path
+
+    root = _root("levels")
+    proc = run_mpi(4, "tests/scripts/s3_ranks.py", "save", root, tmp_path / "local", timeout=300)
+    st = _s3(root)
+    # flushed: step 1 (due at the first save), step 3 (the newest, at the close); step 2 stayed node-local
+    assert [e.step for e in current(list_versions(root, st))] == [1, 3]
+    assert st.is_file(f"{root}/levels.json") and not st.exists(f"{root}/flush-in-progress.json")
+    bucket, key = split_path(root)
+    assert not any(k.endswith(".part") for k in st._keys_under(bucket, key + "/")), "a flush's .part object left"
+    proc = run_mpi(3, "tests/scripts/s3_ranks.py", "restore", root, tmp_path / "other", timeout=300)
+    assert "restored step 3 on 3 ranks" in proc.stdout and "restored from L4" in proc.stdout, proc.stdout
