@@ -91,3 +91,81 @@ def test_node_local_levels_flush_to_a_bucket(gateway, tmp_path):
     assert not any(k.endswith(".part") for k in st._keys_under(bucket, key + "/")), "a flush's .part object left"
     proc = run_mpi(3, "tests/scripts/s3_ranks.py", "restore", root, tmp_path / "other", timeout=300)
     assert "restored step 3 on 3 ranks" in proc.stdout and "restored from L4" in proc.stdout, proc.stdout
+
+
+def _dead_holders_lease(st, root: str, expires: float) -> str:
+    """The lock a job on a node that died left in the bucket: a lease it can no longer renew."""
+    import json
+
+    from hpcckpt.root import lock as rootlock
+
+    path = f"{root}/{rootlock.LOCK_FILE}"
+    st.make_directories(root)
+    st.atomic_write(path, json.dumps({"format": "hpcckpt-lock", "version": 1, "hostname": "node-that-died",
+                                      "pid": 4242, "slurm_job_id": None, "slurm_restart_count": None,
+                                      "start": expires - 100, "lease_seconds": 100.0, "expires": expires}).encode())
+    return path
+
+
+def test_a_dead_holders_lease_is_taken_over_once_expired(gateway):
+    """A lease still running refuses a new writer with the error a held POSIX lock gives; once expired (on the
+    injected clock) it is taken over with the take-over warning, and of two takers that judged the same lease
+    exactly one gets it (If-Match on its ETag)."""
+    import pytest
+
+    from hpcckpt.errors import CheckpointError
+    from hpcckpt.root import lock as rootlock
+
+    root = _root("lease")
+    st = _s3(root)
+    t0 = 2_000_000_000.0
+    path = _dead_holders_lease(st, root, t0 + 100)
+    with pytest.raises(CheckpointError, match="is being written by another job: pid 4242 on host node-that-died"
+                                              r".*run `hpcckpt unlock ROOT` or pass break_lock=True"):
+        rootlock.acquire(root, storage=st, clock=lambda: t0 + 99)
+    stale = rootlock._inspect(st, path)
+    with pytest.warns(RuntimeWarning, match="taking over the lock .* of pid 4242 on host node-that-died.*: its lease "
+                                            "expired at .* and was not renewed"):
+        mine = rootlock.acquire(root, storage=st, clock=lambda: t0 + 101)
+    assert mine.holder["pid"] != 4242 and mine.holder["expires"] == t0 + 101 + rootlock.LEASE_SECONDS
+    assert rootlock._take_over_lease(stale, rootlock.this_process(t0 + 101, 100.0)) is None  # the second taker
+    assert rootlock._inspect(st, path).holder["expires"] == mine.holder["expires"]
+    rootlock.release(mine)
+    assert not st.exists(path)
+
+
+def test_a_lease_is_renewed_and_a_holder_that_lost_it_stops(gateway, monkeypatch):
+    """A Checkpointer renews its lease at a save once a quarter of it has passed (not before); when another job
+    took the lease over (it had expired), the next save raises and the close leaves that job's lock alone."""
+    import json
+
+    import pytest
+
+    from hpcckpt.errors import CheckpointError
+    from hpcckpt.root import lock as rootlock
+
+    root = _root("renew")
+    st = _s3(root)
+    t = [2_000_000_000.0]
+    monkeypatch.setattr(rootlock, "now", lambda: t[0])
+    lease = rootlock.LEASE_SECONDS
+    path = f"{root}/{rootlock.LOCK_FILE}"
+    u = np.arange(100.0)
+    with hpcckpt.Checkpointer(root, track_failures=False) as ck:
+        ck.save({"u": hpcckpt.Block(u)}, step=1)
+        expires = rootlock._inspect(st, path).holder["expires"]
+        assert expires == t[0] + lease
+        t[0] += 0.2 * lease
+        ck.save({"u": hpcckpt.Block(u)}, step=2)
+        assert rootlock._inspect(st, path).holder["expires"] == expires  # not due yet: no request
+        t[0] += 0.1 * lease
+        ck.save({"u": hpcckpt.Block(u)}, step=3)
+        assert rootlock._inspect(st, path).holder["expires"] == t[0] + lease  # renewed
+        t[0] += 2 * lease  # the job stalled past its lease: another job takes it over
+        other = rootlock._inspect(st, path)
+        body = json.dumps({**other.holder, "hostname": "node-other", "pid": 77, "expires": t[0] + lease}).encode()
+        assert st.write_if_unchanged(path, body, other.stat)
+        with pytest.raises(CheckpointError, match="writer lock .* is no longer this job's: its lease expired at "
+                                                  ".* now held by pid 77 on host node-other"):
+            ck.save({"u": hpcckpt.Block(u)}, step=4)
+    assert rootlock._inspect(st, path).holder["pid"] == 77  # the close left the other job's lock
