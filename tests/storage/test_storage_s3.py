@@ -110,6 +110,8 @@ def test_a_checkpointer_root_in_a_bucket(gateway):
     with hpcckpt.Checkpointer(root + "-async", keep=2, asynchronous=True) as ck:
         for step in (1, 2, 3):
             ck.save({"u": hpcckpt.Block(u * step), "t": step}, step=step)
+        ck.wait()
+        assert ck.steps() == [2, 3]  # the engine's listing of the bucket
     with hpcckpt.Checkpointer(root + "-async", keep=2) as ck:
         got = ck.restore({"u": hpcckpt.Block(np.zeros(1000)), "t": None})
         assert got["t"] == 3 and np.array_equal(got["u"].local, u * 3)
