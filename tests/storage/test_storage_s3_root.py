@@ -74,6 +74,25 @@ def test_incremental_chains_in_a_bucket(gateway):
     assert not referenced(live[0].path, st)
 
 
+def test_incremental_saves_on_four_ranks_restore_on_three_and_continue(gateway):
+    """4 ranks save an incremental chain into the bucket; 3 ranks restore it exactly; 4 ranks of a new job restore
+    it, save one more incremental version on the restored base (whose block index rank 0 reads from the bucket
+    and broadcasts) and restore that exactly."""
+    from mpitools import run_mpi
+
+    root = _root("incremental-ranks")
+    run_mpi(4, "tests/scripts/s3_ranks.py", "save", root, "incremental=1", timeout=300)
+    st = _s3(root)
+    live = current(list_versions(root, st))
+    assert [e.step for e in live] == [1, 2, 3]  # keep=2, and step 1 holds blocks the kept ones reference
+    assert referenced(live[-1].path, st) >= {"step-000000000001"}
+    proc = run_mpi(3, "tests/scripts/s3_ranks.py", "restore", root, "incremental=1", timeout=300)
+    assert "restored step 3 on 3 ranks" in proc.stdout, proc.stdout
+    proc = run_mpi(4, "tests/scripts/s3_ranks.py", "resume", root, "incremental=1", timeout=300)
+    assert "restored step 4 on 4 ranks, versions [1, 3, 4]" in proc.stdout, proc.stdout
+    assert "step 4: incremental" in proc.stdout and " 0 bytes referenced" not in proc.stdout, proc.stdout
+
+
 def test_node_local_levels_flush_to_a_bucket(gateway, tmp_path):
     """4 ranks on two simulated nodes save with partner copies into node-local directories and flush to the bucket
     (the newest at the close); 3 ranks with empty node directories restore exactly from the bucket (L4)."""
@@ -82,14 +101,14 @@ def test_node_local_levels_flush_to_a_bucket(gateway, tmp_path):
     from hpcckpt.storage.s3 import split_path
 
     root = _root("levels")
-    proc = run_mpi(4, "tests/scripts/s3_ranks.py", "save", root, tmp_path / "local", timeout=300)
+    proc = run_mpi(4, "tests/scripts/s3_ranks.py", "save", root, f"local={tmp_path / 'local'}", timeout=300)
     st = _s3(root)
     # flushed: step 1 (due at the first save), step 3 (the newest, at the close); step 2 stayed node-local
     assert [e.step for e in current(list_versions(root, st))] == [1, 3]
     assert st.is_file(f"{root}/levels.json") and not st.exists(f"{root}/flush-in-progress.json")
     bucket, key = split_path(root)
     assert not any(k.endswith(".part") for k in st._keys_under(bucket, key + "/")), "a flush's .part object left"
-    proc = run_mpi(3, "tests/scripts/s3_ranks.py", "restore", root, tmp_path / "other", timeout=300)
+    proc = run_mpi(3, "tests/scripts/s3_ranks.py", "restore", root, f"local={tmp_path / 'other'}", timeout=300)
     assert "restored step 3 on 3 ranks, versions [1, 3]" in proc.stdout and "restored from L4" in proc.stdout, \
         proc.stdout
 
