@@ -91,6 +91,9 @@ class Checkpointer:
     #: file and the failure and bandwidth histories go through it.  POSIX directories; the versions themselves
     #: are written and read by the save and load paths, in their own default storage, POSIX as well.
     storage: Storage = POSIX
+    #: Where the node-local levels' directories live (``local_dir``): a node-local file system, whatever storage
+    #: the root is in (an ``s3://`` root's L4 flush copies from here to the bucket).
+    local_storage: Storage = POSIX
 
     def __init__(self, root, comm=None, keep: int | None = None, *, policy=None, mtbf: float | None = None,
                  deadline: float | None = None, handle_signals: bool | None = None,
@@ -193,6 +196,7 @@ class Checkpointer:
         config = _resize_agreed(comm, "a joined Checkpointer", _joining_root)
         self = cls.__new__(cls)
         self.root, self.comm, self.keep, self.options = config["root"], comm, config["keep"], config["options"]
+        self.storage = storage_for(self.root, self.storage)
         self.last_restored, self._closed, self._registered = config["last_restored"], False, None
         self._break_lock = config["break_lock"]
         self.files = FileTracker.following(config["files"], config["owners"])
@@ -335,14 +339,23 @@ class Checkpointer:
 
         Not at construction: a restore-only use (another job's root, a
         read-only root) must work without it.  Released by :meth:`close`, or
-        at interpreter exit for a Checkpointer never closed.
+        at interpreter exit for a Checkpointer never closed.  At a later save,
+        on a root whose lock is a lease (an object store), rank 0 renews it
+        (hpcckpt.root.lock.renew): one more collective.
         """
         if self._unlock is not None:
+            if self.storage.conditional_writes:  # the same on every rank: one storage per root
+                agree(self.comm, what, lambda: on_root(self.comm, lambda: rootlock.renew(self._held_lock())))
             return
         lock = agree(self.comm, what, lambda: on_root(self.comm, lambda: rootlock.acquire(self.root,
                                                                                          self._break_lock,
                                                                                          self.storage)))
         self._unlock = weakref.finalize(self, rootlock.release, lock)
+
+    def _held_lock(self):
+        """Rank 0: the RootLock its release (``_unlock``) holds; None elsewhere and once released."""
+        held = self._unlock.peek() if self._unlock is not None else None
+        return held[2][0] if held else None
 
     @_shielded
     def should_save(self, step: int) -> bool:

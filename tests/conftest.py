@@ -31,6 +31,9 @@ def mpi_tmp():
 
 #: Directories whose tests start their own daemons, nodes and mpiexec jobs: never collected under mpiexec.
 SERIAL_ONLY = tuple(os.path.join(os.path.dirname(os.path.abspath(__file__)), d) for d in ("slurm", "cluster"))
+#: Files that share one session's daemons (tests/storage/conftest.py: one Ceph gateway), by the start of their
+#: path: one worker of a parallel run takes them all.
+SHARED_DAEMONS = ("tests/storage/test_storage_s3",)
 
 
 def _serial_only(path) -> bool:
@@ -69,11 +72,13 @@ def run_nowhere(items) -> list[str]:
 def pytest_xdist_make_scheduler(config, log):
     """Under pytest-xdist (``-n``) a worker takes a whole test file, and a whole directory of SERIAL_ONLY: the
     module-scoped fixtures of a file are made once, and each directory's daemons (one SLURM cluster, one namespace
-    cluster) are started by one worker only, never twice at a time."""
+    cluster) and those of SHARED_DAEMONS (one Ceph gateway) are started by one worker only, never twice at a
+    time."""
     from xdist.scheduler import LoadFileScheduling
 
     config.option.loadscopereorder = False  # collection order: the directories first (pytest_collection_modifyitems)
     prefixes = tuple(os.path.relpath(d, str(config.rootpath)).replace(os.sep, "/") + "/" for d in SERIAL_ONLY)
+    prefixes += SHARED_DAEMONS
 
     class FilesAndDaemonDirectories(LoadFileScheduling):
         def _split_scope(self, nodeid: str) -> str:

@@ -27,7 +27,10 @@ from hpcckpt.root.catalog import resolve_version as catalog_resolve
 from hpcckpt.errors import CheckpointError
 from hpcckpt.format.metadata import Metadata
 from hpcckpt.core.names import DATA_DIR, METADATA_FILE
+from hpcckpt.storage import POSIX, Storage
+from hpcckpt.storage.base import DIRECTORY
 from hpcckpt.storage.metadata_file import read_metadata
+from hpcckpt.storage.s3 import storage_for
 from hpcckpt.core.humanize import format_duration as duration_text  # noqa: F401 - re-exported: the commands' one style
 from hpcckpt.core.humanize import format_time as time_text  # noqa: F401
 from hpcckpt.core.humanize import human_bytes  # noqa: F401
@@ -85,46 +88,60 @@ def short_repr(value, width: int = 60) -> str:
     return text if len(text) <= width else text[: width - 3] + "..."
 
 
-def dir_size(path: str) -> int:
-    """Apparent size of every regular file below ``path`` (symlinks not followed)."""
-    total = 0
-    for dirpath, _dirs, files in os.walk(path):
-        for name in files:
+def storage_of(path: str) -> Storage:
+    """The storage ``path`` is in, as ``hpcckpt.open`` chooses it: a bucket for ``s3://bucket/prefix``
+    (hpcckpt.storage.s3), else POSIX."""
+    return storage_for(path, POSIX)
+
+
+def _tree(path: str):
+    """The Stat of ``path`` and of everything below it, links not followed (what cannot be looked at is left
+    out): through the storage ``path`` is in."""
+    storage = storage_of(path)
+    todo = [path]
+    while todo:
+        here = todo.pop()
+        try:
+            st = storage.stat(here)
+        except OSError:
+            continue
+        if st is None:
+            continue
+        yield st
+        if st.kind == DIRECTORY:
             try:
-                st = os.lstat(os.path.join(dirpath, name))
+                todo += [os.path.join(here, name) for name in storage.listdir(here)]
             except OSError:
                 continue
-            total += st.st_size
-    return total
+
+
+def dir_size(path: str) -> int:
+    """Apparent size of everything but directories below ``path`` (symlinks not followed)."""
+    return sum(st.size for st in _tree(path) if st.kind != DIRECTORY)
 
 
 def newest_mtime(path: str) -> float:
-    """The latest modification time of ``path`` or anything below it."""
-    newest = 0.0
-    for dirpath, _dirs, files in os.walk(path):
-        for name in [None, *files]:
-            try:
-                newest = max(newest, os.lstat(dirpath if name is None else os.path.join(dirpath, name)).st_mtime)
-            except OSError:
-                continue
-    return newest
+    """The latest modification time of ``path`` or anything below it, in seconds."""
+    return max((st.modified / 1e9 for st in _tree(path)), default=0.0)
 
 
 def require_dir(path: str, what: str = "directory") -> str:
-    if not os.path.exists(path):
+    storage = storage_of(path)
+    if not storage.exists(path):
         raise CheckpointError(f"{path}: no such {what}")
-    if not os.path.isdir(path):
+    if not storage.is_directory(path):
         raise CheckpointError(f"{path}: not a directory")
     return path
 
 
 def require_root(root: str) -> str:
     require_dir(root, "checkpoint root")
-    if os.path.isfile(os.path.join(root, METADATA_FILE)):
+    storage = storage_of(root)
+    if storage.is_file(os.path.join(root, METADATA_FILE)):
         raise CheckpointError(f"{root} is a single checkpoint version, not a root of versions "
                               f"(try: hpcckpt inspect {root})")
-    if os.path.isdir(os.path.join(root, DATA_DIR)):
-        parent = os.path.dirname(os.path.abspath(root))
+    if storage.is_directory(os.path.join(root, DATA_DIR)):
+        parent = os.path.dirname(storage.realpath(root))
         raise CheckpointError(f"{root} is a partial version (an interrupted save: it has {DATA_DIR}/ but no "
                               f"{METADATA_FILE}), not a root of versions; it never counts, and "
                               f"`hpcckpt gc {parent}` removes it")
@@ -193,7 +210,8 @@ class VersionRow:
 
 
 def version_rows(root: str) -> list[VersionRow]:
-    entries = list_versions(root)
+    storage = storage_of(root)
+    entries = list_versions(root, storage)
     live = {e.name for e in current(entries)}
     rows = []
     for e in entries:
@@ -201,7 +219,7 @@ def version_rows(root: str) -> list[VersionRow]:
         if e.committed:
             row.state = "committed" if e.name in live else "superseded"
             try:
-                row.meta = read_metadata(e.path)
+                row.meta = read_metadata(e.path, storage)
             except CheckpointError as exc:
                 row.state, row.problem = "damaged", str(exc)
         rows.append(row)
@@ -220,11 +238,12 @@ def failure_estimate(root: str, prior_mtbf: float | None, details: bool = False)
     from hpcckpt.policy.history import HISTORY_FILENAME
 
     path = os.path.join(root, HISTORY_FILENAME)
-    if not os.path.isfile(path):
+    storage = storage_of(root)
+    if not storage.is_file(path):
         return None
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        history = FailureHistory.load(root, read_only=True)
+        history = FailureHistory.load(root, read_only=True, storage=storage)
     if caught:
         reason = str(caught[0].message).split(" (", 1)[-1].rsplit(")", 1)[0]
         return {"error": f"unreadable: {reason}"}, f"failure history: {path} is unreadable ({reason})"
@@ -256,7 +275,7 @@ def add_progress_flags(p: argparse.ArgumentParser, default: str) -> None:
 
 def metadata_dir(path: str) -> str:
     """``path``, or the version directory it names when it is that version's ``metadata.json`` file."""
-    if os.path.basename(os.path.normpath(path)) == METADATA_FILE and os.path.isfile(path):
+    if os.path.basename(os.path.normpath(path)) == METADATA_FILE and storage_of(path).is_file(path):
         return os.path.dirname(os.path.normpath(path)) or "."
     return path
 
@@ -266,7 +285,7 @@ def resolve_version(path: str) -> tuple[str, str | None]:
     committed version when it is a root."""
     path = metadata_dir(path)
     require_dir(path, "checkpoint")
-    version, entry = catalog_resolve(path)
+    version, entry = catalog_resolve(path, storage_of(path))
     if entry is None:
         return version, None
     return version, f"{path} is a root; showing its newest committed version {entry.name}"

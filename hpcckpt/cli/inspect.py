@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 
 
 from hpcckpt.core.encoding import dtype_to_json
@@ -13,27 +12,26 @@ from hpcckpt.loading.view import CheckpointView
 
 
 from hpcckpt.cli.common import (EXIT_OK, box_str, dtype_str, human_bytes, print_table, resolve_version, shape_str, short_repr,
-                     time_text)
+                     storage_of, time_text)
 
 
 # --------------------------------------------------------------------------- inspect
 
 def _file_sizes(view: CheckpointView) -> list[int | None]:
     """Size of each data file (None when missing or not allowed); ``@VERSION/...`` references resolved."""
-    from hpcckpt.storage.posix import confined_path
-
     out = []
     for name in view.meta.files:
         try:
-            out.append(os.stat(confined_path(view.path, name)).st_size)
+            st = view.storage.stat(view.storage.resolve(view.path, name), follow=True)
         except (OSError, CheckpointError):
-            out.append(None)
+            st = None
+        out.append(None if st is None else st.size)
     return out
 
 
 def cmd_inspect(args) -> int:
     path, note = resolve_version(args.path)
-    with CheckpointView(path) as view:
+    with CheckpointView(path, storage_of(path)) as view:
         meta = view.meta
         sizes = _file_sizes(view)
         if args.json:

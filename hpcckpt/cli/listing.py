@@ -11,10 +11,11 @@ import json
 import os
 
 from hpcckpt.cli.common import (EXIT_FAIL, EXIT_OK, VersionRow, failure_estimate, human_bytes, print_table,
-                                require_root, time_text, version_rows)
+                                require_root, storage_of, time_text, version_rows)
 from hpcckpt.core.names import parse_version_name
 from hpcckpt.errors import CheckpointError
 from hpcckpt.root.catalog import list_versions
+from hpcckpt.storage.base import DIRECTORY
 
 #: How many directory levels below a directory without versions ``hpcckpt ls`` looks for Checkpointer roots.
 SEARCH_DEPTH = 3
@@ -28,7 +29,7 @@ def cmd_ls(args) -> int:
     estimate = failure_estimate(root, args.prior_mtbf, details=args.details)
     from hpcckpt.levels.status import format_levels, levels_status
 
-    levels = levels_status(root)  # None unless a multi-level Checkpointer used this root
+    levels = levels_status(root, storage_of(root))  # None unless a multi-level Checkpointer used this root
     below = [] if rows else roots_below(root)
     found = bool(rows or below or levels)
     if args.json:
@@ -81,24 +82,30 @@ def roots_below(top: str, depth: int = SEARCH_DEPTH) -> list[tuple[str, int]]:
     follows no symbolic link and enters neither a root, a version directory
     nor a hidden directory; the roots come sorted by path.
     """
+    storage = storage_of(top)
     found, level = [], [top]
     for _ in range(depth):
         deeper = []
         for path in level:
             try:
-                with os.scandir(path) as it:
-                    dirs = [e.path for e in it if e.is_dir(follow_symlinks=False) and not e.name.startswith(".")
-                            and parse_version_name(e.name) is None]
+                names = [n for n in storage.listdir(path) if not n.startswith(".") and parse_version_name(n) is None]
+                dirs = [os.path.join(path, n) for n in names if _is_directory(storage, os.path.join(path, n))]
             except OSError:
                 continue
             for d in dirs:
-                n = len(list_versions(d))
+                n = len(list_versions(d, storage))
                 if n:
                     found.append((d, n))
                 else:
                     deeper.append(d)
         level = deeper
     return sorted(found)
+
+
+def _is_directory(storage, path: str) -> bool:
+    """Whether ``path`` is a directory itself (a link to one is not)."""
+    st = storage.stat(path)
+    return st is not None and st.kind == DIRECTORY
 
 
 def _chain(r: VersionRow) -> dict | None:

@@ -11,7 +11,8 @@ import warnings
 from hpcckpt.root.catalog import current, list_versions, remove_versions, removable
 
 
-from hpcckpt.cli.common import EXIT_FAIL, EXIT_OK, dir_size, duration_text, human_bytes, newest_mtime, print_table, require_root
+from hpcckpt.cli.common import (EXIT_FAIL, EXIT_OK, dir_size, duration_text, human_bytes, newest_mtime, print_table,
+                                require_root, storage_of)
 
 
 # --------------------------------------------------------------------------- unlock
@@ -20,7 +21,7 @@ def cmd_unlock(args) -> int:
     from hpcckpt.root.lock import remove_lock
 
     root = require_root(args.root)
-    lock = remove_lock(root, force=args.force)
+    lock = remove_lock(root, force=args.force, storage=storage_of(root))
     print(f"removed the writer lock of {root} (held by {lock.describe()})" if lock is not None
           else f"{root} has no writer lock")
     return EXIT_OK
@@ -32,10 +33,11 @@ def cmd_halt(args) -> int:
     from hpcckpt.root.halt import halt_path, request, withdraw
 
     root = require_root(args.root)
+    storage = storage_of(root)
     if args.remove:
-        print(f"removed {halt_path(root)}" if withdraw(root) else f"{root} has no halt file")
+        print(f"removed {halt_path(root)}" if withdraw(root, storage) else f"{root} has no halt file")
         return EXIT_OK
-    path = request(root, args.reason or "")
+    path = request(root, args.reason or "", storage)
     print(f"wrote {path}: the job writing {root} checkpoints and exits at its next maybe_save/should_save "
           f"decision, and removes the file when it closes")
     return EXIT_OK
@@ -46,15 +48,16 @@ def cmd_halt(args) -> int:
 def cmd_gc(args) -> int:
     """One table (ACTION, VERSION, SIZE, REASON) of what was compacted, kept and removed, then a summary line."""
     root = require_root(args.root)
-    entries = list_versions(root)
+    storage = storage_of(root)
+    entries = list_versions(root, storage)
     table = []
     if args.compact:
         from hpcckpt.incremental.chain import compact
 
-        for line in compact(root, args.keep, dry_run=args.dry_run):
+        for line in compact(root, args.keep, dry_run=args.dry_run, storage=storage):
             name, _, what = line.partition(": ")
             table.append(("would compact" if args.dry_run else "compacted", name, "", what))
-        entries = list_versions(root)
+        entries = list_versions(root, storage)
     live = current(entries)
     kept_by_keep = {e.name for e in (live[-args.keep:] if args.keep else live)}
     newest_rev = {e.step: e.name for e in live}

@@ -13,7 +13,7 @@ from hpcckpt.loading.view import CheckpointView
 
 
 from hpcckpt.cli.common import (EXIT_FAIL, EXIT_OK, duration_text, human_bytes, metadata_dir, progress_bar, require_dir,
-                     show_progress)
+                     show_progress, storage_of)
 
 #: ``verify`` shows a progress bar on a terminal from this many bytes on.
 PROGRESS_THRESHOLD = 64 << 20
@@ -25,9 +25,10 @@ def _targets(path: str) -> tuple[list[str], str]:
     """The version directories ``verify PATH`` checks, and a note on what it skipped."""
     path = metadata_dir(path)
     require_dir(path, "checkpoint")
-    if os.path.isfile(os.path.join(path, METADATA_FILE)):
+    storage = storage_of(path)
+    if storage.is_file(os.path.join(path, METADATA_FILE)):
         return [path], ""
-    entries = list_versions(path)
+    entries = list_versions(path, storage)
     live = current(entries)
     if not entries:
         return [path], ""  # not a root either: read_metadata gives the "no committed checkpoint" error
@@ -45,7 +46,7 @@ def cmd_verify(args) -> int:
     try:
         for target in targets:
             try:
-                views.append(CheckpointView(target))
+                views.append(CheckpointView(target, storage_of(target)))
             except CorruptCheckpointError as exc:
                 problems.append(str(exc))
             except CheckpointError as exc:

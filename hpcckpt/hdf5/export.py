@@ -36,11 +36,18 @@ class ExportResult:
     attributes: list[str] = field(default_factory=list)
 
 
+def _view(checkpoint_path):
+    """A view of the checkpoint at ``checkpoint_path``, in the storage its path names (s3://: a bucket)."""
+    from hpcckpt.loading.view import CheckpointView
+    from hpcckpt.storage.s3 import storage_for
+
+    path = os.fspath(checkpoint_path)
+    return CheckpointView(path, storage_for(path, POSIX))
+
+
 def export_nbytes(checkpoint_path) -> int:
     """The bytes of array data an export of ``checkpoint_path`` moves (the total for a progress bar)."""
-    from hpcckpt.loading.view import CheckpointView
-
-    with CheckpointView(os.fspath(checkpoint_path)) as view:
+    with _view(checkpoint_path) as view:
         return sum(v.nbytes for v in view.variables.values())
 
 
@@ -52,8 +59,6 @@ def export(checkpoint_path, out_h5, progress=None, *, overwrite: bool = False) -
     is refused unless ``overwrite=True``; the new file appears only once
     complete (written as ``out_h5 + ".tmp"``, then renamed).
     """
-    from hpcckpt.loading.view import CheckpointView
-
     h5py = h5py_module()
     out = os.fspath(out_h5)
     if os.path.isdir(out):
@@ -66,7 +71,7 @@ def export(checkpoint_path, out_h5, progress=None, *, overwrite: bool = False) -
         POSIX.make_directories(parent)  # `hpcckpt export run/ckpt out/step300.h5` into a new directory
     except OSError as exc:
         raise CheckpointError(f"cannot create the directory {parent!r} for {out!r}: {exc.strerror or exc}") from None
-    with CheckpointView(os.fspath(checkpoint_path)) as view:
+    with _view(checkpoint_path) as view:
         attributes = _value_attributes(view.values, h5py)
         for name in view.variables:
             problem = _dataset_name_problem(name)

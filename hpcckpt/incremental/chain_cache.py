@@ -71,15 +71,15 @@ def stamp(directory: str, storage: Storage = POSIX) -> tuple:
     return st.identity, st.modified, st.size
 
 
-def chosen_base(explicit, chain_base: str | None, parent: str | None = None):
+def chosen_base(explicit, chain_base: str | None, parent: str | None = None, storage: Storage = POSIX):
     """The base an incremental save names: ``explicit`` (the ``base`` option), else ``chain_base`` (the version a
-    Checkpointer saved or restored last) while it is still committed and, given ``parent``, lies in that
-    directory; else None (:func:`resolve_base` then takes the newest committed one)."""
+    Checkpointer saved or restored last) while it is still committed in ``storage`` and, given ``parent``, lies
+    in that directory; else None (:func:`resolve_base` then takes the newest committed one)."""
     if explicit is not None:
         return explicit
-    if chain_base is None or not os.path.isfile(os.path.join(chain_base, METADATA_FILE)):
+    if chain_base is None or not storage.is_file(os.path.join(chain_base, METADATA_FILE)):
         return None
-    if parent is not None and os.path.dirname(os.path.abspath(chain_base)) != os.path.abspath(parent):
+    if parent is not None and os.path.dirname(storage.realpath(chain_base)) != storage.realpath(parent):
         return None
     return chain_base
 
@@ -111,13 +111,13 @@ def resolve_base(directory: str, base, io_root: str | None, storage: Storage = P
     return storage.realpath(base), stamp(base, storage)
 
 
-def base_index(comm, what: str, key, held_by_all) -> ChainIndex | None:
+def base_index(comm, what: str, key, held_by_all, storage: Storage = POSIX) -> ChainIndex | None:
     """Collective when some rank lacks it: the index of the base ``key`` (rank 0's) on every rank, or None.
 
     ``held_by_all``: the keys every rank holds (the intersection of what the
     ranks reported from :func:`held`, the same on every rank).  When every
-    rank holds the index, no message is sent; otherwise rank 0 reads (or takes
-    from its cache) and broadcasts it.
+    rank holds the index, no message is sent; otherwise rank 0 reads it from
+    ``storage`` (or takes it from its cache) and broadcasts it.
     """
     if key is None:
         return None
@@ -126,7 +126,7 @@ def base_index(comm, what: str, key, held_by_all) -> ChainIndex | None:
             from hpcckpt.storage.metadata_file import read_metadata
 
             index = _INDEXES.get(key)
-            return index if index is not None else ChainIndex.from_metadata(read_metadata(key[0]),
+            return index if index is not None else ChainIndex.from_metadata(read_metadata(key[0], storage),
                                                                             os.path.basename(key[0]))
 
         _keep(key, bcast_checked(comm, what, read))

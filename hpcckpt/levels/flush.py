@@ -11,19 +11,24 @@ an uncommitted directory, which does not count and is cleared later.
 
 from __future__ import annotations
 
+import errno
 import os
 import threading
 import time
 
 from hpcckpt.storage.base import Storage
 
+#: The buffer of a copy between two storages (node-local to an object store: at least one multipart part).
+COPY_BYTES = 8 << 20
+
 
 class FlushThread:
-    """Copies each ``(src, dst)`` of ``copies`` in ``storage`` in turn (none: a rank with no data copies nothing)."""
+    """Copies each ``(src, dst)`` of ``copies``, from ``source`` (the node directories' storage) to ``target``
+    (the root's), in turn (none: a rank with no data copies nothing)."""
 
-    def __init__(self, storage: Storage, copies: list[tuple[str, str]], fsync: bool = True,
+    def __init__(self, source: Storage, target: Storage, copies: list[tuple[str, str]], fsync: bool = True,
                  bandwidth: float | None = None, low_priority: bool = True):
-        self.storage, self.copies, self.fsync = storage, copies, fsync
+        self.source, self.target, self.copies, self.fsync = source, target, copies, fsync
         self.bandwidth = bandwidth
         self.low_priority = low_priority
         self.error: BaseException | None = None
@@ -48,17 +53,19 @@ class FlushThread:
                 except OSError:
                     pass
             for src, dst in self.copies:
-                self.nbytes += copy_file(self.storage, src, dst, self.fsync, self.bandwidth)
+                self.nbytes += copy_file(self.source, src, dst, self.fsync, self.bandwidth, self.target)
         except BaseException as exc:  # noqa: BLE001 - reported at the next collective call
             self.error = exc
         finally:
             self.seconds = time.perf_counter() - t0
 
 
-def copy_file(storage: Storage, src: str, dst: str, fsync: bool = True, bandwidth: float | None = None) -> int:
-    """Copy ``src`` to a new ``dst``, both in ``storage`` (written as ``dst.part`` then renamed); return the bytes
-    copied."""
-    storage.make_directories(os.path.dirname(dst))
+def copy_file(storage: Storage, src: str, dst: str, fsync: bool = True, bandwidth: float | None = None,
+              target: Storage | None = None) -> int:
+    """Copy ``src`` in ``storage`` to a new ``dst`` in ``target`` (``storage`` too unless given), written as
+    ``dst.part`` then renamed; return the bytes copied."""
+    target = storage if target is None else target
+    target.make_directories(os.path.dirname(dst))
     tmp = dst + ".part"
     t0 = time.perf_counter()
 
@@ -69,14 +76,33 @@ def copy_file(storage: Storage, src: str, dst: str, fsync: bool = True, bandwidt
 
     fi, size = storage.open_read(src)
     try:
-        fo = storage.create_replacing(tmp)
+        fo = target.create_replacing(tmp)
         try:
-            done = storage.append_from(fo, fi, size, src, pace if bandwidth else None)
+            if target is storage:
+                done = storage.append_from(fo, fi, size, src, pace if bandwidth else None)
+            else:
+                done = _copy_across(storage, fi, target, fo, size, src, pace if bandwidth else None)
             if fsync:
-                storage.sync(fo)
+                target.sync(fo)
         finally:
-            storage.close(fo, fsync=False)
+            target.close(fo, fsync=False)
     finally:
         storage.close_read(fi)
-    storage.replace(tmp, dst)
+    target.replace(tmp, dst)
+    return done
+
+
+def _copy_across(source: Storage, fi, target: Storage, fo, size: int, name: str, pace=None) -> int:
+    """``Storage.append_from`` between two storages: bytes ``[0, size)`` of ``fi`` (of ``source``) appended to
+    ``fo`` (of ``target``) through one buffer of COPY_BYTES; OSError naming ``name`` when ``fi`` ends first."""
+    buf = memoryview(bytearray(min(size, COPY_BYTES)))
+    done = 0
+    while done < size:
+        n = source.read_at(fi, done, buf[:min(len(buf), size - done)])
+        if n == 0:
+            raise OSError(errno.EIO, f"{name} shrank while being copied ({done} of {size} bytes)")
+        target.append(fo, buf[:n])
+        done += n
+        if pace is not None:
+            pace(done)
     return done

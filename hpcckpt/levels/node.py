@@ -12,7 +12,7 @@ commit then calls, in this order and on every rank:
    bytes in its node directory.
 3. :meth:`retain` (local): node leaders drop versions beyond ``keep``.
 4. :meth:`start_flush` when due: a background copy of each rank's file to the
-   shared root (L4), committed by :meth:`poll_flush` (collective) at a later
+   shared root (L4, in the root's own storage: a bucket too), committed by :meth:`poll_flush` (collective) at a later
    call once every rank's copy is done.
 
 :meth:`discard` (collective) removes every trace of a version that failed.
@@ -59,13 +59,18 @@ class NodeLevels:
     its options, in the order the commit runs them), ``auto_levels`` (the
     intervals are derived), ``level_costs`` (the costs they were derived
     from, once known), ``layout``, ``node_dir``, ``leader``, ``storage``
-    (where the node directories and the root live: every file the levels
-    touch goes through it, and each Level gets it too).
+    (where the node directories live: every file of L1 to L3, RS and PM
+    goes through it, and each Level gets it too) and ``root_storage``
+    (where the root lives, ``storage`` unless given: the L4 flush writes
+    there, levels.json and the flush marker live there, a restore from L4
+    reads there; an object store's bucket, say, while the node directories
+    stay on a node-local file system).
     """
 
     def __init__(self, comm, root: str, keep: int | None, ranks_per_node: int | None, options: LevelOptions,
-                 storage: Storage = Level.storage):
+                 storage: Storage = Level.storage, root_storage: Storage | None = None):
         self.comm, self.root, self.keep, self.options, self.storage = comm, root, keep, options, storage
+        self.root_storage = storage if root_storage is None else root_storage
         self.rank = comm.Get_rank()
         # no explicit interval: derive them (partner copy every checkpoint, flush_every from Benoit et al.'s
         # multi-level optimum with the given costs, or with the costs measured on the first checkpoint)
@@ -108,7 +113,7 @@ class NodeLevels:
                     "local_failure_fraction": self.options.local_failure_fraction if self.auto_levels else None,
                     "level_method": self.options.level_method if self.auto_levels else None})
         try:
-            self.storage.atomic_write(os.path.join(self.root, LEVELS_FILE), json.dumps(doc, indent=1).encode(),
+            self.root_storage.atomic_write(os.path.join(self.root, LEVELS_FILE), json.dumps(doc, indent=1).encode(),
                                       fsync=False)
         except OSError as exc:
             warn(f"hpcckpt: cannot write {LEVELS_FILE} under {self.root!r}: {exc}")
@@ -204,7 +209,8 @@ class NodeLevels:
             self.flush_marker({"version": name, "step": step, "ranks": self.comm.Get_size(),
                                "started": time.time(), "pid": os.getpid()})
         self.on_root.add(name)
-        self.flush = Flush(name, FlushThread(self.storage, copies, fsync, self.options.flush_bandwidth),
+        self.flush = Flush(name, FlushThread(self.storage, self.root_storage, copies, fsync,
+                                             self.options.flush_bandwidth),
                            raw if self.rank == 0 else None, frozenset(references or ()), local_cost)
 
     def flush_marker(self, doc: dict | None) -> None:
@@ -212,9 +218,9 @@ class NodeLevels:
         path = os.path.join(self.root, FLUSH_MARKER)
         try:
             if doc is None:
-                self.storage.remove_file(path)
+                self.root_storage.remove_file(path)
             else:
-                self.storage.atomic_write(path, json.dumps(doc).encode(), fsync=False)
+                self.root_storage.atomic_write(path, json.dumps(doc).encode(), fsync=False)
         except FileNotFoundError:
             pass
         except OSError as exc:
@@ -249,7 +255,7 @@ class NodeLevels:
         if failed:
             self.on_root.discard(f.name)
             if self.rank == 0:
-                self.storage.discard_tree(path)
+                self.root_storage.discard_tree(path)
                 warn(f"hpcckpt: flushing {f.name} to the shared root failed ({failed}); "
                      "it stays on the node-local levels only")
             return True
@@ -258,16 +264,16 @@ class NodeLevels:
             if f.meta is None:
                 return
             missing = sorted(v for v in f.references
-                             if not self.storage.is_file(os.path.join(self.root, v, METADATA_FILE)))
+                             if not self.root_storage.is_file(os.path.join(self.root, v, METADATA_FILE)))
             if missing:
                 self.on_root.discard(f.name)
-                self.storage.discard_tree(path)
+                self.root_storage.discard_tree(path)
                 warn(f"hpcckpt: {f.name} is not committed on the shared root: the versions it builds on "
                      f"({missing}) are not there; it stays on the node-local levels only")
                 return
-            commit_version(path, f.meta, fsync=True, storage=self.storage)
+            commit_version(path, f.meta, fsync=True, storage=self.root_storage)
             best_effort(f"retention under {self.root!r}", lambda: remove_versions(
-                removable(list_versions(self.root, self.storage), self.keep)))
+                removable(list_versions(self.root, self.root_storage), self.keep)))
 
         agree(self.comm, f"commit of the flush of {f.name}", lambda: on_root(self.comm, commit))
         if self.rank == 0:

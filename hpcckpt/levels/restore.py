@@ -106,7 +106,7 @@ def restore_levels(engine, state, step, strict, cast=False):
         e.name for e in list_versions(node.node_dir, node.storage) if e.committed])]
     local_any = set().union(*local_sets)
     root_names = bcast_checked(comm, f"listing {ckpt.root!r}", lambda: [
-        e.name for e in list_versions(ckpt.root, node.storage) if e.committed])
+        e.name for e in list_versions(ckpt.root, node.root_storage) if e.committed])
     names = sorted(local_any | set(root_names), key=_order, reverse=True)
     local_dir = node.options.local_dir
     if step is not None:
@@ -139,7 +139,7 @@ def restore_levels(engine, state, step, strict, cast=False):
             path = os.path.join(ckpt.root, name)
             try:
                 out = load_version(state, path, comm, strict=strict, expect_step=_order(name)[0], cast=cast,
-                                   storage=node.storage)
+                                   storage=node.root_storage)
             except TemplateMismatchError:
                 raise
             except CheckpointError as exc:  # agreed: every rank goes on to the next version alike

@@ -27,7 +27,7 @@ from hpcckpt.root.catalog import list_versions
 from hpcckpt.errors import CheckpointError
 from hpcckpt.core.humanize import format_duration, table_lines
 from hpcckpt.core.names import METADATA_FILE
-from hpcckpt.storage.posix import read_bounded
+from hpcckpt.storage import POSIX, Storage
 from hpcckpt.levels import FLUSH_MARKER, LEVELS_FILE
 from hpcckpt.levels.registry import LEVELS
 
@@ -36,9 +36,9 @@ from hpcckpt.levels.registry import LEVELS
 _MAX_JSON = 1 << 20
 
 
-def _load_json(path: str):
+def _load_json(path: str, storage: Storage = POSIX):
     try:
-        return json.loads(read_bounded(path, _MAX_JSON))
+        return json.loads(storage.read_file(path, _MAX_JSON))
     except (OSError, ValueError, RecursionError, CheckpointError):
         return None
 
@@ -48,45 +48,50 @@ def level_columns() -> list[tuple[str, str]]:
     return [(cls.key, cls.label) for cls in LEVELS.values()]
 
 
-def levels_status(root: str) -> dict | None:
-    """The levels of every version under ``root`` (None when the root has no ``levels.json``).
+def levels_status(root: str, storage: Storage = POSIX) -> dict | None:
+    """The levels of every version under ``root``, in ``storage`` (None when the root has no ``levels.json``).
+    The node directories are node-local: looked at through POSIX.
 
     Each version's entry has ``L1_nodes`` and ``nodes``, one boolean per
     registered level under its label (:func:`level_columns`) and ``L4``.
     """
-    conf = _load_json(os.path.join(root, LEVELS_FILE))
-    marker = _load_json(os.path.join(root, FLUSH_MARKER))
+    conf = _load_json(os.path.join(root, LEVELS_FILE), storage)
+    marker = _load_json(os.path.join(root, FLUSH_MARKER), storage)
     if not isinstance(conf, dict):
-        return None if marker is None else {"config": None, "versions": [], "flush": _flush(root, marker)}
+        return None if marker is None else {"config": None, "versions": [], "flush": _flush(root, marker, storage)}
     node_dirs = [d for d in conf.get("node_dirs") or [] if isinstance(d, str)]
     visible = [d for d in node_dirs if os.path.isdir(d)]
-    on_root = {e.name for e in list_versions(root) if e.committed}
+    root_entries = list_versions(root, storage)
+    on_root = {e.name for e in root_entries if e.committed}
     by_name: dict[str, dict] = {}
     for d in visible:
         for e in list_versions(d):
             if e.committed:
-                by_name.setdefault(e.name, {"step": e.step, "nodes": 0, "meta": os.path.join(e.path, METADATA_FILE)})
+                by_name.setdefault(e.name, {"step": e.step, "nodes": 0, "meta": os.path.join(e.path, METADATA_FILE),
+                                            "storage": POSIX})
                 by_name[e.name]["nodes"] += 1
     for name in on_root:
         if name not in by_name:
-            e = next(x for x in list_versions(root) if x.name == name)
-            by_name[name] = {"step": e.step, "nodes": 0, "meta": os.path.join(e.path, METADATA_FILE)}
+            e = next(x for x in root_entries if x.name == name)
+            by_name[name] = {"step": e.step, "nodes": 0, "meta": os.path.join(e.path, METADATA_FILE),
+                             "storage": storage}
     versions = []
     for name in sorted(by_name):
         info = by_name[name]
-        meta = _load_json(info["meta"]) or {}
+        meta = _load_json(info["meta"], info["storage"]) or {}
         lv = (meta.get("extra") or {}).get("levels") if isinstance(meta.get("extra"), dict) else None
         lv = lv if isinstance(lv, dict) else {}
         versions.append({"name": name, "step": info["step"], "L1_nodes": info["nodes"], "nodes": len(node_dirs),
                          **{label: bool(lv.get(key)) for key, label in level_columns()}, "L4": name in on_root})
-    return {"config": conf, "visible_node_dirs": len(visible), "versions": versions, "flush": _flush(root, marker)}
+    return {"config": conf, "visible_node_dirs": len(visible), "versions": versions,
+            "flush": _flush(root, marker, storage)}
 
 
-def _flush(root: str, marker) -> dict | None:
+def _flush(root: str, marker, storage: Storage) -> dict | None:
     if not isinstance(marker, dict):
         return None
     name = marker.get("version")
-    done = isinstance(name, str) and os.path.isfile(os.path.join(root, name, METADATA_FILE))
+    done = isinstance(name, str) and storage.is_file(os.path.join(root, name, METADATA_FILE))
     return {**marker, "state": "stale (already committed)" if done else "in progress (or interrupted)"}
 
 

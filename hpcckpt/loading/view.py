@@ -30,6 +30,7 @@ class CheckpointView:
 
     def __init__(self, path: str, storage: Storage = POSIX):
         self.path = os.fspath(path)
+        self.storage = storage
         self.meta = read_metadata(self.path, storage)
         self.values = {name: decode_value(v, repr(name)) for name, v in self.meta.values.items()}
         self._reader = ChunkReader(self.path, self.meta, storage)

@@ -17,6 +17,20 @@ the one POSIX-only part: every other access goes through the root's Storage
 (POSIX by default); on another Storage the exclusively created file alone is
 the lock, and a holder on this host is judged by its pid only.
 
+On a Storage with conditional writes (``Storage.conditional_writes``: an
+object store) the lock is a *lease*: its body also holds ``"lease_seconds"``
+and ``"expires"`` (the holder's clock, seconds since the epoch), and the holder
+renews it (:func:`renew`, at each save once a quarter of the lease has passed)
+by replacing the object only if it is still the one it wrote
+(``Storage.write_if_unchanged``: ``If-Match`` its ETag).  A node that dies
+stops renewing; once its lease has expired on the taker's clock, the lock is
+stale.  The take-over of a lease is the same conditional replacement, so of
+two takers exactly one gets it, and a holder whose lease was taken over learns
+it at its next renewal (a CheckpointError: this job no longer writes the root).
+A lease assumes the clocks of the holder and the taker differ by far less than
+:data:`LEASE_SECONDS`, and a job must save at least once per lease (or set
+``HPCCKPT_LOCK_LEASE`` to a longer one, in seconds).
+
 A lock that exists is *stale*, and is taken over with a warning, when
 (:func:`stale_reason`):
 
@@ -24,7 +38,8 @@ A lock that exists is *stale*, and is taken over with a warning, when
   count: SLURM requeues a job only after the previous attempt ended), or
 * it was taken on this host and its process is gone, or its ``flock`` is free
   (the process ended and its pid was reused), or
-* it was taken by this very process (a Checkpointer that was never closed).
+* it was taken by this very process (a Checkpointer that was never closed), or
+* it was taken on another host and its lease has expired.
 
 Any other lock (another host, a live process) makes the save fail with a
 CheckpointError naming the holder.  When that job is known to be gone (a crash
@@ -59,7 +74,7 @@ from hpcckpt.core.warn import warn
 from hpcckpt.errors import CheckpointError
 from hpcckpt.core.humanize import format_time
 from hpcckpt.storage import POSIX, PosixStorage, Storage
-from hpcckpt.storage.base import DIRECTORY, FILE, LINK
+from hpcckpt.storage.base import DIRECTORY, FILE, LINK, Stat
 from hpcckpt.storage.posix import flock_exclusive, flock_free
 
 LOCK_FILE = ".hpcckpt-lock"
@@ -74,17 +89,49 @@ _NOT_JSON = "a file whose body is not JSON"
 _FULL_DIR = "a directory that is not empty"
 #: What a lock being written right now looks like for a moment (created, body not written yet).
 _MAYBE_BEING_WRITTEN = (_EMPTY, _NOT_JSON)
+#: How long a lease lasts without renewal, in seconds (HPCCKPT_LOCK_LEASE overrides it).
+LEASE_SECONDS = 3600.0
+#: A holder renews its lease at a save once this fraction of it has passed.
+RENEW_AFTER = 0.25
+
+
+def now() -> float:
+    """The time leases are judged and written by (seconds since the epoch): :func:`acquire` and :func:`renew`
+    read it unless given another clock."""
+    return time.time()
+
+
+def lease_seconds() -> float:
+    """The lease of a lock taken now: HPCCKPT_LOCK_LEASE (seconds, positive) or LEASE_SECONDS."""
+    text = os.environ.get("HPCCKPT_LOCK_LEASE")
+    if text is None:
+        return LEASE_SECONDS
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value < float("inf"):
+        raise CheckpointError(f"HPCCKPT_LOCK_LEASE must be a positive number of seconds, got {text!r}")
+    return value
 
 
 @dataclass
 class RootLock:
     """Rank 0's hold on a root: the open lock file (a handle of ``storage.create``, keeping the flock on POSIX;
-    None once released) and the body it wrote."""
+    None once released, and for a lease taken over) and the body it wrote; for a lease, the Stat of the lock
+    object as this process last wrote it (``seen``: what a renewal and the release compare against) and
+    ``released``."""
 
     path: str
     handle: object
     body: bytes
     storage: Storage = POSIX
+    seen: Stat | None = None
+    released: bool = False
+
+    @property
+    def holder(self) -> dict:
+        return json.loads(self.body)
 
 
 @dataclass(frozen=True)
@@ -105,25 +152,34 @@ class LockFile:
     holder: dict
     problem: str | None
     storage: Storage = POSIX
+    stat: Stat | None = None
 
     def describe(self) -> str:
         """Its holder, or why it has none, for messages."""
         return describe(self.holder) if self.problem is None else f"no job: it is {self.problem}"
 
 
-def this_process() -> dict:
-    """The lock body that names the calling process (and its SLURM job, if any)."""
+def this_process(at: float | None = None, lease: float | None = None) -> dict:
+    """The lock body that names the calling process (and its SLURM job, if any), taken at ``at`` (:func:`now`
+    by default); with ``lease``, a lease of that many seconds from ``at``."""
     rc = os.environ.get("SLURM_RESTART_COUNT")
-    return {"format": _FORMAT, "version": 1, "hostname": socket.gethostname(), "pid": os.getpid(),
+    at = now() if at is None else at
+    body = {"format": _FORMAT, "version": 1, "hostname": socket.gethostname(), "pid": os.getpid(),
             "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
-            "slurm_restart_count": int(rc) if rc is not None and rc.isdigit() else None, "start": time.time()}
+            "slurm_restart_count": int(rc) if rc is not None and rc.isdigit() else None, "start": at}
+    if lease is not None:
+        body.update(lease_seconds=lease, expires=at + lease)
+    return body
 
 
-def stale_reason(holder: dict, me: dict, pid_alive: Callable[[int], bool], flock_free: bool) -> str | None:
+def stale_reason(holder: dict, me: dict, pid_alive: Callable[[int], bool], flock_free: bool,
+                 now: float | None = None) -> str | None:
     """Why the lock ``holder`` may be taken over by ``me`` (see the module docstring), or None when it may not.
 
-    Pure: the caller says whether a pid is alive on this host and whether the
-    lock file's flock could be taken.
+    Pure: the caller says whether a pid is alive on this host, whether the
+    lock file's flock could be taken and, for a lease, what time it is now
+    (a lease is never judged without ``now``).  A holder on this host is
+    judged by its process, whatever its lease says.
     """
     job, rc = holder.get("slurm_job_id"), holder.get("slurm_restart_count")
     if (job is not None and job == me.get("slurm_job_id") and type(rc) is int
@@ -131,6 +187,10 @@ def stale_reason(holder: dict, me: dict, pid_alive: Callable[[int], bool], flock
         return f"it was taken by restart {rc} of this SLURM job ({job}), which has ended"
     pid = holder.get("pid")
     if holder.get("hostname") != me.get("hostname") or type(pid) is not int or pid <= 0:
+        expires = holder.get("expires")
+        if now is not None and type(expires) in (int, float) and expires < now:
+            return (f"its lease expired at {format_time(expires)} and was not renewed (the job or its node is "
+                    "gone)")
         return None
     if pid == me.get("pid"):
         return "this process took it through a Checkpointer that was not closed"
@@ -170,7 +230,13 @@ def check_holder(doc) -> tuple[dict, str | None]:
     return {"format": _FORMAT, "version": version if type(version) is int else None, "hostname": host, "pid": pid,
             "slurm_job_id": job if _is_name(job) else None,
             "slurm_restart_count": rc if type(rc) is int and 0 <= rc <= _MAX_PID else None,
-            "start": start if type(start) in (int, float) else None}, None
+            "start": start if type(start) in (int, float) else None,
+            "expires": _finite(doc.get("expires")), "lease_seconds": _finite(doc.get("lease_seconds"))}, None
+
+
+def _finite(value) -> float | None:
+    """``value`` when it is a finite number (a lease's time), else None."""
+    return value if type(value) in (int, float) and abs(value) < float("inf") else None
 
 
 def describe(holder: dict) -> str:
@@ -178,12 +244,14 @@ def describe(holder: dict) -> str:
     if not holder:
         return "an unknown process (the lock file is empty or unreadable)"
     job = f", SLURM job {holder['slurm_job_id']}" if holder.get("slurm_job_id") else ""
-    start = holder.get("start")
+    start, expires = holder.get("start"), holder.get("expires")
     since = f" since {format_time(start)}" if isinstance(start, (int, float)) else ""
-    return f"pid {holder.get('pid')} on host {holder.get('hostname')}{job}{since}"
+    lease = f", its lease until {format_time(expires)}" if isinstance(expires, (int, float)) else ""
+    return f"pid {holder.get('pid')} on host {holder.get('hostname')}{job}{since}{lease}"
 
 
-def acquire(root: str, force: bool = False, storage: Storage = POSIX) -> RootLock:
+def acquire(root: str, force: bool = False, storage: Storage = POSIX, clock: Callable[[], float] | None = None
+            ) -> RootLock:
     """Take the writer lock of ``root`` (rank 0, at the first save); CheckpointError if another job holds it.
 
     ``force``: take over any lock but a provably alive holder's
@@ -191,10 +259,12 @@ def acquire(root: str, force: bool = False, storage: Storage = POSIX) -> RootLoc
     lock path that no job can hold (:func:`_inspect`) is refused without
     ``force``, naming what it is, and removed with it, except a directory that
     is not empty.  An unwritable root (read-only mount, no permission) is a
-    CheckpointError that says so.
+    CheckpointError that says so.  ``clock``: the time a lease is judged and
+    taken at (module docstring).
     """
     path = os.path.join(root, LOCK_FILE)
-    me = this_process()
+    at = (clock or now)()
+    me = this_process(at, lease_seconds() if storage.conditional_writes else None)
     for attempt in range(_ATTEMPTS):
         try:
             handle = storage.create(path)
@@ -211,13 +281,18 @@ def acquire(root: str, force: bool = False, storage: Storage = POSIX) -> RootLoc
                 why = "break_lock=True was given"
             else:
                 flock_free = _flock_free(storage, path)
-                why = stale_reason(lock.holder, me, _pid_alive, flock_free)
+                why = stale_reason(lock.holder, me, _pid_alive, flock_free, at)
                 if why is None:
                     live = alive_here(lock.holder, me, _pid_alive, flock_free)
                     if live or not force:
                         raise CheckpointError(_held_message(root, lock, live)) from None
                     why = "break_lock=True was given"
             warn(f"hpcckpt: taking over the lock {path} of {lock.describe()}: {why}", RuntimeWarning)
+            if storage.conditional_writes and lock.stat is not None and lock.stat.kind == FILE:
+                taken = _take_over_lease(lock, me)
+                if taken is not None:
+                    return taken
+                continue  # another taker won, or the holder renewed: look again
             _remove_if_unchanged(lock)
             continue
         except OSError as exc:
@@ -230,16 +305,55 @@ def acquire(root: str, force: bool = False, storage: Storage = POSIX) -> RootLoc
 
 def release(lock: RootLock | None) -> None:
     """Drop the lock: remove the file if it is still ours (not taken over meanwhile), close it."""
-    if lock is None or lock.handle is None:
+    if lock is None or lock.released:
         return
+    lock.released = True
     try:
-        if lock.storage.names_handle(lock.path, lock.handle):
+        if _still_ours(lock):
             lock.storage.remove_file(lock.path)
     except OSError:
         pass  # gone already, or the root went away: nothing left to release
     finally:
-        lock.storage.close(lock.handle, fsync=False)
-        lock.handle = None
+        if lock.handle is not None:
+            lock.storage.close(lock.handle, fsync=False)
+            lock.handle = None
+
+
+def _still_ours(lock: RootLock) -> bool:
+    """Whether the lock path still holds the lock this process wrote: the object it last wrote, for a lease
+    (a renewal rewrites it); the very file its handle writes, otherwise."""
+    if lock.seen is not None:
+        st = lock.storage.stat(lock.path)
+        return st is not None and st.tag == lock.seen.tag
+    return lock.handle is not None and lock.storage.names_handle(lock.path, lock.handle)
+
+
+def renew(lock: RootLock | None, clock: Callable[[], float] | None = None) -> None:
+    """Rank 0 at a save: extend a lease once :data:`RENEW_AFTER` of it has passed (nothing for a lock that is no
+    lease); CheckpointError when another job took it over meanwhile (its lease had expired)."""
+    if lock is None or lock.seen is None or lock.released:
+        return
+    holder, at = lock.holder, (clock or now)()
+    lease = holder["lease_seconds"]
+    if at < holder["expires"] - lease * (1 - RENEW_AFTER):
+        return
+    body = json.dumps({**holder, "expires": at + lease}).encode()
+    if not lock.storage.write_if_unchanged(lock.path, body, lock.seen):
+        now_there = _inspect(lock.storage, lock.path)
+        who = now_there.describe() if now_there is not None else "nobody (it was removed)"
+        raise CheckpointError(f"the writer lock {lock.path} is no longer this job's: its lease expired at "
+                              f"{format_time(holder['expires'])} and it is now held by {who}. Another job may be "
+                              "writing the root: this job stops saving there")
+    lock.body, lock.seen = body, lock.storage.stat(lock.path)
+
+
+def _take_over_lease(lock: LockFile, me: dict) -> RootLock | None:
+    """Replace the stale lease ``lock`` by this process's, only if it is still the object judged (one of two
+    takers wins); the new RootLock, or None when it changed meanwhile."""
+    body = json.dumps(me).encode()
+    if not lock.storage.write_if_unchanged(lock.path, body, lock.stat):
+        return None
+    return RootLock(lock.path, None, body, lock.storage, lock.storage.stat(lock.path))
 
 
 def remove_lock(root: str, force: bool = False, storage: Storage = POSIX) -> LockFile | None:
@@ -302,6 +416,7 @@ def _fill(storage: Storage, path: str, handle, me: dict) -> RootLock:
         body = json.dumps(me).encode()
         storage.append(handle, body)
         storage.sync(handle)
+        seen = storage.stat(path) if storage.conditional_writes else None
     except OSError as exc:
         storage.close(handle, fsync=False)
         try:
@@ -309,7 +424,7 @@ def _fill(storage: Storage, path: str, handle, me: dict) -> RootLock:
         except OSError:
             pass
         raise CheckpointError(f"cannot write the lock {path}: {exc.strerror}") from None
-    return RootLock(path, handle, body, storage)
+    return RootLock(path, handle, body, storage, seen)
 
 
 def _inspect(storage: Storage, path: str) -> LockFile | None:
@@ -342,9 +457,9 @@ def _inspect(storage: Storage, path: str) -> LockFile | None:
         except CheckpointError as exc:
             problem = f"unreadable ({exc})"
     if raw is None:
-        return LockFile(path, identity, None, {}, problem, storage)
+        return LockFile(path, identity, None, {}, problem, storage, st)
     holder, problem = _parse(raw)
-    return LockFile(path, identity, raw, holder, problem, storage)
+    return LockFile(path, identity, raw, holder, problem, storage, st)
 
 
 def _parse(raw: bytes) -> tuple[dict, str | None]:

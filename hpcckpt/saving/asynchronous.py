@@ -119,7 +119,7 @@ class Engine:
         self.series.staging_bytes = options.staging_bytes
         if options.levels.enabled:
             self.series.levels = NodeLevels(self.comm, ckpt.root, ckpt.keep, ckpt.options.ranks_per_node,
-                                            options.levels, ckpt.storage)
+                                            options.levels, ckpt.local_storage, ckpt.storage)
         self.restored_level: str | None = None
         self.pending: SaveRun | None = None
         self.skipped = 0
@@ -262,9 +262,9 @@ class Engine:
             return None
         node_dir = self.node.node_dir
         names = {n for ns in allgather_checked(self.comm, f"listing {node_dir!r}", lambda: [
-            e.name for e in list_versions(node_dir) if e.committed]) for n in ns}
+            e.name for e in list_versions(node_dir, self.node.storage) if e.committed]) for n in ns}
         root = bcast_checked(self.comm, f"listing {self.ckpt.root!r}", lambda: [
-            e.name for e in list_versions(self.ckpt.root) if e.committed])
+            e.name for e in list_versions(self.ckpt.root, self.ckpt.storage) if e.committed])
         return current([_entry(n, True, self._path(n)) for n in sorted(names | set(root))])
 
     def committed_here(self) -> list[VersionEntry]:
@@ -275,9 +275,9 @@ class Engine:
         nodes' directories (a node replaced after a failure) is missing here
         but found by :meth:`live`.
         """
-        names = {e.name for e in list_versions(self.ckpt.root) if e.committed}
+        names = {e.name for e in list_versions(self.ckpt.root, self.ckpt.storage) if e.committed}
         if self.node is not None:
-            names |= {e.name for e in list_versions(self.node.node_dir) if e.committed}
+            names |= {e.name for e in list_versions(self.node.node_dir, self.node.storage) if e.committed}
         return current([_entry(n, True, self._path(n)) for n in sorted(names)])
 
     def _path(self, name: str) -> str:

@@ -205,11 +205,11 @@ def commit_on_root(version: VersionToCommit, plan: Reconciled, values: dict, par
         meta, nbytes, nchunks, summary = incremental_metadata(plan.variables, dtypes, plan.codecs, plan.tables,
                                                               values, nranks, version.step,
                                                               {**extra, "incremental": dict(version.info)})
-        parent = os.path.dirname(os.path.realpath(version.directory))
+        parent = os.path.dirname(version.storage.realpath(version.directory))
         references = frozenset(referenced_versions(meta.files))
         for ref in references:
-            if not os.path.isfile(os.path.join(parent, ref, METADATA_FILE)):
+            if not version.storage.is_file(os.path.join(parent, ref, METADATA_FILE)):
                 raise CheckpointError(f"the base version {ref} was removed during the save")
     raw = commit_version(version.directory, meta, version.fsync, version.storage, version.synced)
-    chain = chain_cache.committed(version.directory, meta) if version.info else None
+    chain = chain_cache.committed(version.directory, meta, version.storage) if version.info else None
     return Committed(raw, nbytes, nchunks, summary, chain, references, stats)

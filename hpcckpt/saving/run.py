@@ -293,7 +293,8 @@ class SaveRun:
             name = os.path.basename(series.names.next_path(self.request.step))
             path = series.version_path(name)
         directory = path if series.levels is None or self.request.directory is not None else series.target(name)
-        index = chain_cache.base_index(self.comm, self.what, root.base, held) if is_incremental(opts) else None
+        index = chain_cache.base_index(self.comm, self.what, root.base, held, series.target_storage) \
+            if is_incremental(opts) else None
         return Planned(name, path, directory, root.strategy if hit and root.strategy else "", index=index,
                        history=root.history)
 
@@ -315,8 +316,6 @@ class SaveRun:
             path = series.names.next_path(check_step(request.step))
         base = None
         if is_incremental(opts):
-            if storage is not POSIX:
-                raise CheckpointError("incremental saves build on versions in POSIX storage only")
             base = self._base(path)
         history = io_history.read(series.root) if opts.strategy == "auto" and storage.shared_files else None
         strategy = self._cached_strategy(history) if self.local.key == series.cache.key else None
@@ -342,7 +341,8 @@ class SaveRun:
         for a flush must find its base on the root, else it is a full version."""
         series = self.series
         target = series.levels.node_dir if series.levels is not None else series.root
-        chosen = chain_cache.chosen_base(self.options.base, series.chain_base, target)
+        storage = series.target_storage
+        chosen = chain_cache.chosen_base(self.options.base, series.chain_base, target, storage)
         look_in = target
         if series.levels is not None:
             path = os.path.join(target, os.path.basename(path))
@@ -350,7 +350,7 @@ class SaveRun:
                 if chosen is not None and os.path.basename(chosen) not in series.levels.on_root:
                     chosen = None
                 look_in = None
-        return chain_cache.resolve_base(path, chosen, look_in)
+        return chain_cache.resolve_base(path, chosen, look_in, storage)
 
     def _cached_strategy(self, history) -> str:
         """Rank 0: the strategy of a save whose plan is cached (``auto`` decided from the recorded bandwidths)."""
@@ -418,12 +418,13 @@ class SaveRun:
             if self.failure is not None:
                 return
             made, self.failure = attempt(lambda: start_transport(self.comm, planned.directory, self.options,
-                                                                 series.cache, None, strategy, series.storage))
+                                                                 series.cache, None, strategy,
+                                                                 series.target_storage))
             if self.failure is not None:
                 return
         else:
             made = start_transport(self.comm, planned.directory, self.options, series.cache, planned.history,
-                                   strategy, series.storage)
+                                   strategy, series.target_storage)
             if self.failure is not None:  # capturing the tracked files failed: agreed at the commit
                 return
         ctx, strategy = made
@@ -511,7 +512,7 @@ class SaveRun:
         if self.series.levels is not None or self.request.background:
             extra["asynchronous"] = self.request.background
         return VersionToCommit(self.planned.directory, self.request.step, extra, self.selection.info,
-                               self.options.fsync, self.series.storage,
+                               self.options.fsync, self.series.target_storage,
                                synced=extra["strategy"] == "file-per-rank" and self.writer is None,
                                tracked=self.series.tracker is not None and bool(self.series.tracker.patterns),
                                levels=levels)

@@ -29,7 +29,10 @@ class Stat:
     store: its version tag), comparable only within one process.  ``modified``:
     changes when the object is rewritten in place (POSIX: mtime in ns).
     ``target``: for a symbolic link looked at without following it, what it
-    points to (None when unreadable or not a link).
+    points to (None when unreadable or not a link).  ``tag``: where the
+    backend has conditional writes, what names this very content of the
+    object (an object store's ETag; :meth:`Storage.write_if_unchanged`),
+    else None.
     """
 
     kind: str
@@ -37,6 +40,7 @@ class Stat:
     identity: tuple
     modified: int = 0
     target: str | None = None
+    tag: str | None = None
 
     def describe(self) -> str:
         """What it is, in words: 'a FIFO', 'a directory', ..."""
@@ -82,6 +86,9 @@ class Storage(ABC):
       transports that write one file from many ranks (aggregated,
       shared-file, through MPI-IO or pwrite) can use it; with False only
       file-per-rank runs.
+    * ``conditional_writes``: :meth:`write_if_unchanged` works (an object
+      store's ``If-Match``); the writer lock is then a lease
+      (hpcckpt.root.lock).
 
     Call order of a Checkpointer root's bookkeeping (rank 0 only; see the
     methods under "root" below for what each guarantees):
@@ -117,6 +124,7 @@ class Storage(ABC):
 
     durable: bool = False
     shared_files: bool = False
+    conditional_writes: bool = False
 
     # ----------------------------------------------------------------- save
     @abstractmethod
@@ -290,6 +298,13 @@ class Storage(ABC):
         """Fill ``buffer`` from ``offset`` of the file ``handle`` (of :meth:`open_read`) reads; the count read,
         fewer only where the file ends first (0 at or past its end).  OSError (EINVAL) for a negative
         ``offset``."""
+
+    def write_if_unchanged(self, path: str, data: bytes, seen: Stat) -> bool:
+        """Replace the file at ``path`` by a new one holding ``data``, in one step, only if it is still the
+        object ``seen`` (a :class:`Stat` of it with a ``tag``) held: of two writers that saw the same object,
+        exactly one succeeds.  False, writing nothing, when it changed or is gone.  Only where
+        ``conditional_writes`` (NotImplementedError elsewhere)."""
+        raise NotImplementedError(f"{type(self).__name__} has no conditional writes")
 
     def discard_tree(self, path: str) -> None:
         """Remove what can be removed of the directory tree at ``path``; never raises.  For what a failed or

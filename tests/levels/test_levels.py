@@ -259,6 +259,24 @@ def test_level_files_go_through_the_storage_given():
     assert not storage.exists("/root/v1/" + rank_file(0) + ".part")
 
 
+def test_a_flush_copies_from_the_node_storage_into_the_roots(monkeypatch):
+    """The L4 copy from one storage (the node directories') into another (the root's: a bucket, say), through a
+    buffer smaller than the file: every byte arrives, nothing is written on the source side, no .part is left."""
+    from hpcckpt.core.names import rank_file
+    from hpcckpt.levels import flush
+    from hpcckpt.storage import MemoryStorage
+
+    monkeypatch.setattr(flush, "COPY_BYTES", 1000)
+    node, root = MemoryStorage(), MemoryStorage()
+    payload = bytes(range(256)) * 40
+    src, dst = "/node-0/v1/" + rank_file(0), "/root/v1/" + rank_file(0)
+    node.make_directories("/node-0/v1/data")
+    node.atomic_write(src, payload)
+    assert flush.copy_file(node, src, dst, target=root) == len(payload)
+    assert root.read_file(dst, 1 << 20) == payload and not root.exists(dst + ".part")
+    assert not node.exists("/root") and node.read_file(src, 1 << 20) == payload
+
+
 @pytest.mark.parametrize("asynchronous", [False, True])
 def test_a_save_with_other_options_on_the_levels_is_planned_again_and_restores(tmp_path, asynchronous):
     """After saves that plan on each rank against the cached plan, a save asking for another codec (and another

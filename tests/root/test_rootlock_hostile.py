@@ -175,7 +175,7 @@ _fields = st.fixed_dictionaries({"format": st.just("hpcckpt-lock")}, optional={
     "hostname": st.one_of(st.sampled_from(["here", "there", "", "a\nb", "h" * 300]), _json),
     "pid": st.one_of(st.integers(), st.sampled_from([2 ** 80, -(2 ** 80), 2 ** 31 - 1, 2 ** 31]), _json),
     "slurm_job_id": _json, "slurm_restart_count": st.one_of(st.integers(), _json), "start": _json,
-    "version": _json})
+    "version": _json, "expires": st.one_of(st.floats(), _json), "lease_seconds": st.one_of(st.floats(), _json)})
 
 
 @given(st.one_of(_fields, _json), st.booleans(), st.booleans())
@@ -186,6 +186,8 @@ def test_only_a_checked_holder_reaches_the_liveness_checks(doc, alive, flock_fre
         return
     assert 0 < holder["pid"] < 2 ** 31 and holder["hostname"].isprintable() and len(holder["hostname"]) <= 255
     assert holder["start"] is None or type(holder["start"]) in (int, float)
+    for key in ("expires", "lease_seconds"):  # a lease's times: finite numbers, or none
+        assert holder[key] is None or type(holder[key]) in (int, float) and abs(holder[key]) < float("inf")
     assert "\n" not in rootlock.describe(holder)
     asked = []
     me = {"hostname": "here", "pid": 5, "slurm_job_id": None, "slurm_restart_count": None}

@@ -52,19 +52,25 @@ def _restore(root, **kw):
 _ids = st.one_of(st.none(), st.sampled_from(["1", "2"]))
 _holders = st.fixed_dictionaries({
     "hostname": st.sampled_from(["here", "there"]), "pid": st.one_of(st.integers(-2, 6), st.none(), st.text()),
-    "slurm_job_id": _ids, "slurm_restart_count": st.one_of(st.none(), st.integers(0, 3))})
+    "slurm_job_id": _ids, "slurm_restart_count": st.one_of(st.none(), st.integers(0, 3)),
+    "expires": st.one_of(st.none(), st.integers(0, 4), st.floats(0, 4), st.text(max_size=2))})
 
 
-@given(_holders, st.one_of(st.none(), st.integers(0, 3)), _ids, st.booleans(), st.booleans())
-def test_stale_reason_takes_over_only_provably_dead_holders(holder, my_rc, my_job, alive, flock_free):
+@given(_holders, st.one_of(st.none(), st.integers(0, 3)), _ids, st.booleans(), st.booleans(),
+       st.one_of(st.none(), st.floats(0, 4)))
+def test_stale_reason_takes_over_only_provably_dead_holders(holder, my_rc, my_job, alive, flock_free, now):
+    """A lease (``expires``) makes a holder on another host stale once it is past ``now``; a holder on this host
+    is judged by its process alone; no lease is judged without a clock."""
     me = {"hostname": "here", "pid": 5, "slurm_job_id": my_job, "slurm_restart_count": my_rc}
-    why = rootlock.stale_reason(holder, me, lambda pid: alive, flock_free)
+    why = rootlock.stale_reason(holder, me, lambda pid: alive, flock_free, now)
     earlier_attempt = (holder["slurm_job_id"] is not None and holder["slurm_job_id"] == my_job
                        and holder["slurm_restart_count"] is not None and my_rc is not None
                        and holder["slurm_restart_count"] < my_rc)
-    pid = holder["pid"]
+    pid, expires = holder["pid"], holder["expires"]
     local = holder["hostname"] == "here" and type(pid) is int and pid > 0
-    assert (why is not None) == (earlier_attempt or local and (pid == 5 or not alive or flock_free))
+    expired = now is not None and type(expires) in (int, float) and expires < now
+    assert (why is not None) == (earlier_attempt or local and (pid == 5 or not alive or flock_free)
+                                 or not local and expired)
 
 
 # ------------------------------------------------------------ the writer lock (processes)
