@@ -4,7 +4,8 @@
 returns the ``mpitools.Runtime`` its MPI programs run under (None: this
 environment's own), so that a fresh CI machine runs the adapter tests
 instead of skipping them; it skips with the reason only where that is
-impossible (not root, no apt-get).  A failed install fails the test.
+impossible (not root, no apt-get: tests/support/aptget.py).  A failed install,
+apt-get's or pip's, fails the test.
 
 mpi4py-fft builds from source with pip and needs FFTW's headers, so it is not
 in setup.cfg's ``test`` extra (its install would fail on a machine without
@@ -115,9 +116,7 @@ def ensure_library(lib: str) -> Runtime | None:
     if importlib.util.find_spec(module) is None:
         if opt_in and os.environ.get(opt_in) != "1":
             pytest.skip(f"{module} is not installed; {opt_in}=1 lets the tests install it (tests/support/optional_libs.py)")
-        why = apt_install(packages, lambda: [] if header is None or os.path.exists(header) else [header])
-        if why:
-            pytest.skip(f"cannot build {module}: {why}")
+        apt_install(packages, lambda: [] if header is None or os.path.exists(header) else [header], f"building {module}")
         with open(PIP_LOCK, "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also if this process dies
             importlib.invalidate_caches()
