@@ -12,6 +12,7 @@ import pytest
 # the helpers every test imports by name (mpitools, decompositions, ...): tests/support/
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "support"))
 
+from expected_skips import pytest_addoption, pytest_configure  # noqa: E402,F401  (the --only-expected-skips plugin)
 from mpitools import force_dedup_exchange  # noqa: E402
 
 
