@@ -47,11 +47,25 @@ def pytest_ignore_collect(collection_path, config):
     return True if with_mpi and _serial_only(collection_path) else None
 
 
+#: the reason pytest-mpi gives the tests it skips without --with-mpi
+PYTEST_MPI_SKIP = "need --with-mpi option to run"
+
+
+@pytest.hookimpl(trylast=True)  # after pytest-mpi's own
 def pytest_collection_modifyitems(items):
     """The tests of SERIAL_ONLY first, in their order, then the others in theirs: each of those directories is
     the longest unit of work of a parallel run (pytest_xdist_make_scheduler), so one worker starts it while the
-    others take the files, instead of it running alone at the end."""
+    others take the files, instead of it running alone at the end.
+
+    And only the ``mpi`` marker makes a test MPI-only: pytest-mpi skips, without ``--with-mpi``, every test
+    with the keyword ``mpi``, and a test's keywords hold the names of its directories, so it would skip every
+    test of tests/mpi/, also those that launch their own mpiexec jobs and carry no marker (which the
+    ``--with-mpi -m mpi`` runs leave out): those would then run nowhere.  Its skip is taken off them."""
     items.sort(key=lambda item: not _serial_only(item.path))
+    for item in items:
+        if item.get_closest_marker("mpi") is None:
+            item.own_markers[:] = [m for m in item.own_markers
+                                   if not (m.name == "skip" and m.kwargs.get("reason") == PYTEST_MPI_SKIP)]
 
 
 @pytest.hookimpl(optionalhook=True)

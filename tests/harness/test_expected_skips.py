@@ -55,19 +55,19 @@ def suite(tmp_path):
     return tmp_path
 
 
-@pytest.mark.parametrize("workers", [(), ("-n", "2")], ids=["serial", "xdist"])
-def test_only_expected_skips_pass(suite, workers):
-    proc = run_pytest(suite, "--only-expected-skips", *workers)
+def test_only_expected_skips_pass(suite):
+    proc = run_pytest(suite, "--only-expected-skips")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "1 passed, 1 skipped, 1 xfailed" in proc.stdout and "UNEXPECTED SKIP" not in proc.stdout
 
 
-@pytest.mark.parametrize("workers", [(), ("-n", "2")], ids=["serial", "xdist"])
-def test_an_unexpected_skip_fails_the_run(suite, workers):
+def test_an_unexpected_skip_fails_the_run_under_xdist(suite):
+    """Under pytest-xdist (one worker is enough: the reports still cross from worker to controller)."""
     (suite / "test_wrong.py").write_text(UNEXPECTED)
     (suite / "test_module.py").write_text(UNEXPECTED_MODULE)
-    proc = run_pytest(suite, "--only-expected-skips", *workers)
+    proc = run_pytest(suite, "--only-expected-skips", "-n", "1")
     assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "1 passed, 3 skipped, 1 xfailed" in proc.stdout, proc.stdout
     unexpected = sorted(line for line in proc.stdout.splitlines() if line.startswith("UNEXPECTED SKIP"))
     assert unexpected == ["UNEXPECTED SKIP test_module.py: could not import 'a_module_nobody_installed': "
                           "No module named 'a_module_nobody_installed'",
@@ -93,3 +93,11 @@ def test_an_unlisted_reason_is_not_expected():
     assert not expected_skips.is_expected("no mpiexec next to this Python; run the suite through dev.py")
     assert expected_skips.is_expected("no usable GPU (CUDARuntimeError: no device): GPU tests skipped")
     assert expected_skips.is_expected(HEAT_UNTESTED)
+
+
+def test_a_test_of_tests_mpi_without_the_mpi_marker_runs_in_the_serial_part():
+    """pytest-mpi takes the directory name tests/mpi for the marker; tests/conftest.py lets only the marker count."""
+    test = "tests/mpi/test_watchdog.py::test_debug_mode_is_off_by_default_and_for_one_process"
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "not mpi", "-p", "no:cacheprovider", test],
+                          capture_output=True, text=True, cwd=os.path.dirname(TESTS), timeout=120)
+    assert proc.returncode == 0 and "1 passed" in proc.stdout, proc.stdout + proc.stderr
