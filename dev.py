@@ -4,11 +4,12 @@
 Each works from a fresh clone with only Python 3.11+ and pip: it creates
 ``.venv`` beside this file (once), installs hpcckpt with its ``mpich`` and
 ``test`` extras into it, and runs inside it.  ``test`` runs the whole suite:
-first the serial tests (unit, property and subprocess tests) in parallel
-processes (pytest-xdist, one per core; tests/conftest.py keeps each file, and
-each directory that starts daemons, on one process), then the MPI tests under
-``mpiexec -n 2``, ``-n 3`` and ``-n 4``, and prints after each part its
-counts and time.
+first the serial tests (unit, property and subprocess tests; not the MPI-only
+tests, marker ``mpi``) in parallel processes (pytest-xdist, one per core;
+tests/conftest.py keeps each file, and each directory that starts daemons, on
+one process), failing on any skip not listed in
+tests/support/expected_skips.py, then the MPI tests under ``mpiexec -n 2``,
+``-n 3`` and ``-n 4``, and prints after each part its counts and time.
 """
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ STAMP = os.path.join(VENV, ".hpcckpt-installed")
 MPI_RUN_LIMIT_S = 600
 #: Processes of the serial part (pytest-xdist's ``-n``): one per core, at least two.
 SERIAL_WORKERS = max(2, os.cpu_count() or 1)
+#: The serial part leaves out the MPI-only tests (the mpiexec parts run them), lists every skip with its reason, and
+#: fails on a skip whose reason is not in tests/support/expected_skips.py.
+SERIAL_SELECTION = ("-m", "not mpi", "-rs", "--only-expected-skips")
 #: pytest's closing line, e.g. "2198 passed, 429 skipped, 9 warnings in 410.21s (0:06:50)"
 SUMMARY = re.compile(r"^=*\s*(\d+ (passed|failed|skipped|errors?|xfailed|xpassed|deselected)\b.*) in [\d.]+s")
 
@@ -105,7 +109,7 @@ def test(args) -> int:
     e = env()
     failed, lines = [], []
     t0 = time.time()
-    parts = [("serial", [PY, "-m", "pytest", "tests", "-q", "-n", str(SERIAL_WORKERS), *args], None)]
+    parts = [("serial", [PY, "-m", "pytest", "tests", "-q", "-n", str(SERIAL_WORKERS), *SERIAL_SELECTION, *args], None)]
     for n in (2, 3, 4):
         parts.append((f"mpi-{n}", [os.path.join(BIN, "mpiexec"), "-n", str(n), PY, os.path.join("tests", "mpi_pytest.py"),
                                    "--with-mpi", "-m", "mpi", "tests", "-q", *args], MPI_RUN_LIMIT_S))

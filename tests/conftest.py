@@ -12,6 +12,7 @@ import pytest
 # the helpers every test imports by name (mpitools, decompositions, ...): tests/support/
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "support"))
 
+from expected_skips import pytest_addoption, pytest_configure  # noqa: E402,F401  (the --only-expected-skips plugin)
 from mpitools import force_dedup_exchange  # noqa: E402
 
 
@@ -49,6 +50,7 @@ def pytest_ignore_collect(collection_path, config):
     return True if with_mpi and _serial_only(collection_path) else None
 
 
+@pytest.hookimpl(trylast=True)  # after pytest-mpi's own
 def pytest_collection_modifyitems(items):
     """The tests of SERIAL_ONLY first, in their order, then the others in theirs: each of those directories is
     the longest unit of work of a parallel run (pytest_xdist_make_scheduler), so one worker starts it while the

@@ -55,7 +55,8 @@ APT_PACKAGES = ("util-linux", "mount", "iproute2")
 def unavailable() -> str | None:
     """Why this machine cannot make namespace nodes (None when it can): checked by trying once.
 
-    Missing programs are installed first (apt-get, as root), as tests/slurm does for SLURM (tests/support/aptget.py)."""
+    Missing programs are installed first (apt-get, as root), as tests/slurm does for SLURM: a failed apt-get fails
+    the test (tests/support/aptget.py)."""
     if not sys.platform.startswith("linux"):
         return "namespace nodes need Linux"
     if os.geteuid() != 0:
@@ -63,9 +64,7 @@ def unavailable() -> str | None:
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "support"))  # aptget.py
     from aptget import apt_install
 
-    why = apt_install(APT_PACKAGES, lambda: [p for p in REQUIRED if shutil.which(p) is None])
-    if why:
-        return why
+    apt_install(APT_PACKAGES, lambda: [p for p in REQUIRED if shutil.which(p) is None], "namespace nodes")
     probe = subprocess.run(["unshare", "--uts", "--mount", "--net", "--propagation", "private", "true"],
                            capture_output=True, text=True)
     if probe.returncode != 0:
@@ -316,9 +315,7 @@ def main(argv: list[str]) -> None:
         if "--slurm" in argv:
             import slurmcluster
 
-            why = slurmcluster.ensure_installed()
-            if why:
-                sys.exit(why)
+            slurmcluster.ensure_installed()
             slurm = slurmcluster.ClusterSlurm(cluster, os.path.join(cluster.dir, "slurm")).start()
             print(f"  SLURM: export SLURM_CONF={slurm.conf}; run sbatch/srun/sinfo on the head node: "
                   f"{' '.join(cluster.enter(slurm.head))} sinfo", flush=True)

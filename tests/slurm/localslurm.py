@@ -8,8 +8,8 @@ shows the node idle.  ``stop()`` ends exactly the daemons it started, by PID
 ``env()`` is the environment for the SLURM client commands (``SLURM_CONF``).
 
 ``ensure_installed()`` installs Debian's ``slurm-wlm`` and ``munge`` with
-apt-get when the daemons are missing and returns None, or returns why it
-cannot (not root, no apt-get, apt failed): the caller skips with that message.
+apt-get when the daemons are missing: the test skips where that is impossible
+(not root, no apt-get) and fails where apt-get fails (tests/support/aptget.py).
 
 Run by hand: ``python tests/slurm/localslurm.py [workdir]`` brings a cluster up,
 prints the ``export SLURM_CONF=...`` line, and tears it down on Ctrl-C.
@@ -40,9 +40,9 @@ def missing_programs() -> list[str]:
     return [p for p in DAEMONS + CLIENTS + ("munge",) if shutil.which(p) is None]
 
 
-def ensure_installed(timeout: float = 900) -> str | None:
-    """Install slurm-wlm and munge when missing; None when ready, else the reason they cannot be had."""
-    return apt_install(APT_PACKAGES, missing_programs, timeout)
+def ensure_installed(timeout: float = 900) -> None:
+    """Install slurm-wlm and munge when missing (skips or fails the test where they cannot be had)."""
+    apt_install(APT_PACKAGES, missing_programs, "a SLURM cluster for the tests", timeout)
 
 
 def free_ports(n: int) -> list[int]:
@@ -312,9 +312,7 @@ def _alive(pid: int) -> bool:
 
 
 if __name__ == "__main__":
-    why = ensure_installed()
-    if why:
-        sys.exit(why)
+    ensure_installed()
     def _stop_on_term(signum, frame):
         raise KeyboardInterrupt
 

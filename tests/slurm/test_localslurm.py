@@ -1,20 +1,10 @@
-"""The cluster helper itself, without starting daemons: install decisions and the configuration."""
+"""The cluster helper itself, without starting daemons: its configuration (its installs: tests/harness/test_aptget.py)."""
 
 from __future__ import annotations
 
 import os
 
 import localslurm
-
-
-def test_reports_why_it_cannot_install(monkeypatch):
-    monkeypatch.setattr(localslurm.shutil, "which", lambda name: None)
-    monkeypatch.setattr(localslurm.os, "geteuid", lambda: 1000)
-    why = localslurm.ensure_installed()
-    assert why and "not root" in why and "slurmctld" in why
-    monkeypatch.setattr(localslurm.os, "geteuid", lambda: 0)
-    monkeypatch.setattr(localslurm.sys, "platform", "linux")
-    assert "no apt-get" in localslurm.ensure_installed()
 
 
 def test_config_is_private(tmp_path):

@@ -33,9 +33,7 @@ def _ensure_boto3() -> None:
 def gateway():
     from ceph_gateway import CephGateway, ensure_packages
 
-    why = ensure_packages()
-    if why is not None:
-        pytest.skip(f"no Ceph object gateway: {why}")
+    ensure_packages()  # skips where apt-get cannot run here, fails where it fails
     _ensure_boto3()
     gw = CephGateway()
     try:
