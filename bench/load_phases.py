@@ -138,7 +138,9 @@ def main():
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--dir", default=None)
     ap.add_argument("--methods", default="hpcckpt.load,restore,h5py,raw",
-                    help="also hpcckpt.load-noshift, restore-noshift: without storage.posix's short-distance shift")
+                    help="also hpcckpt.load-noshift, restore-noshift: without storage.posix's short-distance shift; "
+                         "hpcckpt.load-nogap: a checkpoint saved without storage.posix's phase gaps (chunks back to "
+                         "back from offset 0, the layout of older files)")
     ap.add_argument("--modes", default="touched,fresh")
     ap.add_argument("--no-probe", action="store_true", help="time without the instrumentation")
     args = ap.parse_args()
@@ -146,6 +148,7 @@ def main():
     from mpi4py import MPI
     import h5py
     import hpcckpt
+    import hpcckpt.storage.posix as posix_storage
     import logging
 
     world = MPI.COMM_WORLD
@@ -186,6 +189,13 @@ def main():
                 os.makedirs(os.path.join(d, "raw"))
             world.Barrier()
             hpcckpt.save({"u": hpcckpt.Block(state, (lo, 0), (nrows, NCOLS))}, os.path.join(d, "hp"), comm=world)
+            if "hpcckpt.load-nogap" in args.methods.split(","):
+                phased_min, posix_storage._PHASED_MIN = posix_storage._PHASED_MIN, 1 << 62
+                try:
+                    hpcckpt.save({"u": hpcckpt.Block(state, (lo, 0), (nrows, NCOLS))}, os.path.join(d, "hp-nogap"),
+                                 comm=world)
+                finally:
+                    posix_storage._PHASED_MIN = phased_min
             ck = hpcckpt.Checkpointer(os.path.join(d, "ck"), comm=world)
             ck.save({"u": hpcckpt.Block(state, (lo, 0), (nrows, NCOLS))}, step=1)
             ck.wait() if hasattr(ck, "wait") else None
@@ -195,8 +205,8 @@ def main():
                 state.tofile(f)
             world.Barrier()
 
-            def load_hp(out):
-                hpcckpt.load({"u": hpcckpt.Block(out, (lo, 0), (nrows, NCOLS))}, os.path.join(d, "hp"), comm=comm)
+            def load_hp(out, name="hp"):
+                hpcckpt.load({"u": hpcckpt.Block(out, (lo, 0), (nrows, NCOLS))}, os.path.join(d, name), comm=comm)
 
             ck_probe = hpcckpt.Checkpointer(os.path.join(d, "ck"), comm=comm) if not args.no_probe else ck
 
@@ -218,8 +228,6 @@ def main():
                 finally:
                     os.close(fd)
 
-            import hpcckpt.storage.posix as posix_storage
-
             def without_shift(fn):  # the same load with storage.posix's short-distance shift off (paired A/B)
                 def run(out):
                     posix_storage._SHIFT = 0
@@ -230,6 +238,7 @@ def main():
                 return run
 
             fns = {"hpcckpt.load-noshift": without_shift(load_hp), "restore-noshift": without_shift(load_ck),
+                   "hpcckpt.load-nogap": lambda out: load_hp(out, "hp-nogap"),
                    "hpcckpt.load": load_hp, "restore": load_ck, "h5py": load_h5, "raw": load_raw,}
             touched = np.zeros_like(state)
             for name in methods:  # warm-up (imports, first open)

@@ -131,6 +131,12 @@ class Storage(ABC):
     def append(self, handle, buffer, hasher=None) -> int:
         """Append every byte of ``buffer`` (any contiguous buffer); update ``hasher`` with them; the count."""
 
+    def gap_before(self, position: int, buffer) -> int:
+        """How many unused bytes a writer leaves at ``position`` of a new file before appending the chunk
+        ``buffer``, where the backend reads or writes faster for it (files may hold bytes no chunk refers
+        to): 0 here."""
+        return 0
+
     @abstractmethod
     def close(self, handle, fsync: bool) -> None:
         """Finish a file made by :meth:`create` or :meth:`create_replacing` (made durable first when ``fsync``)."""
