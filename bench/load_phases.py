@@ -320,6 +320,12 @@ def main():
                     a, b = times[(name.split("-no")[0], mode)], times[(name, mode)]
                     print(f"paired {mib:g} MiB {mode}: {name.split('-no')[0]} / {name} = "
                           f"{med([x / y for x, y in zip(a, b)]):.3f} (median of {len(a)})")
+    for mib, times, faults, probe, touch, ph in results:
+        for mode in modes:
+            if ("restore", mode) in times and ("hpcckpt.load", mode) in times:
+                a, b = times[("restore", mode)], times[("hpcckpt.load", mode)]
+                print(f"paired {mib:g} MiB {mode}: restore / hpcckpt.load = "
+                      f"{med([x / y for x, y in zip(a, b)]):.3f} (median of {len(a)})")
     if args.no_probe:
         return
     print("\nhpcckpt phases on rank 0 (ms, medians); preadv sizes: KiB x count per load")

@@ -54,6 +54,7 @@ class Storage(ABC):
     2. every rank that writes a data file of its own: ``create(path)`` (fails
        when the file exists), ``append(handle, buffer, hasher)`` for each
        chunk, in order (returns the bytes written; ``hasher`` gets them too),
+       each after the unused bytes ``gap_before(position, buffer)`` asks for,
        then ``close(handle, fsync)`` (also after a failure; twice is harmless).
     3. rank 0, the commit (storage/commit.py): ``sync_directory(data dir)``, then
        ``atomic_write(metadata path, bytes, fsync)`` (readers see no file or
