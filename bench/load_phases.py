@@ -140,7 +140,8 @@ def main():
     ap.add_argument("--methods", default="hpcckpt.load,restore,h5py,raw",
                     help="also hpcckpt.load-noshift, restore-noshift: without storage.posix's short-distance shift; "
                          "hpcckpt.load-nogap: a checkpoint saved without storage.posix's phase gaps (chunks back to "
-                         "back from offset 0, the layout of older files)")
+                         "back from offset 0, the layout of older files); restore-noownmeta: the restore with rank 0's "
+                         "metadata in the listing's broadcast instead of each rank reading it")
     ap.add_argument("--modes", default="touched,fresh")
     ap.add_argument("--no-probe", action="store_true", help="time without the instrumentation")
     args = ap.parse_args()
@@ -237,7 +238,17 @@ def main():
                         posix_storage._SHIFT = 2048
                 return run
 
+            def metadata_broadcast(out):  # the restore with rank 0's metadata in the listing's broadcast (paired A/B)
+                import hpcckpt.checkpointer as checkpointer
+
+                real, checkpointer.reads_metadata_itself = checkpointer.reads_metadata_itself, lambda nranks: False
+                try:
+                    load_ck(out)
+                finally:
+                    checkpointer.reads_metadata_itself = real
+
             fns = {"hpcckpt.load-noshift": without_shift(load_hp), "restore-noshift": without_shift(load_ck),
+                   "restore-noownmeta": metadata_broadcast,
                    "hpcckpt.load-nogap": lambda out: load_hp(out, "hp-nogap"),
                    "hpcckpt.load": load_hp, "restore": load_ck, "h5py": load_h5, "raw": load_raw,}
             touched = np.zeros_like(state)
