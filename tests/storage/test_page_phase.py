@@ -18,7 +18,7 @@ from hpcckpt.storage.metadata_file import read_metadata
 
 COMM = SerialComm()
 PAGE = 4096
-NBYTES = 4 * PIECE  # over the size from which chunks are placed at their phase
+NBYTES = 3 * posix._READ_STEP + 4 * PIECE  # several read steps, over the size chunks are placed from
 
 
 def at_phase(nbytes: int, phase: int) -> np.ndarray:
@@ -105,7 +105,7 @@ def flip_byte(path: str, at: int) -> None:
         f.write(bytes([byte[0] ^ 0x40]))
 
 
-@pytest.mark.parametrize("at", [0, PIECE - 1, 2 * PIECE + 5, NBYTES - 1])
+@pytest.mark.parametrize("at", [0, posix._READ_STEP - 1, 2 * posix._READ_STEP + 5, NBYTES - 1])
 @pytest.mark.parametrize("gaps", [True, False])
 @pytest.mark.parametrize("distance", [0, 16, 40, PAGE - 16])
 def test_a_flipped_byte_is_refused_on_every_read_path(tmp_path, monkeypatch, at, gaps, distance):
@@ -119,9 +119,12 @@ def test_a_flipped_byte_is_refused_on_every_read_path(tmp_path, monkeypatch, at,
     stored = int(read_metadata(path).variables["u"].chunks.offset[0])
     assert (stored % PAGE == 16) == gaps
     out = at_phase(NBYTES, (stored + distance) % PAGE)
-    assert posix._short_distance(memoryview(out), stored) == (0 < distance < 64)
+    moves = []
+    real_memmove = posix._memmove
+    monkeypatch.setattr(posix, "_memmove", lambda view: (moves.append(len(view)), real_memmove(view))[1])
     hpcckpt.load({"small": hpcckpt.Block(np.empty(7)), "u": hpcckpt.Block(out)}, path, comm=COMM)
     assert np.array_equal(out, data)
+    assert (NBYTES in moves) == (0 < distance < 64)  # the short distances take the read-further-on path
     flip_byte(path, at)
     with pytest.raises(CorruptCheckpointError, match="fails its checksum"):
         hpcckpt.load({"small": hpcckpt.Block(np.empty(7)), "u": hpcckpt.Block(out)}, path, comm=COMM)
