@@ -80,6 +80,8 @@ def main() -> None:
     p.add_argument("--local", default=None, help="node-local directory (default: a new one in /dev/shm)")
     p.add_argument("--json", default=None, help="also write the results here (rank 0)")
     p.add_argument("--no-torch", action="store_true", help="skip the torch.distributed.checkpoint comparison")
+    p.add_argument("--stall-only", action="store_true",
+                   help="only the memcpy floor and the asynchronous save to the root (the time save() blocks)")
     args = p.parse_args()
     os.environ["HPCCKPT_RANKS_PER_NODE"] = str(args.ranks_per_node)
     base = comm.bcast(tempfile.mkdtemp(prefix="hpcckpt-bench-async-", dir=args.root) if rank == 0 else None)
@@ -111,55 +113,57 @@ def main() -> None:
             res[name + "_ratio"] = statistics.median(t / f for t, f in zip(times, floors))
 
         opts = dict(track_failures=False, keep=2, fsync=True)
-        with Checkpointer(os.path.join(base, "sync"), **opts) as ck:
-            blocking(ck, "save_sync")
         with Checkpointer(os.path.join(base, "async"), asynchronous=True, staging_bytes=staging, **opts) as ck:
             blocking(ck, "save_async_root")
-        levels = dict(asynchronous=True, staging_bytes=staging, local_dir=local, partner_every=1, flush_every=1,
-                      **opts)
-        with Checkpointer(os.path.join(base, "levels"), **levels) as ck:
-            blocking(ck, "save_async_levels")
+        if not args.stall_only:
+            with Checkpointer(os.path.join(base, "sync"), **opts) as ck:
+                blocking(ck, "save_sync")
+            levels = dict(asynchronous=True, staging_bytes=staging, local_dir=local, partner_every=1, flush_every=1,
+                          **opts)
+            with Checkpointer(os.path.join(base, "levels"), **levels) as ck:
+                blocking(ck, "save_async_levels")
 
-            # compute slowdown while the background writer, then the flush, runs
-            u = np.random.default_rng(0).standard_normal(1 << 20)
-            v = np.zeros_like(u)
-            stencil_loop(u, v, iterations=20)
-            alone = statistics.median(stencil_loop(u, v, iterations=200))
-            eng = ck.engine
-            during_write, during_flush = [], []
-            for i in range(args.repeats):
-                comm.Barrier()
-                ck.save(state(), 100 + i)
-                during_write += stencil_loop(u, v, until=lambda: not eng.pending.writer.done)
-                ck.engine.sync()  # commits (partner copies over MPI) and starts the flush
-                during_flush += stencil_loop(u, v, until=lambda: eng.node.flush is not None and not eng.node.flush.thread.done)
-                ck.wait()
-            mean = lambda xs: statistics.fmean(xs) if xs else float("nan")  # noqa: E731
-            res["stencil_alone"] = comm.allreduce(alone) / size
-            res["stencil_during_write"] = comm.allreduce(mean(during_write)) / size
-            res["stencil_during_flush"] = comm.allreduce(mean(during_flush)) / size
-            res["iterations_during_flush"] = comm.allreduce(len(during_flush))
+                # compute slowdown while the background writer, then the flush, runs
+                u = np.random.default_rng(0).standard_normal(1 << 20)
+                v = np.zeros_like(u)
+                stencil_loop(u, v, iterations=20)
+                alone = statistics.median(stencil_loop(u, v, iterations=200))
+                eng = ck.engine
+                during_write, during_flush = [], []
+                for i in range(args.repeats):
+                    comm.Barrier()
+                    ck.save(state(), 100 + i)
+                    during_write += stencil_loop(u, v, until=lambda: not eng.pending.writer.done)
+                    ck.engine.sync()  # commits (partner copies over MPI) and starts the flush
+                    flushing = lambda: eng.node.flush is not None and not eng.node.flush.thread.done  # noqa: E731
+                    during_flush += stencil_loop(u, v, until=flushing)
+                    ck.wait()
+                mean = lambda xs: statistics.fmean(xs) if xs else float("nan")  # noqa: E731
+                res["stencil_alone"] = comm.allreduce(alone) / size
+                res["stencil_during_write"] = comm.allreduce(mean(during_write)) / size
+                res["stencil_during_flush"] = comm.allreduce(mean(during_flush)) / size
+                res["iterations_during_flush"] = comm.allreduce(len(during_flush))
 
-            # restore: L1 vs L4 (cold)
-            b = np.zeros_like(a)
-            tmpl = lambda: {"u": Block(b, (rank * n,), (size * n,)), "t": None}  # noqa: E731
-            l1 = []
-            for _ in range(args.repeats):
-                l1.append(timed(lambda: ck.restore(tmpl())))
-                assert eng.restored_level == "L1"
-            res["restore_L1"] = statistics.median(l1)
-            restored = ck.last_restored
-        with Checkpointer(os.path.join(base, "levels"), track_failures=False) as plain:
-            l4 = []
-            for _ in range(args.repeats):
-                if rank == 0:
-                    drop_cache(os.path.join(base, "levels"))
-                l4.append(timed(lambda: plain.restore(tmpl())))
-            res["restore_L4_cold"] = statistics.median(l4)
-            res["restore_L4_warm"] = timed(lambda: plain.restore(tmpl()))
-        assert os.path.basename(restored) == os.path.basename(plain.last_restored), (restored, plain.last_restored)
-        if not args.no_torch:
-            torch_dcp(res, a, dst, base, args.repeats)
+                # restore: L1 vs L4 (cold)
+                b = np.zeros_like(a)
+                tmpl = lambda: {"u": Block(b, (rank * n,), (size * n,)), "t": None}  # noqa: E731
+                l1 = []
+                for _ in range(args.repeats):
+                    l1.append(timed(lambda: ck.restore(tmpl())))
+                    assert eng.restored_level == "L1"
+                res["restore_L1"] = statistics.median(l1)
+                restored = ck.last_restored
+            with Checkpointer(os.path.join(base, "levels"), track_failures=False) as plain:
+                l4 = []
+                for _ in range(args.repeats):
+                    if rank == 0:
+                        drop_cache(os.path.join(base, "levels"))
+                    l4.append(timed(lambda: plain.restore(tmpl())))
+                res["restore_L4_cold"] = statistics.median(l4)
+                res["restore_L4_warm"] = timed(lambda: plain.restore(tmpl()))
+            assert os.path.basename(restored) == os.path.basename(plain.last_restored), (restored, plain.last_restored)
+            if not args.no_torch:
+                torch_dcp(res, a, dst, base, args.repeats)
     finally:
         comm.Barrier()
         if rank == 0:
@@ -216,6 +220,11 @@ def _free_port() -> int:
 
 def report(r: dict, args) -> None:
     mib = r["state_mib"]
+    if args.stall_only:
+        print(f"\n{r['ranks']} ranks, {mib} MiB state, median of {args.repeats}: np.copyto {r['memcpy']:.4f} s; "
+              f"asynchronous save blocks {r['save_async_root']:.4f} s = {r['save_async_root_ratio']:.2f}x the memcpy "
+              "measured just before each save (median of the paired ratios)")
+        return
     gbs = lambda s: mib / 1024 / s  # noqa: E731
     rows = [
         ("np.copyto of the state (memcpy floor)", r["memcpy"], "1.00x memcpy"),

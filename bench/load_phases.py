@@ -138,7 +138,10 @@ def main():
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--dir", default=None)
     ap.add_argument("--methods", default="hpcckpt.load,restore,h5py,raw",
-                    help="also hpcckpt.load-noshift, restore-noshift: without storage.posix's short-distance shift")
+                    help="also hpcckpt.load-noshift, restore-noshift: without storage.posix's short-distance shift; "
+                         "hpcckpt.load-nogap: a checkpoint saved without storage.posix's phase gaps (chunks back to "
+                         "back from offset 0, the layout of older files); restore-noownmeta: the restore with rank 0's "
+                         "metadata in the listing's broadcast instead of each rank reading it")
     ap.add_argument("--modes", default="touched,fresh")
     ap.add_argument("--no-probe", action="store_true", help="time without the instrumentation")
     args = ap.parse_args()
@@ -146,6 +149,7 @@ def main():
     from mpi4py import MPI
     import h5py
     import hpcckpt
+    import hpcckpt.storage.posix as posix_storage
     import logging
 
     world = MPI.COMM_WORLD
@@ -186,6 +190,13 @@ def main():
                 os.makedirs(os.path.join(d, "raw"))
             world.Barrier()
             hpcckpt.save({"u": hpcckpt.Block(state, (lo, 0), (nrows, NCOLS))}, os.path.join(d, "hp"), comm=world)
+            if "hpcckpt.load-nogap" in args.methods.split(","):
+                phased_min, posix_storage._PHASED_MIN = posix_storage._PHASED_MIN, 1 << 62
+                try:
+                    hpcckpt.save({"u": hpcckpt.Block(state, (lo, 0), (nrows, NCOLS))}, os.path.join(d, "hp-nogap"),
+                                 comm=world)
+                finally:
+                    posix_storage._PHASED_MIN = phased_min
             ck = hpcckpt.Checkpointer(os.path.join(d, "ck"), comm=world)
             ck.save({"u": hpcckpt.Block(state, (lo, 0), (nrows, NCOLS))}, step=1)
             ck.wait() if hasattr(ck, "wait") else None
@@ -195,8 +206,8 @@ def main():
                 state.tofile(f)
             world.Barrier()
 
-            def load_hp(out):
-                hpcckpt.load({"u": hpcckpt.Block(out, (lo, 0), (nrows, NCOLS))}, os.path.join(d, "hp"), comm=comm)
+            def load_hp(out, name="hp"):
+                hpcckpt.load({"u": hpcckpt.Block(out, (lo, 0), (nrows, NCOLS))}, os.path.join(d, name), comm=comm)
 
             ck_probe = hpcckpt.Checkpointer(os.path.join(d, "ck"), comm=comm) if not args.no_probe else ck
 
@@ -218,8 +229,6 @@ def main():
                 finally:
                     os.close(fd)
 
-            import hpcckpt.storage.posix as posix_storage
-
             def without_shift(fn):  # the same load with storage.posix's short-distance shift off (paired A/B)
                 def run(out):
                     posix_storage._SHIFT = 0
@@ -229,7 +238,18 @@ def main():
                         posix_storage._SHIFT = 2048
                 return run
 
+            def metadata_broadcast(out):  # the restore with rank 0's metadata in the listing's broadcast (paired A/B)
+                import hpcckpt.checkpointer as checkpointer
+
+                real, checkpointer.reads_metadata_itself = checkpointer.reads_metadata_itself, lambda nranks: False
+                try:
+                    load_ck(out)
+                finally:
+                    checkpointer.reads_metadata_itself = real
+
             fns = {"hpcckpt.load-noshift": without_shift(load_hp), "restore-noshift": without_shift(load_ck),
+                   "restore-noownmeta": metadata_broadcast,
+                   "hpcckpt.load-nogap": lambda out: load_hp(out, "hp-nogap"),
                    "hpcckpt.load": load_hp, "restore": load_ck, "h5py": load_h5, "raw": load_raw,}
             touched = np.zeros_like(state)
             for name in methods:  # warm-up (imports, first open)
@@ -311,6 +331,12 @@ def main():
                     a, b = times[(name.split("-no")[0], mode)], times[(name, mode)]
                     print(f"paired {mib:g} MiB {mode}: {name.split('-no')[0]} / {name} = "
                           f"{med([x / y for x, y in zip(a, b)]):.3f} (median of {len(a)})")
+    for mib, times, faults, probe, touch, ph in results:
+        for mode in modes:
+            if ("restore", mode) in times and ("hpcckpt.load", mode) in times:
+                a, b = times[("restore", mode)], times[("hpcckpt.load", mode)]
+                print(f"paired {mib:g} MiB {mode}: restore / hpcckpt.load = "
+                      f"{med([x / y for x, y in zip(a, b)]):.3f} (median of {len(a)})")
     if args.no_probe:
         return
     print("\nhpcckpt phases on rank 0 (ms, medians); preadv sizes: KiB x count per load")

@@ -14,7 +14,7 @@ from hpcckpt.root.catalog import KnownNames, current, list_versions, retained
 from hpcckpt.core.names import METADATA_FILE
 from hpcckpt.errors import CheckpointError, TemplateMismatchError
 from hpcckpt.root.files import FileTracker, rollback
-from hpcckpt.loading.load import load_version, version_metadata
+from hpcckpt.loading.load import load_version, reads_metadata_itself, version_metadata
 from hpcckpt.root.pacing import Pacer
 from hpcckpt.options import SaveOptions, SaveResult
 from hpcckpt.saving.pipeline import is_incremental
@@ -217,17 +217,20 @@ class Checkpointer:
     def _restore_listing(self, step: int | None) -> tuple[list, dict]:
         """The live versions and ``{path: (failure, metadata)}`` of the one a restore tries first (the newest,
         of ``step`` if given), read by rank 0 with the listing: one broadcast for both (the load makes none of
-        its own; loading.load_version).  An asynchronous engine's own listing comes without metadata."""
+        its own; loading.load_version).  An asynchronous engine's own listing comes without metadata, and so
+        does a listing for a load whose ranks read the metadata themselves (loading.load.reads_metadata_itself:
+        no pickled metadata in the broadcast, and each rank reuses what it parsed before)."""
         self._check_open()
         if self.engine is not None:
             live = self.engine.live()  # commits a pending asynchronous save first
             if live is not None:
                 return live, {}
+        own = self.storage.shared_files and reads_metadata_itself(self.comm.Get_size())
 
         def list_and_read():
             live = current(list_versions(self.root, self.storage))
             wanted = [e for e in live if step is None or e.step == step]
-            if not wanted:
+            if not wanted or own:
                 return live, {}
             meta, failure = attempt(lambda: version_metadata(wanted[-1].path, self.storage,
                                                                     expect_step=wanted[-1].step))
@@ -447,7 +450,7 @@ class Checkpointer:
         for entry in reversed(live):
             try:
                 out = load_version(state, entry.path, self.comm, strict=strict, expect_step=entry.step, cast=cast,
-                                   metadata=first.get(entry.path), storage=self.storage)
+                                   metadata=first.get(entry.path), storage=self.storage, shared_directory=True)
             except TemplateMismatchError:
                 raise
             except CheckpointError as exc:  # agreed: the same on every rank, so every rank skips alike

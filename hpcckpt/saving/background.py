@@ -10,6 +10,7 @@ rows, byte counts and failure are collected by the commit, in the foreground.
 from __future__ import annotations
 
 import os
+import queue
 import threading
 
 from hpcckpt.core.monitor import PhaseTimer
@@ -45,10 +46,19 @@ class BackgroundWrite:
         self._held: list = []
         self._staging_error: BaseException | None = None
         self._cancelled = False
-        self._thread = threading.Thread(target=self._run, name="hpcckpt-writer", daemon=True)
+        self._started = False
+        self._finished = threading.Event()
 
     def start(self) -> None:
-        self._thread.start()
+        """Hand the write to a writer thread of :data:`WRITERS` (an idle one: no new thread to wait for)."""
+        self._started = True
+        WRITERS.run(self._run_then_signal)
+
+    def _run_then_signal(self) -> None:
+        try:
+            self._run()
+        finally:
+            self._finished.set()
 
     def cancel(self) -> None:
         """Stop writing at the next piece (pre-copy abandons a round the checkpoint came before): what is left
@@ -61,10 +71,11 @@ class BackgroundWrite:
 
     @property
     def done(self) -> bool:
-        return self._thread.ident is not None and not self._thread.is_alive()
+        return self._started and self._finished.is_set()
 
     def join(self) -> None:
-        self._thread.join()
+        if self._started:
+            self._finished.wait()
 
     def _chunks(self, owners: list):
         """The raw chunks of the staged items as the queue delivers them; ``owners`` gets each chunk's item."""
@@ -119,6 +130,39 @@ class BackgroundWrite:
                     self._eof = True
                 else:
                     self.pool.release(item.buffer)
+
+
+class IdleThreads:
+    """Daemon threads that stay after a job for the next one: :meth:`run` hands a job to an idle thread, and
+    starts a thread (and waits for it to be scheduled) only when none is idle, so that a save does not wait for
+    a new thread each time.  Every job gets a thread of its own while it runs (two writes never wait on each
+    other); like the threads they replace, they do not keep the interpreter alive at exit."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._idle = 0
+
+    def run(self, job) -> None:
+        """Run ``job()`` (which must not raise) on an idle thread, or on a new one."""
+        with self._lock:
+            start = self._idle == 0
+            if not start:
+                self._idle -= 1
+        self._jobs.put(job)
+        if start:
+            threading.Thread(target=self._serve, name=self.name, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            self._jobs.get()()
+            with self._lock:
+                self._idle += 1
+
+
+#: The threads that run the background writes of this process.
+WRITERS = IdleThreads("hpcckpt-writer")
 
 
 def lower_priority() -> None:

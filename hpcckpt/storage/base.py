@@ -58,6 +58,7 @@ class Storage(ABC):
     2. every rank that writes a data file of its own: ``create(path)`` (fails
        when the file exists), ``append(handle, buffer, hasher)`` for each
        chunk, in order (returns the bytes written; ``hasher`` gets them too),
+       each after the unused bytes ``gap_before(position, buffer)`` asks for,
        then ``close(handle, fsync)`` (also after a failure; twice is harmless).
     3. rank 0, the commit (storage/commit.py): ``sync_directory(data dir)``, then
        ``atomic_write(metadata path, bytes, fsync)`` (readers see no file or
@@ -138,6 +139,12 @@ class Storage(ABC):
     @abstractmethod
     def append(self, handle, buffer, hasher=None) -> int:
         """Append every byte of ``buffer`` (any contiguous buffer); update ``hasher`` with them; the count."""
+
+    def gap_before(self, position: int, buffer) -> int:
+        """How many unused bytes a writer leaves at ``position`` of a new file before appending the chunk
+        ``buffer``, where the backend reads or writes faster for it (files may hold bytes no chunk refers
+        to): 0 here."""
+        return 0
 
     @abstractmethod
     def close(self, handle, fsync: bool) -> None:

@@ -12,6 +12,8 @@ import os
 import stat
 from typing import Iterable
 
+import numpy as np
+
 from hpcckpt.core.checksum import PIECE
 from hpcckpt.errors import CheckpointError, CorruptCheckpointError
 from hpcckpt.format.metadata import check_relative_path
@@ -30,19 +32,35 @@ def write_all(fd: int, buffer, hasher=None) -> int:
 
     The bytes go a cache-sized step at a time, hashed or not: with several ranks
     writing at once, 256 KiB writes beat 1 MiB ones (docs/incremental.md,
-    "Benchmark").  With ``hasher`` (checksum.new_hasher),
-    each step is also hashed right after it is written, instead of in a second pass.
+    "Benchmark").  The steps end at multiples of the step size in the file, so
+    that after a write that starts inside a page (a chunk placed by
+    :func:`phase_gap`) no write ends inside one and the next refills it.  With
+    ``hasher`` (checksum.new_hasher), each step is also hashed right after it is
+    written, instead of in a second pass.
     """
     view = _bytes(buffer)
     total = len(view)
-    for lo in range(0, total, PIECE):
-        hi = min(lo + PIECE, total)
+    for lo, hi in _steps(total, PIECE - _position(fd) % PIECE):
         done = lo
         while done < hi:
             done += os.write(fd, view[done:hi])
         if hasher is not None:
             hasher.update(view[lo:hi])
     return total
+
+
+def _steps(total: int, first: int):
+    """``(lo, hi)`` ranges that cut ``[0, total)``: the first ``first`` bytes long, every other :data:`PIECE`."""
+    bounds = [0, *range(min(first, total), total, PIECE), total]
+    return [(lo, hi) for lo, hi in zip(bounds, bounds[1:]) if hi > lo]
+
+
+def _position(fd: int) -> int:
+    """The file position of ``fd`` (0 where it has none)."""
+    try:
+        return os.lseek(fd, 0, os.SEEK_CUR)
+    except OSError:
+        return 0
 
 
 def _bytes(buffer) -> memoryview:
@@ -64,8 +82,9 @@ def read_segments(fd: int, offset: int, buffer, name: str, segments) -> None:
 
     ``segments``: ``(nbytes, hasher or None)`` pairs that cut ``buffer`` from
     its start (several chunks stored back to back, read in one pass).  Each
-    cache-sized step, never straddling two segments, is hashed right after it
-    is read.  CorruptCheckpointError if the file ends first.
+    step of :data:`_READ_STEP` bytes, never straddling two segments, is hashed
+    right after it is read, while it is in cache.  CorruptCheckpointError if
+    the file ends first.
 
     When the target lies a short distance past the file's bytes in page
     offset (:func:`_short_distance`: a numpy array of the malloc'd kind, 16
@@ -76,12 +95,12 @@ def read_segments(fd: int, offset: int, buffer, name: str, segments) -> None:
     """
     view = _bytes(buffer)
     total = len(view)
-    shift = _SHIFT if total > 2 * PIECE and _short_distance(view, offset) else 0
+    shift = _SHIFT if total > _READ_STEP and _short_distance(view, offset) else 0
     move = _memmove(view) if shift else None
     lo = 0
     for nbytes, hasher in segments:
         end = lo + nbytes
-        step = PIECE if hasher is not None else _MAX_IO
+        step = _READ_STEP if hasher is not None else _MAX_IO
         for a in range(lo, end, step):
             b = min(a + step, end)
             s = shift if hasher is not None and b + shift <= total else 0
@@ -99,6 +118,12 @@ def read_segments(fd: int, offset: int, buffer, name: str, segments) -> None:
         lo = end
 
 
+#: The page size that the copy distance is measured against.
+_PAGE = 4096
+#: The bytes :func:`read_segments` reads and hashes per step: within a core's cache, and 4 times fewer system
+#: calls and hash calls than :data:`PIECE` (the write step), which several ranks loading at once gain from
+#: (bench/load_phases.py).
+_READ_STEP = 1 << 20
 #: How far :func:`read_segments` reads a step past its place when the copy's distance is short.
 _SHIFT = 2048
 
@@ -107,20 +132,40 @@ def _short_distance(view: memoryview, offset: int) -> bool:
     """Whether the kernel copies a read at ``offset`` into ``view`` over a short distance: the target's
     address minus the file offset, modulo the page size, between 1 and 63 bytes (there the copy, ``rep
     movsb`` on x86, runs at about half speed on this machine: docs/performance.md, "Loads by phase")."""
-    import ctypes
+    address = _address(view)
+    return address is not None and 0 < (address - offset) % _PAGE < 64
 
-    try:
-        address = ctypes.addressof(ctypes.c_char.from_buffer(view))
-    except (TypeError, ValueError):  # a read-only or otherwise unusual buffer: read it as it is
-        return False
-    return 0 < (address - offset) % 4096 < 64
+
+#: Chunks smaller than this are stored where they fall (:func:`phase_gap`).
+_PHASED_MIN = 2 * PIECE
+
+
+def phase_gap(position: int, buffer) -> int:
+    """How many bytes to leave unused at ``position`` of a file before storing ``buffer``, so that its first
+    byte lands at the same offset within a page as it has in memory (0 for a buffer under
+    :data:`_PHASED_MIN` bytes or of unknown address).
+
+    A load into the same memory, or into a fresh numpy array of the same size (which the allocator places
+    at the same offset into its page), then copies from the page cache at distance 0 modulo the page size,
+    at the kernel copy's full speed and without :func:`read_segments`'s move.  The format lets files hold
+    bytes no chunk refers to (docs/format.md, "Data layout"), and a reader takes each chunk's offset from
+    the metadata, so files written either way read alike.
+    """
+    view = _bytes(buffer)
+    address = _address(view) if len(view) >= _PHASED_MIN else None
+    return 0 if address is None else (address - position) % _PAGE
+
+
+def _address(view: memoryview) -> int | None:
+    """The address of ``view``'s first byte (read-only buffers too), or None for an empty one."""
+    return np.frombuffer(view, np.uint8).ctypes.data if len(view) else None
 
 
 def _memmove(view: memoryview):
     """``move(dst, src, n)``: libc's memmove between byte positions of ``view`` (overlapping allowed)."""
     import ctypes
 
-    base = ctypes.addressof(ctypes.c_char.from_buffer(view))
+    base = _address(view)
     memmove = ctypes.memmove
     return lambda dst, src, n: memmove(base + dst, base + src, n)
 
@@ -386,6 +431,9 @@ class PosixStorage(Storage):
 
     def read_segments(self, handle: int, offset: int, buffer, name: str, segments) -> None:
         read_segments(handle, offset, buffer, name, segments)
+
+    def gap_before(self, position: int, buffer) -> int:
+        return phase_gap(position, buffer)
 
     def close_read(self, handle: int) -> None:
         os.close(handle)

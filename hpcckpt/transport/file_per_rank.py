@@ -25,9 +25,15 @@ class SequentialFile:
         self.offset = 0
 
     def append(self, buffer, hasher=None) -> int:
-        """Write ``buffer`` at the end (hashing it on the way when given a hasher); return its offset."""
+        """Write ``buffer`` at the end (hashing it on the way when given a hasher); return its offset.
+
+        It starts after the unused bytes the storage asks for there (:meth:`Storage.gap_before`).
+        """
         if self.fd is None:
             self.fd = self.storage.create(os.path.join(self.directory, self.name))
+        gap = self.storage.gap_before(self.offset, buffer)
+        if gap:
+            self.offset += self.storage.append(self.fd, bytes(gap))
         start = self.offset
         self.offset += self.storage.append(self.fd, buffer, hasher)
         return start

@@ -7,6 +7,7 @@ Run with ``mpiexec -n N python tests/mpi_pytest.py --with-mpi -m mpi tests/loadi
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import numpy as np
@@ -206,6 +207,37 @@ def test_a_restart_on_the_saved_decomposition_makes_one_collective_more_than_its
     got = hpcckpt.load(None, path, comm=counting)
     assert [c for c in counting.calls if c in COLLECTIVES] == metadata_way + ["alltoall"], counting.calls
     assert np.array_equal(got["u"].local, _local(g, box))
+
+
+def test_a_restore_on_a_few_ranks_lists_on_rank_0_and_reads_the_metadata_on_every_rank(comm, mpi_tmp, monkeypatch):
+    """Checkpointer.restore on the saved decomposition: rank 0's listing (a broadcast without the metadata),
+    then each rank reads the metadata itself (as hpcckpt.load does on a few ranks) and the directory's
+    alltoall; exact.  Newest metadata damaged on one rank's view: every rank skips to the older version."""
+    from hpcckpt.loading import load as loading
+
+    reads = []
+    real = loading.version_metadata
+    monkeypatch.setattr(loading, "version_metadata", lambda *a, **kw: (reads.append(a[0]), real(*a, **kw))[1])
+    n, r = comm.size, comm.rank
+    shape = (2 * n, 3)
+    counting = CountingComm(comm)
+    with hpcckpt.Checkpointer(os.path.join(mpi_tmp, "root"), comm=counting, track_failures=False) as ck:
+        for step in (1, 2):
+            ck.save({"u": Block(np.full((2, 3), 10.0 * step + r), (2 * r, 0), shape)}, step=step)
+        counting.calls.clear()
+        out = np.zeros((2, 3))
+        ck.restore({"u": Block(out, (2 * r, 0), shape)})
+        seen = comm.allgather(([c for c in counting.calls if c in COLLECTIVES], len(reads)))
+        assert seen == [(["bcast", "alltoall"], 1)] * n, seen
+        assert np.array_equal(out, np.full((2, 3), 20.0 + r))
+        newest = os.path.join(os.path.dirname(reads[0]), os.path.basename(reads[0]), "metadata.json")
+        comm.Barrier()
+        if r == n - 1:  # what the last rank reads of the newest version is damaged (rank 0 lists it as committed)
+            monkeypatch.setattr(loading, "version_metadata", lambda d, *a, **kw: (
+                real(d, *a, **kw) if os.path.join(d, "metadata.json") != newest else real(newest + ".none")))
+        with pytest.warns(UserWarning, match="skipping unusable version") if r == 0 else contextlib.nullcontext():
+            ck.restore({"u": Block(out, (2 * r, 0), shape)})
+        assert np.array_equal(out, np.full((2, 3), 10.0 + r))
 
 
 def test_one_rank_needing_a_part_from_another_takes_the_second_exchange(comm, mpi_tmp):

@@ -112,6 +112,44 @@ def test_staging_pool_is_bounded_and_blocks_until_a_buffer_is_released():
     assert pool.allocated_bytes <= 256
 
 
+def test_writer_threads_are_reused_and_each_running_job_has_its_own():
+    """A job handed over while another runs gets a thread of its own (the first waits for the second: no
+    deadlock); once both threads are idle again, the next jobs run on them, and no new thread is started."""
+    from hpcckpt.saving.background import IdleThreads
+
+    threads = IdleThreads("test-writer")
+    ran_on = []
+
+    def run(wait_for=None, signal=None) -> None:
+        finished = threading.Event()
+
+        def job():
+            ran_on.append(threading.get_ident())
+            if wait_for is not None:
+                assert wait_for.wait(60)
+            if signal is not None:
+                signal.set()
+            finished.set()
+
+        threads.run(job)
+        return finished
+
+    def idle(n):
+        while threads._idle < n:  # a thread counts itself idle right after its job
+            time.sleep(0.01)
+
+    second_ran = threading.Event()
+    first, second = run(wait_for=second_ran), run(signal=second_ran)
+    assert first.wait(60) and second.wait(60)
+    assert len(set(ran_on)) == 2
+    idle(2)
+    for _ in range(3):
+        assert run().wait(60)
+        idle(2)
+    names = {t.ident for t in threading.enumerate() if t.name == "test-writer"}
+    assert set(ran_on[2:]) <= set(ran_on[:2]) and names == set(ran_on[:2])
+
+
 def test_serial_asynchronous_round_trip(tmp_path):
     a = np.arange(1000.0)
     with Checkpointer(tmp_path, asynchronous=True, track_failures=False, staging_bytes=4096,
