@@ -150,7 +150,9 @@ class _Writer:
             comm.Recv(part, source=source, tag=_DATA)
             if self.failure is None:
                 try:
-                    self.target.append(part)
+                    start = self.target.append(part, continues=lo > 0)  # the piece's slices back to back
+                    if lo == 0:
+                        offset = start  # after the gap the storage leaves before the piece
                 except Exception as exc:  # noqa: BLE001 - drain the rest, report afterwards
                     self.failure = exc
         if self.failure is None:

@@ -24,14 +24,15 @@ class SequentialFile:
         self.fd = None  # the storage's handle once the file exists
         self.offset = 0
 
-    def append(self, buffer, hasher=None) -> int:
+    def append(self, buffer, hasher=None, continues: bool = False) -> int:
         """Write ``buffer`` at the end (hashing it on the way when given a hasher); return its offset.
 
-        It starts after the unused bytes the storage asks for there (:meth:`Storage.gap_before`).
+        It starts after the unused bytes the storage asks for there (:meth:`Storage.gap_before`), unless it
+        ``continues`` the bytes appended last (a later slice of one chunk, which must follow them directly).
         """
         if self.fd is None:
             self.fd = self.storage.create(os.path.join(self.directory, self.name))
-        gap = self.storage.gap_before(self.offset, buffer)
+        gap = 0 if continues else self.storage.gap_before(self.offset, buffer)
         if gap:
             self.offset += self.storage.append(self.fd, bytes(gap))
         start = self.offset

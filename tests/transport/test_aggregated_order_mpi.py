@@ -59,3 +59,24 @@ def test_one_aggregator_writes_the_ranks_in_rank_order(mpi_tmp, codec, budget):
         assert os.path.getsize(os.path.join(path, meta.files[0])) == ends[-1]
         with hpcckpt.open(path) as view:
             assert np.array_equal(view.read("u"), g)
+
+
+@pytest.mark.parametrize("budget", [768 << 10, 64 << 20])  # each chunk in three slices / in one
+def test_the_members_large_chunks_are_stored_where_the_metadata_says(mpi_tmp, budget):
+    """Chunks large enough for the storage to start them at their page phase (a gap before them) and streamed
+    from a member in slices: each starts at the recorded offset and its slices follow it directly."""
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    rows, ncols = 4096, 64  # 2 MiB of float64 per rank, one chunk each
+    g = np.arange(comm.size * rows * ncols, dtype=np.float64).reshape(-1, ncols)
+    lo = comm.rank * rows
+    path = os.path.join(mpi_tmp, f"ck-large-{budget}")
+    hpcckpt.save({"u": Block(g[lo:lo + rows].copy(), (lo, 0), g.shape)}, path, comm=comm,
+                 strategy="aggregated", aggregators=1, aggregator_buffer=budget)
+    out = np.full((rows, ncols), -1.0)
+    hpcckpt.load({"u": Block(out, (lo, 0), g.shape)}, path, comm=comm)
+    assert np.array_equal(out, g[lo:lo + rows])
+    if comm.rank == 0:
+        with hpcckpt.open(path) as view:
+            assert np.array_equal(view.read("u"), g)
