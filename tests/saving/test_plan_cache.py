@@ -160,8 +160,8 @@ def test_a_layout_that_keeps_changing_is_planned_at_once(world, mpi_tmp):
 @pytest.mark.parametrize("reshard", [False, True])
 @pytest.mark.parametrize("ragged", [False, True])
 def test_a_load_makes_at_most_three_collectives(world, mpi_tmp, reshard, ragged):
-    """hpcckpt.load and Checkpointer.restore: the metadata (a load on a few ranks: each reads it; a restore:
-    rank 0 broadcasts it with the version listing), then with a Ragged table after per-rank metadata one
+    """hpcckpt.load and Checkpointer.restore: the metadata (on a few ranks each rank reads it; a restore first
+    gets the version listing in rank 0's broadcast), then with a Ragged table after per-rank metadata one
     alltoall of the checked template's requests (a rank that could not read the metadata sends its failure in
     it) and the agreement after the reads; otherwise the chunk directory's two alltoalls (the reads come before
     them; with a Ragged table after one Scan that places every rank's rows), the second one only when some rank
@@ -198,7 +198,7 @@ def test_a_load_makes_at_most_three_collectives(world, mpi_tmp, reshard, ragged)
         metadata = ["bcast"] if restore else []  # a load on a few ranks: each rank reads the metadata itself
         saved_rows = np.cumsum([3 + q for q in range(size)]).tolist()  # the table's saved chunk boundaries
         split_on_saved = all(saved_rows[-1] * q // size in [0] + saved_rows for q in range(size))
-        if ragged and not restore:
+        if ragged:  # restore too: on a few ranks it reads the metadata on each rank, as a load does
             plan = ["alltoall", "allgather"]
         else:
             plan = (["Scan"] if ragged else []) + (
