@@ -134,8 +134,8 @@ def start_transport(comm, directory: str, options: SaveOptions, cache: PlanCache
                storage: Storage):
     """The transport context and strategy; after a new plan, the node layout (collective the first time for
     these processes) and ``auto`` resolved from rank 0's ``history`` (the same answer on every rank)."""
-    if strategy is None and not storage.shared_files:
-        strategy = "file-per-rank"  # the only transport that needs no file shared between ranks
+    if strategy is None and not storage.shared_paths:
+        strategy = "file-per-rank"  # the only transport whose files need not be seen by other processes
         cache.layout = None
     if strategy is None:
         needs_layout = options.strategy == "auto" or TRANSPORTS[options.strategy].needs_node_layout
@@ -143,7 +143,8 @@ def start_transport(comm, directory: str, options: SaveOptions, cache: PlanCache
         strategy = options.strategy
         if strategy == "auto":
             strategy = choose_strategy(comm.Get_size(), cache.total_bytes / comm.Get_size(),
-                                       cache.layout.max_ranks_per_node, history)
+                                       cache.layout.max_ranks_per_node, history, shared_files=storage.shared_files,
+                                       aggregators=options.aggregators)
     ctx = TransportContext(comm=comm, directory=directory, layout=cache.layout, max_writers=options.max_writers,
                            aggregators=options.aggregators, aggregator_buffer=options.aggregator_buffer,
                            mpiio_hints=options.mpiio_hints, fsync=options.fsync, storage=storage,

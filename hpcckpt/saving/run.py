@@ -51,7 +51,7 @@ from hpcckpt.saving.plan import PlanCache, Reconciled, agree_plan, plan_locally,
 from hpcckpt.saving.selection import Selection
 from hpcckpt.saving.staging import DEFAULT_STAGING_BYTES, SlotQueue, StagingPool, stage, staged_bytes
 from hpcckpt.storage import POSIX, Storage
-from hpcckpt.transport import io_history
+from hpcckpt.transport import TRANSPORTS, io_history
 from hpcckpt.transport.auto import choose_strategy
 
 
@@ -304,9 +304,10 @@ class SaveRun:
         decides from."""
         series, opts, request = self.series, self.options, self.request
         storage = series.storage
-        if not storage.shared_files and opts.strategy not in ("auto", "file-per-rank"):
+        if opts.strategy != "auto" and not TRANSPORTS[opts.strategy].fits(storage):
+            usable = [name for name, t in TRANSPORTS.items() if t.fits(storage)]
             raise CheckpointError(f"strategy {opts.strategy!r} writes files shared between ranks, which "
-                                  f"{type(storage).__name__} does not hold: use file-per-rank")
+                                  f"{type(storage).__name__} does not hold: use {' or '.join(usable)}")
         revisions = None
         if request.directory is not None:
             path = request.directory
@@ -317,7 +318,7 @@ class SaveRun:
         base = None
         if is_incremental(opts):
             base = self._base(path)
-        history = io_history.read(series.root) if opts.strategy == "auto" and storage.shared_files else None
+        history = io_history.read(series.root) if self.measures_strategies else None
         strategy = self._cached_strategy(history) if self.local.key == series.cache.key else None
         if series.levels is not None and request.directory is None:
             return RootStart(None, strategy, base, history, revisions)
@@ -360,14 +361,21 @@ class SaveRun:
         if opts.strategy != "auto":
             return opts.strategy
         nranks = self.comm.Get_size()
-        return choose_strategy(nranks, cache.total_bytes / nranks, cache.layout.max_ranks_per_node, history)
+        return choose_strategy(nranks, cache.total_bytes / nranks, cache.layout.max_ranks_per_node, history,
+                               shared_files=self.series.storage.shared_files, aggregators=opts.aggregators)
 
     @property
     def writes_own_file(self) -> bool:
         """Whether each rank writes its own file whatever the options: in the background, on node-local levels,
-        or into storage without files shared between ranks."""
+        or into storage whose files other processes do not see."""
         series = self.series
-        return self.request.background or series.levels is not None or not series.storage.shared_files
+        return self.request.background or series.levels is not None or not series.storage.shared_paths
+
+    @property
+    def measures_strategies(self) -> bool:
+        """Whether ``strategy="auto"`` decides from the bandwidths earlier saves under the root measured (the
+        root's io_history): on a storage that holds files shared between ranks (auto.choose_strategy)."""
+        return self.options.strategy == "auto" and self.series.storage.shared_files
 
     # ----------------------------------------------------------------- select
     def _select(self) -> None:
@@ -656,7 +664,7 @@ class SaveRun:
 
     def _log(self, report: CommitReport, result: SaveResult) -> None:
         write_seconds = report.phases.get("write", 0.0)
-        if self.options.strategy == "auto" and self.series.root is not None and not self.writes_own_file:
+        if self.measures_strategies and self.series.root is not None and not self.writes_own_file:
             io_history.record(self.series.root, result.strategy, self.comm.Get_size(), report.nbytes, write_seconds)
         logger.info("saved %s (%s, %s): %d bytes in %d chunks, %s, write %.3f s (%.2f GB/s); %s", result.path,
                     result.kind, ",".join(result.levels), report.nbytes, report.nchunks, result.strategy,

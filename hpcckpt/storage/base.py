@@ -83,10 +83,16 @@ class Storage(ABC):
 
     * ``durable``: ``fsync=True`` makes written bytes survive a crash of the
       machine (POSIX: yes; memory: no).
-    * ``shared_files``: other processes see the files by path, so the
-      transports that write one file from many ranks (aggregated,
-      shared-file, through MPI-IO or pwrite) can use it; with False only
-      file-per-rank runs.
+    * ``shared_paths``: a file one process wrote is seen by every other
+      process at the same path, so a transport may write one file for
+      several ranks (aggregated: an aggregator writes its group's chunks) and
+      another rank reads it at a load; with False only file-per-rank runs.
+    * ``shared_files``: several processes write into one file at once, each
+      at its own offsets (shared-file, through MPI-IO or pwrite); an object
+      store has one writer per object, so False there.  Also read by the
+      load: where it holds, each rank of a small job reads the metadata
+      itself instead of receiving rank 0's broadcast (a read is cheap there,
+      unlike a request per rank on an object store).
     * ``conditional_writes``: :meth:`write_if_unchanged` works (an object
       store's ``If-Match``); the writer lock is then a lease
       (hpcckpt.root.lock).
@@ -124,6 +130,7 @@ class Storage(ABC):
     """
 
     durable: bool = False
+    shared_paths: bool = False
     shared_files: bool = False
     conditional_writes: bool = False
 

@@ -1,6 +1,6 @@
 """An in-memory Storage: versions as bytes in a dict, for tests and for staging a checkpoint without a file system.
 
-One process only (``shared_files`` is False: only the file-per-rank transport
+One process only (``shared_paths`` is False: only the file-per-rank transport
 runs over it), nothing durable.  The same confinement rules as POSIX: names
 from metadata stay inside their version, references only reach committed
 sibling versions.

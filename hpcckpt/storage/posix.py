@@ -395,6 +395,7 @@ class PosixStorage(Storage):
     """POSIX directories: the default Storage (the functions above, behind the interface of storage/base.py)."""
 
     durable = True
+    shared_paths = True
     shared_files = True
 
     def make_version(self, directory: str) -> None:

@@ -107,7 +107,8 @@ class S3Storage(Storage):
     """Versions as objects in S3 buckets; one instance serves any bucket of one endpoint."""
 
     durable = True  # an object is stored durably when its PUT (or the multipart completion) returns
-    shared_files = False  # one writer per object: file-per-rank only
+    shared_paths = True  # every process sees an object once it is written: aggregated runs
+    shared_files = False  # one writer per object: no shared-file
     conditional_writes = True  # PUT with If-Match: the writer lock is a lease (hpcckpt.root.lock)
 
     def __init__(self, client=None, *, part_bytes: int = 8 * MiB, max_in_flight: int = 8):

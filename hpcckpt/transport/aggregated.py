@@ -19,6 +19,7 @@ import numpy as np
 
 from hpcckpt.errors import CheckpointError
 from hpcckpt.core.names import aggregator_file
+from hpcckpt.storage import POSIX
 from hpcckpt.transport.base import Transport, TransportContext, Written
 from hpcckpt.transport.file_per_rank import SequentialFile
 from hpcckpt.transport.throttle import write_turn
@@ -92,7 +93,7 @@ def _aggregate(ctx: TransportContext, pieces, members: list[int]) -> Written:
 
     comm = ctx.comm
     out = Written()
-    target = SequentialFile(ctx.directory, aggregator_file(comm.Get_rank()), ctx.fsync)
+    target = SequentialFile(ctx.directory, aggregator_file(comm.Get_rank()), ctx.fsync, ctx.storage or POSIX)
     writer = _Writer(target, out)
     try:
         for piece in pieces:
@@ -198,6 +199,7 @@ class Aggregated(Transport):
 
     name = "aggregated"
     needs_node_layout = True
+    needs_shared_paths = True
 
     def write(self, ctx: TransportContext, pieces) -> Written:
         return write_aggregated(ctx, pieces)

@@ -3,6 +3,12 @@
 The rule (also in docs/io.md):
 
 1. One rank: file-per-rank (nothing to aggregate).
+   On a storage where several ranks cannot write into one file
+   (``shared_files=False``: an object store, one writer per object), where
+   each object costs requests (create, parts, completion) and a listing
+   entry, aggregated when it writes fewer objects than there are ranks
+   (several ranks per node, or ``aggregators`` below the rank count), else
+   file-per-rank; no measurement is needed (:func:`writes_fewer_objects`).
 2. If earlier saves under the same root measured at least two strategies at
    this scale (same rank count, bytes per rank within a factor 2), take the
    one with the best median bandwidth, unless the strategy used last at this
@@ -32,10 +38,15 @@ SMALL_BYTES = 8 << 20
 HYSTERESIS = 0.10
 
 
-def choose_strategy(nranks: int, bytes_per_rank: float, ranks_per_node: int, history: list[dict]) -> str:
-    """The strategy auto uses; ``history`` rows are {strategy, nranks, bytes_per_rank, gbps}."""
+def choose_strategy(nranks: int, bytes_per_rank: float, ranks_per_node: int, history: list[dict] | None, *,
+                    shared_files: bool = True, aggregators: int | None = None) -> str:
+    """The strategy auto uses; ``history`` rows are {strategy, nranks, bytes_per_rank, gbps} (not read, and may
+    be None, where ``shared_files`` is False); ``shared_files``: the storage's flag; ``aggregators``: the
+    option (None: one aggregator per node)."""
     if nranks <= 1:
         return "file-per-rank"
+    if not shared_files:
+        return "aggregated" if writes_fewer_objects(nranks, ranks_per_node, aggregators) else "file-per-rank"
     similar: dict[str, list[float]] = {}
     last = None  # the strategy of the newest measurement at this scale
     for row in history:
@@ -51,6 +62,14 @@ def choose_strategy(nranks: int, bytes_per_rank: float, ranks_per_node: int, his
     if set(similar) == {"file-per-rank"} and bytes_per_rank < SMALL_BYTES and ranks_per_node >= 2:
         return "aggregated"  # explore once; rule 2 decides from then on
     return "file-per-rank"
+
+
+def writes_fewer_objects(nranks: int, ranks_per_node: int, aggregators: int | None) -> bool:
+    """Whether aggregated writes fewer files than file-per-rank's ``nranks``: with ``aggregators`` given, one
+    per group (at most one per rank); else one per node, fewer when some node holds several ranks."""
+    if aggregators is not None:
+        return aggregators < nranks
+    return ranks_per_node >= 2
 
 
 def _within(a: float, b: float, factor: float = 2.0) -> bool:

@@ -85,6 +85,11 @@ class Transport(ABC):
       transport fills it in while it writes (one pass over the bytes).
     * ``needs_node_layout``: ``ctx.layout`` must be the communicator's
       NodeLayout (the save computes it, collectively, once per communicator).
+    * ``needs_shared_paths``: one file holds several ranks' chunks, so the
+      storage must show every process the files by path
+      (``Storage.shared_paths``).
+    * ``needs_shared_files``: several ranks write into one file at once
+      (``Storage.shared_files``).
 
     A new transport subclasses this, registers an instance with
     ``hpcckpt.transport.register``, and passes ``hpcckpt.testing.TransportTests``.
@@ -93,6 +98,13 @@ class Transport(ABC):
     name: str = ""
     hashes_while_writing: bool = False
     needs_node_layout: bool = False
+    needs_shared_paths: bool = False
+    needs_shared_files: bool = False
+
+    def fits(self, storage) -> bool:
+        """Whether ``storage`` (a hpcckpt.storage.Storage) holds the files this transport writes."""
+        return (storage.shared_paths or not self.needs_shared_paths) and \
+            (storage.shared_files or not self.needs_shared_files)
 
     @abstractmethod
     def write(self, ctx: TransportContext, pieces) -> Written:

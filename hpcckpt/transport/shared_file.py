@@ -71,6 +71,8 @@ class SharedFile(Transport):
     """The ``shared-file`` strategy: :func:`write_shared_file`."""
 
     name = "shared-file"
+    needs_shared_paths = True
+    needs_shared_files = True
 
     def write(self, ctx: TransportContext, pieces) -> Written:
         return write_shared_file(ctx, pieces)

@@ -1,6 +1,7 @@
 """Save on N ranks to a Checkpointer root in a bucket, or restore there on any other number (tests/storage/test_storage_s3*.py).
 
     mpiexec -n 4 python tests/scripts/s3_ranks.py save s3://bucket/root [local=DIR] [incremental=1]
+        [strategy=S ranks_per_node=K]
     mpiexec -n 3 python tests/scripts/s3_ranks.py restore s3://bucket/root [local=DIR] [incremental=1]
     mpiexec -n 3 python tests/scripts/s3_ranks.py resume s3://bucket/root incremental=1
 
@@ -11,7 +12,9 @@ the first 100 * step rows change at each step.  ``save`` saves steps 1 to 3,
 restores that.  With local=DIR, node-local levels too: two ranks per
 (simulated) node, partner copies at every save, the flush to the bucket every
 second one (and the newest at the end); the restore prints the level it read
-from.  With incremental=1, incremental saves in blocks of 4 KiB.
+from.  With incremental=1, incremental saves in blocks of 4 KiB.  With strategy=S
+ranks_per_node=K, the saves use strategy S on simulated nodes of K ranks and
+print the strategy each used.
 """
 
 import sys
@@ -58,11 +61,15 @@ if "local" in given:
     options.update(local_dir=given["local"], ranks_per_node=2, partner_every=1, flush_every=2)
 if given.get("incremental"):
     options.update(incremental=True, block_bytes=4096)
+if "strategy" in given:
+    options.update(strategy=given["strategy"], ranks_per_node=int(given["ranks_per_node"]))
 lo, hi = share(comm)
 with hpcckpt.Checkpointer(root, comm, keep=2, **options) as ck:
     if mode == "save":
         for step in (1, 2, 3):
-            ck.save(state(step, lo, hi), step=step)
+            result = ck.save(state(step, lo, hi), step=step)
+            if comm.rank == 0:
+                print(f"step {step}: {result.strategy}")
     else:
         restore_exact(ck, 3, lo, hi)
         if comm.rank == 0 and "local" in given:

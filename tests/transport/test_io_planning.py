@@ -1,6 +1,7 @@
 """Pure planning of the I/O strategies: shared chunk reads, aggregator groups, auto choice."""
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -130,3 +131,48 @@ def test_auto_keeps_the_strategy_in_use_unless_another_is_clearly_faster():
     assert choose_strategy(4, 1e6, 2, close + [row("aggregated", 0.95)]) == "aggregated"
     assert choose_strategy(4, 1e6, 2, close + [row("aggregated", 0.5)]) == "file-per-rank"  # median now clearly lower
     assert choose_strategy(4, 1e6, 2, [row("aggregated", 1.0), row("file-per-rank", 1.2)]) == "file-per-rank"
+
+
+_ROWS = st.lists(st.fixed_dictionaries({
+    "strategy": st.sampled_from(["file-per-rank", "aggregated", "shared-file"]), "nranks": st.integers(1, 40),
+    "bytes_per_rank": st.floats(1, 1e9), "gbps": st.floats(0.01, 100)}), max_size=8)
+
+
+@given(st.lists(st.integers(0, 5), min_size=1, max_size=40), st.one_of(st.none(), st.integers(1, 50)),
+       st.floats(1, 1e10), _ROWS)
+def test_auto_on_a_store_of_one_writer_per_file_writes_the_fewest_objects(ids, count, bytes_per_rank, history):
+    """Where several ranks cannot write one file (an object store) auto never picks shared-file, ignores the
+    measurements, and picks aggregated exactly when its groups (one file each) are fewer than the ranks."""
+    layout = layout_from_ids(ids)
+    nranks = len(ids)
+    chosen = choose_strategy(nranks, bytes_per_rank, layout.max_ranks_per_node, history, shared_files=False,
+                             aggregators=count)
+    files = len(aggregator_groups(layout.node_of, count))
+    assert chosen == ("aggregated" if files < nranks else "file-per-rank")
+
+
+def test_each_storage_is_offered_the_strategies_whose_files_it_holds():
+    """POSIX holds every strategy's files; an object store one writer per object (no shared-file); memory, seen
+    by one process only, file-per-rank alone."""
+    from hpcckpt.storage import POSIX, MemoryStorage
+    from hpcckpt.storage.s3 import S3Storage
+    from hpcckpt.transport import TRANSPORTS
+
+    def fitting(storage):
+        return [name for name, t in TRANSPORTS.items() if t.fits(storage)]
+
+    assert fitting(POSIX) == ["file-per-rank", "aggregated", "shared-file"]
+    assert fitting(S3Storage()) == ["file-per-rank", "aggregated"]
+    assert fitting(MemoryStorage()) == ["file-per-rank"]
+
+
+def test_memory_storage_refuses_aggregated_with_the_strategies_it_holds():
+    import hpcckpt
+    from hpcckpt.errors import CheckpointError
+    from hpcckpt.storage import MemoryStorage
+
+    storage = MemoryStorage()
+    with pytest.raises(CheckpointError, match="'aggregated' writes files shared between ranks, which MemoryStorage "
+                                              "does not hold: use file-per-rank$"):
+        hpcckpt.save({"u": hpcckpt.Block(np.arange(4.0))}, "/memory/v", storage=storage, strategy="aggregated")
+    assert not storage.exists("/memory/v")
