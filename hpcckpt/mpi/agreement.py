@@ -30,14 +30,18 @@ def _hash(text: str) -> str:
     return xxhash.xxh3_64_hexdigest(text.encode("utf-8", "surrogatepass"))
 
 
-def entry_digests(step, options, kinds: dict, values: dict) -> dict:
-    """``{entry: text}`` of this rank: the step, each option, each variable's kind (and a replicated value's hash).
+def entry_digests(step, options, kinds: dict, values: dict, directory: str | None = None) -> dict:
+    """``{entry: text}`` of this rank: the step, the directory of a save to a path, each option, each variable's
+    kind (and a replicated value's hash).
 
     ``options``: a SaveOptions (its fields), or None; ``kinds``: ``{name:
     kind}`` of every variable; ``values``: ``{name: JSON form}`` of the
-    replicated values.
+    replicated values; ``directory``: the path of ``hpcckpt.save`` (None for
+    a Checkpointer's save, whose version every rank names alike).
     """
     out = {"step": repr(step)}
+    if directory is not None:
+        out["directory"] = directory
     if options is not None:
         for field in sorted(options.__dataclass_fields__):
             out[f"option {field}"] = _hash(repr(getattr(options, field)))
@@ -75,6 +79,9 @@ def _difference(a: dict, ra: int, b: dict, rb: int) -> str:
     if a.get("step") != b.get("step"):
         return (f"the ranks save different steps: rank {ra} step {a.get('step')}, rank {rb} step {b.get('step')}; "
                 "nothing was committed")
+    if a.get("directory") != b.get("directory"):
+        return (f"the ranks save to different paths: rank {ra} {a.get('directory')!r}, rank {rb} "
+                f"{b.get('directory')!r}; every rank must pass the same path (nothing was committed)")
     for key in sorted(set(a) | set(b)):
         if a.get(key) == b.get(key):
             continue

@@ -43,13 +43,15 @@ from hpcckpt.transport.auto import choose_strategy
 from hpcckpt.transport.topology import node_layout, ranks_per_node_setting
 
 
-def describe(state, comm, options: SaveOptions, step=None) -> Described:
+def describe(state, comm, options: SaveOptions, step=None, directory: str | None = None) -> Described:
     """The describe stage on this rank (no MPI); a bad HPCCKPT_RANKS_PER_NODE fails here, on every rank alike.
+    ``directory``: the path of a save to a path, which every rank must pass alike (mpi/agreement.py).
 
     The state is resolved here, once per save, for every kind of save
     (hpcckpt.stateful: Stateful objects, callables, getters, nested dicts).
     """
-    local = describe_state(resolve_state(state), comm.Get_rank(), comm.Get_size(), options, step=step)
+    local = describe_state(resolve_state(state), comm.Get_rank(), comm.Get_size(), options, step=step,
+                           directory=directory)
     ranks_per_node_setting(options.ranks_per_node)
     return local
 

@@ -218,7 +218,7 @@ class SaveRun:
         with self.timer.phase("plan"):
             if self.failure is None:
                 self.local, self.failure = attempt(lambda: describe(self.request.state, self.comm, self.options,
-                                                                    self.request.step))
+                                                                    self.request.step, self.request.directory))
             self.planned = self._plan_here() if self._checked() else self._agree()
         self._select()
         self._write()

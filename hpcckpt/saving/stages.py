@@ -20,7 +20,8 @@ from hpcckpt.state import PerRank, split_state, summarize_for_save
 from hpcckpt.storage import POSIX, Storage
 
 
-def describe_state(state, rank: int, nranks: int, options: SaveOptions, step=None) -> Described:
+def describe_state(state, rank: int, nranks: int, options: SaveOptions, step=None,
+                   directory: str | None = None) -> Described:
     """This rank's part of a save, read from ``state`` now (messages.Described); no MPI.
 
     The layout key is taken here, before any codec summary is measured
@@ -35,7 +36,7 @@ def describe_state(state, rank: int, nranks: int, options: SaveOptions, step=Non
     specs = {name: spec_to_json(getattr(value, "codec", None)) for name, value in distributed.items()}
     kinds = {name: "replicated-block" if s.get("replicated") else s["kind"] for name, s in summaries.items()}
     kinds.update({name: "per-rank" if name in per_rank else "value" for name in replicated})
-    details = agreement.entry_digests(step, options, kinds, values)
+    details = agreement.entry_digests(step, options, kinds, values, directory)
     return Described(summaries=summaries, distributed=distributed, specs=specs,
                      arrays={name: None if value.local is None else as_local_array(value.local)
                              for name, value in distributed.items()},

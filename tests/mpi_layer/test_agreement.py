@@ -9,9 +9,12 @@ on a first save (the plan's allgather).
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
+import hpcckpt
 from hpcckpt import Block, CheckpointError, Checkpointer, PerRank, TemplateMismatchError
 from hpcckpt.mpi.agreement import entry_digests, mismatch
 from hpcckpt.core.encoding import PerRankEntries, decode_value, encode_per_rank
@@ -222,3 +225,22 @@ def test_a_per_rank_value_on_another_rank_count_needs_resize(mpi_tmp):
         assert out["r"].value == sub.rank
     sub.Free()
     comm.Barrier()
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.timeout(120)
+def test_ranks_saving_to_different_paths_raise_on_every_rank_and_commit_nothing(mpi_tmp):
+    comm = _world()
+    odd = comm.size - 1
+    paths = [os.path.join(mpi_tmp, name) for name in ("a", "b")]
+    with pytest.raises(CheckpointError) as info:
+        hpcckpt.save(_state(comm), paths[comm.rank == odd], comm=comm)
+    text = str(info.value)
+    assert "different paths" in text and "rank 0" in text and f"rank {odd}" in text, text
+    assert len(set(comm.allgather(text))) == 1  # the same error on every rank
+    comm.Barrier()
+    assert not any(os.path.exists(os.path.join(p, "metadata.json")) for p in paths)
+    hpcckpt.save(_state(comm, 2), paths[0], comm=comm)  # every rank passing one path still saves
+    out = _state(comm, -1)
+    hpcckpt.load(out, paths[0], comm=comm)
+    assert np.array_equal(out["u"].local, _state(comm, 2)["u"].local)
