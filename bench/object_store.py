@@ -19,7 +19,9 @@ stops the gateway at the end:
 
 Each rank holds ``--size-mib`` MiB of float64 rows of one array split by rows.
 Per repeat, in an order that alternates, each method saves a fresh version into
-the bucket and loads it back on the same ranks (every loaded byte compared):
+the bucket and loads it back on the same ranks (every loaded byte compared);
+then, for N >= 2 ranks, a second job of N - 1 ranks loads every version again
+(a reshard: each rank's rows span pieces that different writers saved):
 
 * ``hpcckpt``: ``hpcckpt.save``/``hpcckpt.load`` of an ``s3://`` path (its
   default strategy, ``auto``), through one S3Storage per rank whose request
@@ -51,7 +53,15 @@ BUCKET = "bench"
 
 
 def rows_of(nrows: int, size: int, rank: int) -> tuple[int, int]:
-    return rank * nrows // size, (rank + 1) * nrows // size
+    """The rows of ``rank``: torch's Shard(0) split (blocks of ceil(nrows / size) rows, the last ones shorter),
+    which DTensor.from_local expects and hpcckpt takes as any other split."""
+    block = -(-nrows // size)
+    return min(rank * block, nrows), min((rank + 1) * block, nrows)
+
+
+def total_rows(mib_per_rank: int, saved_ranks: int) -> int:
+    """The array's rows: ``mib_per_rank`` MiB of float64 rows on each of the ranks that saved it."""
+    return mib_per_rank * (1 << 20) * saved_ranks // (8 * NCOLS)
 
 
 class Hpcckpt:
@@ -124,30 +134,27 @@ def worker(args) -> None:
 
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
-    nrows = args.size_mib * (1 << 20) * size // (8 * NCOLS)
+    nrows = total_rows(args.size_mib, args.saved_by or size)
     lo, hi = rows_of(nrows, size, rank)
     arr = np.arange(lo * NCOLS, hi * NCOLS, dtype=np.float64).reshape(hi - lo, NCOLS)
     out = np.empty_like(arr)
     methods = [Hpcckpt(), TorchDCP(comm)]
+    if args.saved_by:
+        reshard(args, comm, methods, arr, out, lo, nrows)
+        return
     times = {m.name: {"save": [], "load": []} for m in methods}
     requests = {"save": [], "load": []}
-    run = comm.bcast(uuid.uuid4().hex[:8], root=0)
-
-    def timed(fn) -> float:
-        comm.Barrier()
-        t0 = time.perf_counter()
-        fn()
-        return comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
+    run = args.run
 
     for rep in range(args.repeats):
         order = methods if rep % 2 == 0 else methods[::-1]
         for m in order:
             path = f"s3://{BUCKET}/{run}/{m.name}-{size}-{rep}"
-            times[m.name]["save"].append(timed(lambda: m.save(path, comm, arr, lo, nrows)))
+            times[m.name]["save"].append(_timed(comm, lambda: m.save(path, comm, arr, lo, nrows)))
             if isinstance(m, Hpcckpt):
                 requests["save"].append(_summed(comm, m.take_requests()))
             out[...] = -1
-            times[m.name]["load"].append(timed(lambda: m.load(path, comm, out, lo, nrows)))
+            times[m.name]["load"].append(_timed(comm, lambda: m.load(path, comm, out, lo, nrows)))
             if isinstance(m, Hpcckpt):
                 requests["load"].append(_summed(comm, m.take_requests()))
             if not np.array_equal(out, arr):
@@ -155,6 +162,39 @@ def worker(args) -> None:
     methods[1].close()
     if rank == 0:
         print(json.dumps({"ranks": size, "mib_per_rank": args.size_mib, "times": times, "requests": requests}))
+
+
+def _timed(comm, fn) -> float:
+    """The slowest rank's time of ``fn()``, started together."""
+    from mpi4py import MPI
+
+    comm.Barrier()
+    t0 = time.perf_counter()
+    fn()
+    return comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
+
+
+def reshard(args, comm, methods, arr, out, lo, nrows) -> None:
+    """Load every version the job of ``args.saved_by`` ranks saved, on this job's ranks, in the same alternating
+    order; print the times and hpcckpt's requests per load as one JSON line (rank 0)."""
+    import numpy as np
+
+    size = comm.Get_size()
+    times: dict = {m.name: {"reshard": []} for m in methods}
+    requests: dict = {"reshard": []}
+    for rep in range(args.repeats):
+        for m in (methods if rep % 2 == 0 else methods[::-1]):
+            path = f"s3://{BUCKET}/{args.run}/{m.name}-{args.saved_by}-{rep}"
+            out[...] = -1
+            times[m.name]["reshard"].append(_timed(comm, lambda: m.load(path, comm, out, lo, nrows)))
+            if isinstance(m, Hpcckpt):
+                requests["reshard"].append(_summed(comm, m.take_requests()))
+            if not np.array_equal(out, arr):
+                raise SystemExit(f"{m.name}: rank {comm.Get_rank()} loaded wrong bytes after the reshard")
+    methods[1].close()
+    if comm.Get_rank() == 0:
+        print(json.dumps({"ranks": size, "saved_by": args.saved_by, "mib_per_rank": args.size_mib,
+                          "times": times, "requests": requests}))
 
 
 def _summed(comm, counts: dict) -> dict:
@@ -167,15 +207,18 @@ def _summed(comm, counts: dict) -> dict:
 
 def report(result: dict) -> None:
     t = result["times"]
-    print(f"\n{result['ranks']} rank(s) x {result['mib_per_rank']} MiB, {len(t['hpcckpt']['save'])} repeats")
-    print(f"{'phase':6} {'hpcckpt s':>10} {'dcp s':>10} {'ratio':>7}")
-    for phase in ("save", "load"):
+    phases = list(t["hpcckpt"])
+    saved = f", saved by {result['saved_by']}" if "saved_by" in result else ""
+    print(f"\n{result['ranks']} rank(s){saved}, {result['mib_per_rank']} MiB per saving rank, "
+          f"{len(t['hpcckpt'][phases[0]])} repeats")
+    print(f"{'phase':8} {'hpcckpt s':>10} {'dcp s':>10} {'ratio':>7}")
+    for phase in phases:
         a, b = t["hpcckpt"][phase], t["dcp"][phase]
         ratio = statistics.median(x / y for x, y in zip(a, b))
-        print(f"{phase:6} {statistics.median(a):10.3f} {statistics.median(b):10.3f} {ratio:7.2f}")
-    for phase in ("save", "load"):
+        print(f"{phase:8} {statistics.median(a):10.3f} {statistics.median(b):10.3f} {ratio:7.2f}")
+    for phase in phases:
         counts = result["requests"][phase][-1]
-        print(f"hpcckpt requests per {'version' if phase == 'save' else 'load'}: {sum(counts.values())} "
+        print(f"hpcckpt requests per {'version' if phase == 'save' else phase}: {sum(counts.values())} "
               f"({', '.join(f'{k} {v}' for k, v in sorted(counts.items()))})")
 
 
@@ -186,6 +229,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", help="write every timing and count here")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--run", help=argparse.SUPPRESS)  # the versions' prefix in the bucket
+    parser.add_argument("--saved-by", type=int, help=argparse.SUPPRESS)  # a reshard job: the saving job's ranks
     args = parser.parse_args()
     if args.worker:
         worker(args)
@@ -202,20 +247,28 @@ def main() -> None:
 
         boto3.client("s3", endpoint_url=gateway.endpoint, aws_access_key_id=gateway.access_key,
                      aws_secret_access_key=gateway.secret_key, region_name="us-east-1").create_bucket(Bucket=BUCKET)
-        mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+        run = uuid.uuid4().hex[:8]
         for n in args.ranks:
-            cmd = [mpiexec, "-n", str(n), sys.executable, os.path.abspath(__file__), "--worker",
-                   "--size-mib", str(args.size_mib), "--repeats", str(args.repeats)]
-            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
-            if proc.returncode != 0:
-                raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr[-4000:]}")
-            results.append(json.loads(proc.stdout.strip().splitlines()[-1]))
-            report(results[-1])
+            jobs = [(n, [])] + ([(n - 1, ["--saved-by", str(n)])] if n >= 2 else [])
+            for ranks, extra in jobs:
+                results.append(_job(env, ranks, args, run, extra))
+                report(results[-1])
     finally:
         gateway.stop()
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
+
+
+def _job(env: dict, ranks: int, args, run: str, extra: list) -> dict:
+    """One mpiexec job of the worker; its JSON line."""
+    mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    cmd = [mpiexec, "-n", str(ranks), sys.executable, os.path.abspath(__file__), "--worker", "--run", run,
+           "--size-mib", str(args.size_mib), "--repeats", str(args.repeats), *extra]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr[-4000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 if __name__ == "__main__":
