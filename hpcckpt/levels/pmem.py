@@ -33,11 +33,10 @@ from hpcckpt.errors import CheckpointError, CorruptCheckpointError, TemplateMism
 from hpcckpt.core.names import parse_version_name, rank_file
 from hpcckpt.loading.load import load_version
 from hpcckpt.storage import POSIX
-from hpcckpt.storage.base import hash_segments
+from hpcckpt.storage.base import Storage, hash_segments
 from hpcckpt.storage.commit import commit_version
 from hpcckpt.storage.metadata_file import read_metadata_bytes
 from hpcckpt.storage.opening import create_replacing, open_regular
-from hpcckpt.storage.posix import PosixStorage
 from hpcckpt.levels.base import Attempt, Level, check_int
 from hpcckpt.levels.fetch import fetcher
 
@@ -243,12 +242,16 @@ class PmemImage:
         return out
 
 
-class PmemStorage(PosixStorage):
-    """POSIX storage but for one data file, served from a slot of a persistent-memory image (by mapping)."""
+class PmemStorage:
+    """The storage ``fallback`` (the node directories' or the root's, where the version is read from) but for
+    one data file, served from a slot of a persistent-memory image (by mapping)."""
 
-    def __init__(self, path: str, mapped, header: dict):
-        self.mapped_path, self.mm, self.header = os.path.realpath(path), mapped, header
+    def __init__(self, path: str, mapped, header: dict, fallback: Storage):
+        self.mapped_path, self.mm, self.header, self.fallback = os.path.realpath(path), mapped, header, fallback
         self.mapped_reads = 0
+
+    def __getattr__(self, name: str):
+        return getattr(self.fallback, name)  # everything but the mapped file's reads
 
     def mapped_bytes(self) -> bytes:
         """A copy of the whole mapped slot (the data file's bytes)."""
@@ -259,11 +262,11 @@ class PmemStorage(PosixStorage):
         if os.path.realpath(path) == self.mapped_path:
             h = self.header
             return ("pmem", slot_offset(h["slot"], h["capacity"])), h["length"]
-        return super().open_read(path)
+        return self.fallback.open_read(path)
 
     def read_segments(self, handle, offset: int, buffer, name: str, segments) -> None:
         if not isinstance(handle, tuple):
-            return super().read_segments(handle, offset, buffer, name, segments)
+            return self.fallback.read_segments(handle, offset, buffer, name, segments)
         from hpcckpt.errors import CorruptCheckpointError
 
         view = memoryview(buffer).cast("B")
@@ -277,7 +280,7 @@ class PmemStorage(PosixStorage):
 
     def close_read(self, handle) -> None:
         if not isinstance(handle, tuple):
-            super().close_read(handle)
+            self.fallback.close_read(handle)
 
     def close(self) -> None:
         self.mm.close()
@@ -364,6 +367,7 @@ class PmemLevel(Level):
         what = f"restore of {name} from the persistent-memory tier"
         vdir = node.path(name)
         directory = vdir if name in attempt.local_sets[0] else os.path.join(attempt.root, name)
+        source = self.storage if directory == vdir else node.root_storage  # where the other files are read
 
         def held():
             try:
@@ -377,7 +381,7 @@ class PmemLevel(Level):
                           "version)")
         own = os.path.join(directory, rank_file(rank))
         opened = self.image.open_version(name)  # None if rewritten since: this rank then reads its L1 file
-        storage = PmemStorage(own, *opened) if opened is not None else self.storage
+        storage = PmemStorage(own, *opened, source) if opened is not None else source
         refilled = os.path.join(vdir, rank_file(rank))
 
         def refill():
@@ -394,7 +398,7 @@ class PmemLevel(Level):
                                expect_step=parse_version_name(name)[0], storage=storage, cast=attempt.cast,
                                before_reads=fetcher(self.storage, comm, vdir, node.layout.node_of, what)
                                if directory == vdir else None)
-            raw = comm.bcast(agree(comm, what, lambda: read_metadata_bytes(directory, self.storage)
+            raw = comm.bcast(agree(comm, what, lambda: read_metadata_bytes(directory, source)
                                    if rank == 0 else None), root=0)
             agree(comm, what, lambda: node.leader and name not in attempt.local_sets[rank] and
                   commit_version(vdir, raw, storage=self.storage))

@@ -189,3 +189,26 @@ def test_a_lease_is_renewed_and_a_holder_that_lost_it_stops(gateway, monkeypatch
                                                   ".* now held by pid 77 on host node-other"):
             ck.save({"u": hpcckpt.Block(u)}, step=4)
     assert rootlock._inspect(st, path).holder["pid"] == 77  # the close left the other job's lock
+
+
+def test_the_persistent_memory_tier_restores_a_version_held_only_in_the_bucket(gateway, tmp_path):
+    """A node whose local directory was lost but whose persistent-memory image survived restores the newest
+    version from the image, reading everything else (the metadata) from the bucket."""
+    import shutil
+
+    root = _root("pmem")
+    opts = {"local_dir": str(tmp_path / "local"), "pmem_dir": str(tmp_path / "pm"), "ranks_per_node": 1,
+            "track_failures": False, "flush_every": 1}
+    with hpcckpt.Checkpointer(root, **opts) as ck:
+        for step in (1, 2):
+            ck.save(_state(step), step)
+        assert "PM" in ck.last_result.levels
+    assert [e.step for e in current(list_versions(root, _s3(root)))] == [1, 2]
+    shutil.rmtree(tmp_path / "local")
+    target = {"u": hpcckpt.Block(np.zeros((64, 40))), "t": hpcckpt.Ragged(), "step": 0}
+    with hpcckpt.Checkpointer(root, **opts) as ck:
+        got = ck.restore(target)
+        assert got["step"] == 2 and ck.engine.restored_level == "PM"
+    want = _state(2)
+    assert np.array_equal(target["u"].local, want["u"].local)
+    assert np.array_equal(got["t"].local, want["t"].local)
