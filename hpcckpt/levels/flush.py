@@ -11,12 +11,11 @@ an uncommitted directory, which does not count and is cleared later.
 
 from __future__ import annotations
 
-import errno
 import os
 import threading
 import time
 
-from hpcckpt.storage.base import Storage
+from hpcckpt.storage.base import Storage, copy_through_buffer
 
 #: The buffer of a copy between two storages (node-local to an object store: at least one multipart part).
 COPY_BYTES = 8 << 20
@@ -81,7 +80,8 @@ def copy_file(storage: Storage, src: str, dst: str, fsync: bool = True, bandwidt
             if target is storage:
                 done = storage.append_from(fo, fi, size, src, pace if bandwidth else None)
             else:
-                done = _copy_across(storage, fi, target, fo, size, src, pace if bandwidth else None)
+                done = copy_through_buffer(storage, fi, target, fo, size, src, pace if bandwidth else None,
+                                           COPY_BYTES)
             if fsync:
                 target.sync(fo)
         finally:
@@ -89,20 +89,4 @@ def copy_file(storage: Storage, src: str, dst: str, fsync: bool = True, bandwidt
     finally:
         storage.close_read(fi)
     target.replace(tmp, dst)
-    return done
-
-
-def _copy_across(source: Storage, fi, target: Storage, fo, size: int, name: str, pace=None) -> int:
-    """``Storage.append_from`` between two storages: bytes ``[0, size)`` of ``fi`` (of ``source``) appended to
-    ``fo`` (of ``target``) through one buffer of COPY_BYTES; OSError naming ``name`` when ``fi`` ends first."""
-    buf = memoryview(bytearray(min(size, COPY_BYTES)))
-    done = 0
-    while done < size:
-        n = source.read_at(fi, done, buf[:min(len(buf), size - done)])
-        if n == 0:
-            raise OSError(errno.EIO, f"{name} shrank while being copied ({done} of {size} bytes)")
-        target.append(fo, buf[:n])
-        done += n
-        if pace is not None:
-            pace(done)
     return done

@@ -330,6 +330,24 @@ class Storage(ABC):
             pass
 
 
+def copy_through_buffer(source: Storage, fi, target: Storage, fo, size: int, name: str, pace, step: int) -> int:
+    """:meth:`Storage.append_from` by reading and appending: bytes ``[0, size)`` of ``fi`` (a handle of
+    ``source.open_read``) appended to ``fo`` (of ``target``) through one buffer of ``step`` bytes, ``pace(done)``
+    after each step; the count.  OSError (EIO) naming ``name`` when ``fi`` ends first.  For copies between two
+    storages, and for a storage whose reads and writes go through memory anyway (an object store)."""
+    buf = memoryview(bytearray(min(size, step)))
+    done = 0
+    while done < size:
+        n = source.read_at(fi, done, buf[:min(len(buf), size - done)])
+        if n == 0:
+            raise OSError(errno.EIO, f"{name} shrank while being copied ({done} of {size} bytes)")
+        target.append(fo, buf[:n])
+        done += n
+        if pace is not None:
+            pace(done)
+    return done
+
+
 def check_position(value: int, what: str) -> None:
     """OSError (EINVAL) naming ``what`` when ``value`` (an offset or a size in a file) is negative, as POSIX
     refuses one, so that every backend refuses it alike, even for an empty buffer."""

@@ -52,7 +52,7 @@ from collections import Counter
 from hpcckpt.core.names import METADATA_FILE, split_reference
 from hpcckpt.errors import CheckpointError, CorruptCheckpointError
 from hpcckpt.format.metadata import check_relative_path
-from hpcckpt.storage.base import DIRECTORY, FILE, Stat, Storage, check_position, hash_segments
+from hpcckpt.storage.base import DIRECTORY, FILE, Stat, Storage, check_position, copy_through_buffer, hash_segments
 
 SCHEME = "s3://"
 _PATH = re.compile(r"^s3:/+([^/]+)/*(.*)$")
@@ -659,19 +659,7 @@ class S3Storage(Storage):
         handle.dirty = True
 
     def append_from(self, handle: _Writer, source: _Reader, size: int, name: str, pace=None) -> int:
-        if source.size < size:
-            raise OSError(errno.EIO, f"{name} shrank while being copied ({source.size} of {size} bytes)")
-        done = 0
-        chunk = bytearray(min(size, self.part_bytes))
-        while done < size:
-            n = min(len(chunk), size - done)
-            view = memoryview(chunk)[:n]
-            self._get_into(source, done, view)
-            self.append(handle, view)
-            done += n
-            if pace is not None:
-                pace(done)
-        return done
+        return copy_through_buffer(self, source, self, handle, size, name, pace, self.part_bytes)
 
     def read_at(self, handle: _Reader, offset: int, buffer) -> int:
         check_position(offset, "offset")
