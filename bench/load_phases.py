@@ -140,7 +140,9 @@ def main():
     ap.add_argument("--methods", default="hpcckpt.load,restore,h5py,raw",
                     help="also hpcckpt.load-noshift, restore-noshift: without storage.posix's short-distance shift; "
                          "hpcckpt.load-nogap: a checkpoint saved without storage.posix's phase gaps (chunks back to "
-                         "back from offset 0, the layout of older files); restore-noownmeta: the restore with rank 0's "
+                         "back from offset 0, the layout of older files); hpcckpt.load-nohash: the load with xxh3 "
+                         "skipped (what verification costs; the data is still compared after the load); "
+                         "restore-noownmeta: the restore with rank 0's "
                          "metadata in the listing's broadcast instead of each rank reading it")
     ap.add_argument("--modes", default="touched,fresh")
     ap.add_argument("--no-probe", action="store_true", help="time without the instrumentation")
@@ -238,6 +240,29 @@ def main():
                         posix_storage._SHIFT = 2048
                 return run
 
+            def without_checksum(out):  # the same load with xxh3 skipped: what verification costs (paired A/B)
+                import hpcckpt.loading.reader as reader
+
+                class Skipped:  # hashes nothing; its digest compares equal to any stored checksum
+                    def update(self, data):
+                        pass
+
+                class Matches(str):
+                    def __eq__(self, other):
+                        return True
+
+                    def __ne__(self, other):
+                        return False
+
+                    __hash__ = str.__hash__
+
+                real = reader.new_hasher, reader.hexdigest
+                reader.new_hasher, reader.hexdigest = Skipped, lambda hasher: Matches("")
+                try:
+                    load_hp(out)
+                finally:
+                    reader.new_hasher, reader.hexdigest = real
+
             def metadata_broadcast(out):  # the restore with rank 0's metadata in the listing's broadcast (paired A/B)
                 import hpcckpt.checkpointer as checkpointer
 
@@ -248,7 +273,7 @@ def main():
                     checkpointer.reads_metadata_itself = real
 
             fns = {"hpcckpt.load-noshift": without_shift(load_hp), "restore-noshift": without_shift(load_ck),
-                   "restore-noownmeta": metadata_broadcast,
+                   "restore-noownmeta": metadata_broadcast, "hpcckpt.load-nohash": without_checksum,
                    "hpcckpt.load-nogap": lambda out: load_hp(out, "hp-nogap"),
                    "hpcckpt.load": load_hp, "restore": load_ck, "h5py": load_h5, "raw": load_raw,}
             touched = np.zeros_like(state)
