@@ -224,6 +224,9 @@ def report(r: dict, args) -> None:
         print(f"\n{r['ranks']} ranks, {mib} MiB state, median of {args.repeats}: np.copyto {r['memcpy']:.4f} s; "
               f"asynchronous save blocks {r['save_async_root']:.4f} s = {r['save_async_root_ratio']:.2f}x the memcpy "
               "measured just before each save (median of the paired ratios)")
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(r, f, indent=1)
         return
     gbs = lambda s: mib / 1024 / s  # noqa: E731
     rows = [

@@ -10,7 +10,10 @@ then loads it back on the saved decomposition, warm (files in the page cache),
 rotates).  Each method is timed into a target that was touched before
 ("touched") and into a fresh ``np.empty`` target ("fresh": the first-touch page
 faults of the caller's buffer fall inside the load, as in a new job's first
-load).  Timing: Barrier; t0; load; Barrier; t1, rank 0's t1 - t0 (the slowest
+load).  ``--modes cold`` adds a load into a touched target with the method's
+files dropped from the page cache first (posix_fadvise DONTNEED; every file
+is synced after the set-up, so that its pages are clean and can be dropped).
+Timing: Barrier; t0; load; Barrier; t1, rank 0's t1 - t0 (the slowest
 rank).  ``faults`` is rank 0's minor page faults during the load
 (getrusage).  ``touch`` is ``dst[...] = 0`` of a fresh array alone.
 
@@ -35,7 +38,7 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from benchutil import fill_rows, print_table  # noqa: E402
+from benchutil import drop_cache, fill_rows, print_table  # noqa: E402
 
 NCOLS = 1024
 
@@ -144,7 +147,8 @@ def main():
                          "skipped (what verification costs; the data is still compared after the load); "
                          "restore-noownmeta: the restore with rank 0's "
                          "metadata in the listing's broadcast instead of each rank reading it")
-    ap.add_argument("--modes", default="touched,fresh")
+    ap.add_argument("--modes", default="touched,fresh",
+                    help="touched, fresh, cold (a touched target, the method's files dropped from the page cache)")
     ap.add_argument("--no-probe", action="store_true", help="time without the instrumentation")
     args = ap.parse_args()
 
@@ -276,6 +280,12 @@ def main():
                    "restore-noownmeta": metadata_broadcast, "hpcckpt.load-nohash": without_checksum,
                    "hpcckpt.load-nogap": lambda out: load_hp(out, "hp-nogap"),
                    "hpcckpt.load": load_hp, "restore": load_ck, "h5py": load_h5, "raw": load_raw,}
+            directories = {name: "ck" if name.startswith("restore") else "hp-nogap" if name.endswith("nogap")
+                           else "hp" if name.startswith("hpcckpt") else "h5" if name == "h5py" else "raw"
+                           for name in fns}
+            if "cold" in modes:  # DONTNEED drops clean pages only: h5py's and raw files are written unsynced
+                os.sync()
+                world.Barrier()
             touched = np.zeros_like(state)
             for name in methods:  # warm-up (imports, first open)
                 fns[name](touched)
@@ -287,9 +297,12 @@ def main():
                 order = methods[rep % len(methods):] + methods[:rep % len(methods)]
                 for mode in modes:
                     for name in order:
-                        out = touched if mode == "touched" else np.empty_like(state)
-                        if mode == "touched":
+                        out = np.empty_like(state) if mode == "fresh" else touched
+                        if mode != "fresh":
                             out.fill(0.0)
+                        if mode == "cold":  # every file of the method's directory out of the page cache
+                            if rank == 0:
+                                drop_cache(os.path.join(d, directories[name]))
                         world.Barrier()
                         PROBE.reset()
                         PROBE.on = name.startswith(("hpcckpt.load", "restore")) and not args.no_probe

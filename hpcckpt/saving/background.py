@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import queue
 import threading
+import time
 
 from hpcckpt.core.monitor import PhaseTimer
 from hpcckpt.saving.staging import SlotQueue, StagingPool
@@ -47,11 +48,22 @@ class BackgroundWrite:
         self._staging_error: BaseException | None = None
         self._cancelled = False
         self._started = False
+        self._after = 0.0
         self._finished = threading.Event()
 
-    def start(self) -> None:
-        """Hand the write to a writer thread of :data:`WRITERS` (an idle one: no new thread to wait for)."""
+    def start(self, after: float = 0.0) -> None:
+        """Hand the write to a writer thread of :data:`WRITERS` (an idle one: no new thread to wait for), which
+        begins writing ``after`` seconds from now.
+
+        A whole state staged at once passes the time its copy took: the ranks
+        of a node enter a collective checkpoint at about the same time and copy
+        together, and a writer that starts while the others still copy takes
+        cores and memory bandwidth from them, while each caller's ``save()``
+        blocks until its own copy is done.  The write ends later by one copy of
+        the state, small beside the write itself.
+        """
         self._started = True
+        self._after = max(0.0, after)
         WRITERS.run(self._run_then_signal)
 
     def _run_then_signal(self) -> None:
@@ -100,6 +112,8 @@ class BackgroundWrite:
         owners: list = []
         try:
             lower_priority()
+            if self._after:
+                time.sleep(self._after)
             if self._staging_error is not None:
                 raise self._staging_error
             self.storage.make_directories(os.path.dirname(os.path.join(self.directory, self.name)))

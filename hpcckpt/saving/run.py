@@ -453,6 +453,7 @@ class SaveRun:
         fits = staged_bytes(self.selection.items) <= series.pool.capacity
         if not fits:  # streamed through the pool as the writer frees buffers
             writer.start()
+        staging_began = time.perf_counter()
         with self.timer.phase("stage"):
             try:
                 if self.failure is not None:
@@ -462,8 +463,8 @@ class SaveRun:
                       None if fits else max(64, min(opts.chunk_bytes, series.staging_bytes)))
             except Exception as exc:  # noqa: BLE001 - surfaces, agreed, at the commit
                 writer.fail(exc)
-        if fits:  # copied before the writer starts: no competition for cores while the caller waits
-            writer.start()
+        if fits:  # copied before the writer starts, which then waits as long as the copy took (BackgroundWrite.start)
+            writer.start(after=time.perf_counter() - staging_began)
         self.writer = writer
         self.selection = self.selection.with_items([])  # the staged copies are the writer's
 
