@@ -165,6 +165,34 @@ def test_serial_asynchronous_round_trip(tmp_path):
         assert np.array_equal(b, np.arange(1000.0))
 
 
+def test_a_whole_staged_state_is_written_as_long_after_its_copy_as_the_copy_took(tmp_path, monkeypatch):
+    """The ranks of a node copy their states together: a writer waits out one copy's time before it takes cores."""
+    from hpcckpt.saving import staging
+
+    copied_at, appended_at = [], []
+    real_copy, real_append = staging.copy_into, file_per_rank.SequentialFile.append
+
+    def slow_copy(dst, src):  # a copy that takes 0.3 s
+        time.sleep(0.3)
+        real_copy(dst, src)
+        copied_at.append(time.monotonic())
+
+    def timed_append(self, *args, **kwargs):
+        appended_at.append(time.monotonic())
+        return real_append(self, *args, **kwargs)
+
+    monkeypatch.setattr(staging, "copy_into", slow_copy)
+    monkeypatch.setattr(file_per_rank.SequentialFile, "append", timed_append)
+    a = np.arange(1000.0)
+    with Checkpointer(tmp_path, asynchronous=True, track_failures=False) as ck:
+        ck.save({"a": Block(a)}, 1)
+        ck.wait()
+        assert len(copied_at) == 1 and appended_at and min(appended_at) - copied_at[0] >= 0.3
+        b = np.zeros(1000)
+        ck.restore({"a": Block(b)})
+    assert np.array_equal(b, a)
+
+
 def test_retention_uncommits_at_the_commit_and_deletes_in_the_background(tmp_path, monkeypatch):
     from hpcckpt.root import catalog
 
