@@ -82,9 +82,9 @@ def read_segments(fd: int, offset: int, buffer, name: str, segments) -> None:
 
     ``segments``: ``(nbytes, hasher or None)`` pairs that cut ``buffer`` from
     its start (several chunks stored back to back, read in one pass).  Each
-    step of :data:`_READ_STEP` bytes, never straddling two segments, is hashed
-    right after it is read, while it is in cache.  CorruptCheckpointError if
-    the file ends first.
+    step (:func:`_read_steps`: up to :data:`_READ_STEP` bytes), never
+    straddling two segments, is hashed right after it is read, while it is in
+    cache.  CorruptCheckpointError if the file ends first.
 
     When the target lies a short distance past the file's bytes in page
     offset (:func:`_short_distance`: a numpy array of the malloc'd kind, 16
@@ -100,9 +100,8 @@ def read_segments(fd: int, offset: int, buffer, name: str, segments) -> None:
     lo = 0
     for nbytes, hasher in segments:
         end = lo + nbytes
-        step = _READ_STEP if hasher is not None else _MAX_IO
-        for a in range(lo, end, step):
-            b = min(a + step, end)
+        steps = _read_steps(offset, lo, end) if hasher is not None else _whole_steps(lo, end)
+        for a, b in steps:
             s = shift if hasher is not None and b + shift <= total else 0
             done = a
             while done < b:
@@ -124,6 +123,27 @@ _PAGE = 4096
 #: calls and hash calls than :data:`PIECE` (the write step), which several ranks loading at once gain from
 #: (bench/load_phases.py).
 _READ_STEP = 1 << 20
+#: The first step of a run: a cold read waits for its first step before any readahead has begun, so a run
+#: starts small and doubles its steps up to :data:`_READ_STEP`.
+_FIRST_READ_STEP = 1 << 18
+
+
+def _read_steps(offset: int, start: int, stop: int):
+    """The ``(a, b)`` ranges of a buffer's bytes ``[start, stop)``, read from its file at ``offset + a``, that
+    :func:`read_segments` reads and hashes one at a time: the first at most :data:`_FIRST_READ_STEP` long,
+    each next one up to twice as long as the one before, at most :data:`_READ_STEP`, and every one after
+    the first starting on a page of the file (a read that starts inside a page, as a chunk stored at its
+    memory's page phase does, would otherwise make every step straddle a page, which slows cold reads)."""
+    step, a = _FIRST_READ_STEP, start
+    while a < stop:
+        b = min(a + step - (offset + a) % _PAGE, stop)
+        yield a, b
+        step, a = min(2 * step, _READ_STEP), b
+
+
+def _whole_steps(start: int, stop: int):
+    """``[start, stop)`` in ranges of at most :data:`_MAX_IO` bytes (reads that nothing hashes)."""
+    return ((a, min(a + _MAX_IO, stop)) for a in range(start, stop, _MAX_IO))
 #: How far :func:`read_segments` reads a step past its place when the copy's distance is short.
 _SHIFT = 2048
 

@@ -59,6 +59,48 @@ def test_write_steps_cut_the_buffer_in_order_at_the_given_first_length(total, fi
     assert all((hi - first) % PIECE == 0 for _, hi in steps[:-1])
 
 
+@settings(max_examples=300, deadline=None)
+@given(st.integers(0, 1 << 40), st.integers(0, 3 * (1 << 20)), st.integers(0, 9 * (1 << 20)))
+def test_read_steps_cover_the_range_in_order_ramp_up_and_start_on_the_files_pages(offset, start, length):
+    stop = start + length
+    steps = list(posix._read_steps(offset, start, stop))
+    edges = [start] + [b for _, b in steps]
+    assert [a for a, _ in steps] == edges[:-1] and edges[-1] == stop and all(a < b for a, b in steps)
+    assert all((offset + a) % PAGE == 0 for a, _ in steps[1:])
+    sizes = [b - a for a, b in steps]
+    assert not sizes or sizes[0] <= posix._FIRST_READ_STEP
+    assert all(n <= min(posix._FIRST_READ_STEP << k, posix._READ_STEP) for k, n in enumerate(sizes))
+    full = sizes[1:-1]  # every step but the first and the last is as long as the ramp allows
+    assert all(n == min(posix._FIRST_READ_STEP << (k + 1), posix._READ_STEP) for k, n in enumerate(full))
+
+
+def test_reads_after_the_first_start_on_the_files_pages_and_fill_every_byte(tmp_path, monkeypatch):
+    data = pattern(NBYTES + 5000)
+    path = tmp_path / "f"
+    data.tofile(path)
+    offsets = []
+    real = os.preadv
+
+    def spy(fd, buffers, offset, *rest):
+        offsets.append(offset)
+        return real(fd, buffers, offset, *rest)
+
+    from hpcckpt.core.checksum import hexdigest, new_hasher
+    hasher = new_hasher()
+    out = at_phase(NBYTES, 16)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        monkeypatch.setattr(os, "preadv", spy)
+        posix.read_segments(fd, 5000, out, "f", [(NBYTES, hasher)])
+    finally:
+        os.close(fd)
+    assert np.array_equal(out, data[5000:])
+    assert len(offsets) > 3 and all(o % PAGE == 0 for o in offsets[1:])
+    expected = new_hasher()
+    expected.update(data[5000:].tobytes())
+    assert hexdigest(hasher) == hexdigest(expected)
+
+
 @pytest.mark.parametrize("position", [0, 16, 2048, PIECE - 16])
 def test_write_all_from_a_position_inside_a_page_writes_and_hashes_every_byte(tmp_path, position):
     from hpcckpt.core.checksum import hexdigest, new_hasher
