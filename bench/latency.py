@@ -25,7 +25,7 @@ Timing: ``Barrier; t0; operation; Barrier; t1``, rank 0's clock (the slowest
 rank).  Phases come from ``SaveResult.timings`` (plan, write, commit of the
 slowest rank; rank 0's retention) and the load's PhaseTimer (metadata, plan,
 read).  Collectives: every call through the communicator, counted by
-tests/mpitools.CountingComm (point-to-point Isend/Irecv of a load's exchange
+tests/support/mpitools.CountingComm (point-to-point Isend/Irecv of a load's exchange
 excluded), for the last save and load.
 
 Part ``restart`` (``--restart-rounds`` pairs of fresh jobs): a 4-rank job
@@ -137,7 +137,7 @@ def saves_worker(args) -> None:
 
     load_module.PhaseTimer = KeptTimer
 
-    sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
+    sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests", "support"))
     from mpitools import CountingComm
 
     world = MPI.COMM_WORLD

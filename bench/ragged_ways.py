@@ -11,7 +11,7 @@ that alternates (the way chosen through loading.PER_RANK_METADATA_MAX_RANKS: 0 f
 more ranks or in Checkpointer.restore, 16 for the gathered way), for two templates: the saved rows (``same``: no rank needs a part from another) and an even split of the table
 with the Blocks' rows shifted by one (``reshard``).  Timing: ``Barrier; t0; load; Barrier``, rank 0's clock.
 Reported: median ms per way, the median of the paired per-round ratios directory / gathered, and the
-collectives each way makes (tests/mpitools.CountingComm).  The data is checked after every load.
+collectives each way makes (tests/support/mpitools.CountingComm).  The data is checked after every load.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests", "support"))
 from benchutil import print_table  # noqa: E402
 
 import hpcckpt  # noqa: E402
