@@ -144,6 +144,8 @@ def _read_steps(offset: int, start: int, stop: int):
 def _whole_steps(start: int, stop: int):
     """``[start, stop)`` in ranges of at most :data:`_MAX_IO` bytes (reads that nothing hashes)."""
     return ((a, min(a + _MAX_IO, stop)) for a in range(start, stop, _MAX_IO))
+
+
 #: How far :func:`read_segments` reads a step past its place when the copy's distance is short.
 _SHIFT = 2048
 
